@@ -1,0 +1,10 @@
+"""``kungfu-run``: the launcher that starts one process per KungFu worker.
+
+The launcher only computes the peer list, starts the workers with the
+``KUNGFU_*`` environment the runtime reads, relays their output and tears
+the job down when a worker fails.  It deliberately never imports
+TensorFlow so that it starts instantly.
+
+Entry points: ``python -m kungfu_tf.run`` and the ``kungfu-run`` console
+script, both of which call :func:`kungfu_tf.run.launcher.main`.
+"""

@@ -1,0 +1,8 @@
+"""Allow ``python -m kungfu_tf.run ...``."""
+
+import sys
+
+from kungfu_tf.run.launcher import main
+
+if __name__ == "__main__":
+    sys.exit(main())

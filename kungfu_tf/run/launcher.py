@@ -1,0 +1,47 @@
+"""``kungfu-run`` entry point: parse, plan, then supervise the workers."""
+
+import os
+from collections.abc import Sequence
+
+from kungfu_tf.run.cli import parse_args
+from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.job_plan import build_plan
+from kungfu_tf.run.output import Console
+from kungfu_tf.run.supervisor import JobSupervisor
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``kungfu-run`` with ``argv`` (default ``sys.argv[1:]``).
+
+    Returns the exit status: 0 if every local worker succeeded, the first
+    failing worker's status (128+N for signal N), 128+N if the launcher
+    was stopped by signal N, 127 if PROGRAM cannot be started and 2 for
+    usage errors.
+    """
+    try:
+        options = parse_args(argv)
+    except SystemExit as e:
+        # argparse exits on errors and --help; return the status instead
+        # so that callers embedding main() are not terminated.
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+
+    console = Console()
+    try:
+        plan = build_plan(options, os.environ)
+        if plan.logdir is not None:
+            try:
+                plan.logdir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise LaunchError(
+                    f"cannot create --logdir {plan.logdir}: {e.strerror}"
+                ) from None
+    except LaunchError as e:
+        console.message(f"error: {e}")
+        return 2
+
+    if not plan.local_peers:
+        console.message(
+            f"no workers are placed on {plan.self_host}; nothing to run here"
+        )
+        return 0
+    return JobSupervisor(plan, console, os.environ).run()

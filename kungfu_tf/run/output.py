@@ -1,0 +1,126 @@
+"""Relaying worker output line by line with a ``[rank] `` prefix."""
+
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+
+class Console:
+    """The launcher's stdout/stderr, written one whole line at a time.
+
+    One lock covers both streams because they often share a terminal;
+    without it lines from different ranks could interleave mid-line.
+    """
+
+    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None):
+        """Use the given streams, defaulting to ``sys.stdout``/``sys.stderr``."""
+        self._stdout = stdout if stdout is not None else sys.stdout
+        self._stderr = stderr if stderr is not None else sys.stderr
+        self._lock = threading.Lock()
+
+    def out(self, line: bytes) -> None:
+        """Write a complete line (ending in newline) to stdout."""
+        self._write(self._stdout, line)
+
+    def err(self, line: bytes) -> None:
+        """Write a complete line (ending in newline) to stderr."""
+        self._write(self._stderr, line)
+
+    def message(self, text: str) -> None:
+        """Print a launcher diagnostic as ``kungfu-run: text`` on stderr."""
+        self._write(self._stderr, f"kungfu-run: {text}\n".encode())
+
+    def _write(self, stream: TextIO, data: bytes) -> None:
+        with self._lock:
+            try:
+                buffer = getattr(stream, "buffer", None)
+                if buffer is None:
+                    # Text-only streams (e.g. io.StringIO in tests).
+                    stream.write(data.decode("utf-8", errors="replace"))
+                    stream.flush()
+                else:
+                    # Flush pending text first so ordering is preserved.
+                    stream.flush()
+                    buffer.write(data)
+                    buffer.flush()
+            except (OSError, ValueError):
+                # A closed or broken stdout (e.g. piped into `head`) must
+                # not stop draining the pipes, or workers would block.
+                pass
+
+
+class OutputRelay:
+    """Two reader threads copying one worker's stdout/stderr to the console.
+
+    A thread per pipe is the simplest way to read both without one pipe
+    filling up (and blocking the worker) while the other is waited on.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        stdout: BinaryIO,
+        stderr: BinaryIO,
+        console: Console,
+        *,
+        echo: bool,
+        log_path: Path | None,
+    ):
+        """Prepare to relay; nothing is read until :meth:`start`."""
+        self._prefix = f"[{rank}] ".encode()
+        self._console = console
+        self._echo = echo
+        self._log_path = log_path
+        self._log: BinaryIO | None = None
+        self._log_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(
+                target=self._pump,
+                args=(stdout, console.out),
+                name=f"rank{rank}-stdout",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._pump,
+                args=(stderr, console.err),
+                name=f"rank{rank}-stderr",
+                daemon=True,
+            ),
+        ]
+
+    def start(self) -> None:
+        """Open the log file (if any) and start both reader threads."""
+        if self._log_path is not None:
+            # Shared by both reader threads and closed in join(), so a
+            # with-block cannot scope it.
+            self._log = open(self._log_path, "wb")  # noqa: SIM115
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait for both pipes to reach EOF, at most ``timeout`` seconds each.
+
+        A grandchild that inherited the pipes can keep them open after the
+        worker exits; the timeout stops that from hanging the launcher.
+        """
+        for t in self._threads:
+            if t.ident is not None:  # never started if spawning failed
+                t.join(timeout)
+        with self._log_lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    def _pump(self, pipe: BinaryIO, echo_line: Callable[[bytes], None]) -> None:
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                with self._log_lock:
+                    if self._log is not None:
+                        self._log.write(line)
+                        self._log.flush()
+                if self._echo:
+                    if not line.endswith(b"\n"):
+                        line += b"\n"
+                    echo_line(self._prefix + line)
