@@ -1,0 +1,46 @@
+// Wire format of one message between two workers: a fixed header, the key
+// bytes, then the payload. Both ends run the same build on the same kind of
+// machine (little-endian), so the header travels as raw bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kungfu {
+
+constexpr uint32_t kFrameMagic = 0x4b46544d;  // "KFTM"
+constexpr int kMaxDims = 8;
+constexpr uint32_t kMaxKeyLen = 4096;
+
+enum class FrameType : uint8_t {
+  kCollective = 1,   // a piece of a collective; key = op name + piece + phase
+  kAbort = 2,        // the op named by key failed on the sender; payload = reason
+  kP2PRequest = 3,   // asks for a saved blob; key = blob name, seq = version
+  kP2PResponse = 4,  // answers a request; key = request id
+  kPing = 5,         // latency probe; echoed back as kPong
+  kPong = 6,
+};
+
+enum FrameFlags : uint8_t {
+  kFlagNotFound = 1,  // p2p response: nothing saved under that name/version
+};
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t type = 0;
+  uint8_t dtype = 0;     // DType of the whole tensor
+  uint8_t topology = 0;  // TopologyKind the sender chose (collectives)
+  uint8_t flags = 0;
+  uint32_t cluster_version = 0;
+  uint32_t key_len = 0;
+  uint64_t payload_len = 0;
+  uint64_t seq = 0;  // p2p: version (UINT64_MAX = latest); ping: probe id
+  // Shape of the sender's whole tensor, so a mismatch error can show both shapes.
+  uint32_t ndims = 0;
+  uint32_t reserved = 0;
+  int64_t dims[kMaxDims] = {};
+};
+
+static_assert(sizeof(FrameHeader) == 104, "frame header layout is part of the wire format");
+
+}  // namespace kungfu

@@ -1,0 +1,146 @@
+#include "mailbox.h"
+
+namespace kungfu {
+
+std::string Mailbox::slot_key(int src, const std::string &key) {
+  std::string k = std::to_string(src);
+  k.push_back('|');
+  k += key;
+  return k;
+}
+
+uint64_t Mailbox::expect(int src, const std::string &key, void *dst, size_t dst_size, MessageCallback cb) {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t token = next_token_++;
+  std::string sk = slot_key(src, key);
+  auto it = slots_.find(sk);
+  if (it != slots_.end() && !it->second.messages.empty()) {
+    Message msg = std::move(it->second.messages.front());
+    it->second.messages.pop_front();
+    if (it->second.messages.empty() && it->second.waiters.empty()) slots_.erase(it);
+    lock.unlock();
+    cb(Status::OK(), msg);
+    return token;
+  }
+  auto failed = failed_peers_.find(src);
+  if (failed != failed_peers_.end()) {
+    Status why = failed->second;
+    lock.unlock();
+    Message none;
+    none.src = src;
+    none.key = key;
+    cb(why, none);
+    return token;
+  }
+  slots_[sk].waiters.push_back(Waiter{token, dst, dst_size, std::move(cb)});
+  return token;
+}
+
+bool Mailbox::cancel(int src, const std::string &key, uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(slot_key(src, key));
+  if (it == slots_.end()) return false;
+  auto &waiters = it->second.waiters;
+  for (auto w = waiters.begin(); w != waiters.end(); ++w) {
+    if (w->token == token) {
+      waiters.erase(w);
+      if (waiters.empty() && it->second.messages.empty()) slots_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const PayloadReader &read) {
+  std::string sk = slot_key(src, key);
+  Message msg;
+  msg.src = src;
+  msg.header = header;
+  msg.key = std::move(key);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto it = slots_.find(sk);
+    if (it != slots_.end() && !it->second.waiters.empty() && it->second.messages.empty()) {
+      Waiter w = std::move(it->second.waiters.front());
+      it->second.waiters.pop_front();
+      if (it->second.waiters.empty()) slots_.erase(it);
+      lock.unlock();
+      // The consumer is waiting: read straight into its buffer when it fits.
+      bool ok;
+      if (w.dst != nullptr && w.dst_size == header.payload_len) {
+        ok = read(w.dst);
+        msg.direct = static_cast<const char *>(w.dst);
+      } else {
+        msg.owned.resize(header.payload_len);
+        ok = read(msg.owned.data());
+      }
+      if (!ok) {
+        Status lost = Unavailable("connection to peer lost while receiving '" + msg.key + "'");
+        w.cb(lost, msg);
+        return false;
+      }
+      w.cb(Status::OK(), msg);
+      return true;
+    }
+  }
+  // Nobody is waiting yet: buffer the payload, then re-check, because a
+  // consumer may have arrived while we were reading.
+  msg.owned.resize(header.payload_len);
+  if (!read(msg.owned.data())) return false;
+  std::unique_lock<std::mutex> lock(mu_);
+  Slot &slot = slots_[sk];
+  if (!slot.waiters.empty() && slot.messages.empty()) {
+    Waiter w = std::move(slot.waiters.front());
+    slot.waiters.pop_front();
+    if (slot.waiters.empty()) slots_.erase(sk);
+    lock.unlock();
+    w.cb(Status::OK(), msg);
+    return true;
+  }
+  slot.messages.push_back(std::move(msg));
+  return true;
+}
+
+void Mailbox::fail_peer(int src, const Status &why) {
+  std::vector<Waiter> doomed;
+  std::vector<std::string> keys;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_peers_[src] = why;
+    std::string prefix = std::to_string(src) + "|";
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      if (it->first.compare(0, prefix.size(), prefix) == 0) {
+        for (Waiter &w : it->second.waiters) {
+          keys.push_back(it->first.substr(prefix.size()));
+          doomed.push_back(std::move(w));
+        }
+        it->second.waiters.clear();
+        if (it->second.messages.empty()) {
+          it = slots_.erase(it);
+          continue;
+        }
+      }
+      ++it;
+    }
+  }
+  for (size_t i = 0; i < doomed.size(); ++i) {
+    Message none;
+    none.src = src;
+    none.key = keys[i];
+    doomed[i].cb(why, none);
+  }
+}
+
+void Mailbox::revive_peer(int src) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failed_peers_.erase(src);
+}
+
+size_t Mailbox::pending_messages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto &kv : slots_) n += kv.second.messages.size();
+  return n;
+}
+
+}  // namespace kungfu

@@ -1,0 +1,82 @@
+// Named-message rendezvous (KungFu's named collective messages, §4.3). A
+// consumer *expects* the next message from a given peer under a key; the
+// receiving thread *delivers* messages. Whichever comes first waits for the
+// other, so workers may issue collectives in any order with no coordinator.
+// When the consumer is already waiting with a buffer of the right size, the
+// payload is read from the socket straight into that buffer (no copy).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "frame.h"
+#include "status.h"
+
+namespace kungfu {
+
+struct Message {
+  int src = -1;
+  FrameHeader header;
+  std::string key;
+  // Payload: either `owned` or the expectation's buffer (data() says which).
+  std::vector<char> owned;
+  const char *direct = nullptr;
+
+  const char *data() const { return direct ? direct : owned.data(); }
+  size_t size() const { return header.payload_len; }
+};
+
+// Called exactly once per expectation: with the message, or with an error when
+// the peer is lost or the expectation is cancelled. Runs on the receiving
+// thread or on the thread that called expect().
+using MessageCallback = std::function<void(const Status &, Message &)>;
+
+// Reads the current frame's payload into `dst` (exactly payload_len bytes).
+using PayloadReader = std::function<bool(void *dst)>;
+
+class Mailbox {
+ public:
+  // Registers interest in the next message from `src` under `key`. If `dst` is
+  // not null and the payload has exactly `dst_size` bytes, it lands in `dst`.
+  // Returns a token for cancel().
+  uint64_t expect(int src, const std::string &key, void *dst, size_t dst_size, MessageCallback cb);
+  // Removes a waiting expectation (its callback is not called). False if it
+  // already fired.
+  bool cancel(int src, const std::string &key, uint64_t token);
+
+  // Receiving side. Reads the payload through `read` into the right place and
+  // hands the message over. Returns false if the read failed (connection lost).
+  bool deliver(int src, const FrameHeader &header, std::string key, const PayloadReader &read);
+
+  // Fails every current and future expectation from `src` (peer died).
+  void fail_peer(int src, const Status &why);
+  // Forgets that `src` failed (a new incarnation connected after a resize).
+  void revive_peer(int src);
+  // Unclaimed messages held (for tests and leak checks).
+  size_t pending_messages() const;
+
+ private:
+  struct Waiter {
+    uint64_t token;
+    void *dst;
+    size_t dst_size;
+    MessageCallback cb;
+  };
+  struct Slot {
+    std::deque<Waiter> waiters;
+    std::deque<Message> messages;
+  };
+  static std::string slot_key(int src, const std::string &key);
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Slot> slots_;
+  std::unordered_map<int, Status> failed_peers_;
+  uint64_t next_token_ = 1;
+};
+
+}  // namespace kungfu

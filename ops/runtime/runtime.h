@@ -1,0 +1,108 @@
+// One worker's view of the job: the cluster, its transport, and every
+// collective, consensus and point-to-point operation. TF kernels (ops/kernels)
+// call this; it knows nothing of TensorFlow. All operations are asynchronous:
+// they return at once and call `done` from a runtime thread (or inline when
+// nothing needs to be waited for).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collective_op.h"
+#include "mailbox.h"
+#include "op_registry.h"
+#include "p2p_store.h"
+#include "plan.h"
+#include "topology.h"
+#include "transport.h"
+
+namespace kungfu {
+
+struct RuntimeOptions {
+  Cluster cluster;
+  int self_rank = 0;
+  std::string secret;
+  double timeout_seconds = 120;
+  TopologyKind topology = TopologyKind::kAuto;
+  size_t chunk_bytes = 1 << 20;
+  bool same_host_unix_sockets = true;
+
+  // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
+  // KUNGFU_TIMEOUT and KUNGFU_JOB_SECRET. Without KUNGFU_PEERS: a one-worker cluster.
+  static Status from_env(RuntimeOptions *out);
+};
+
+// A contiguous tensor: `send` is this worker's input, `recv` the output (may be
+// the same memory). `keepalive` owns both until the op's last send completes.
+struct Buffer {
+  const void *send = nullptr;
+  void *recv = nullptr;
+  TensorDesc desc;
+  std::shared_ptr<const void> keepalive;
+};
+
+using ConsensusCallback = std::function<void(const Status &, bool agreed)>;
+
+class Runtime : public FrameHandler {
+ public:
+  static Status create(RuntimeOptions options, std::unique_ptr<Runtime> *out);
+  ~Runtime() override;
+
+  int rank() const { return opt_.self_rank; }
+  int size() const { return opt_.cluster.size(); }
+  int local_rank() const;
+  int local_size() const;
+  uint32_t cluster_version() const { return opt_.cluster.version(); }
+  const Cluster &cluster() const { return opt_.cluster; }
+  TopologyKind topology() const { return topology_.load(); }
+
+  void all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneCallback done);
+  // Same, but on a fixed topology (control messages must not depend on the switchable one).
+  void all_reduce_on(TopologyKind kind, const std::string &name, Buffer buf, ReduceOp op, DoneCallback done);
+  void broadcast(const std::string &name, Buffer buf, int root, DoneCallback done);
+  void reduce(const std::string &name, Buffer buf, ReduceOp op, int root, DoneCallback done);
+  // buf.recv holds size() * desc.count elements: rank r's input lands at r * count.
+  void all_gather(const std::string &name, Buffer buf, DoneCallback done);
+  void barrier(const std::string &name, DoneCallback done);
+  // KungFu Alg. 1: true iff every worker passed the same bytes.
+  void consensus(const std::string &name, std::vector<char> bytes, ConsensusCallback done);
+  // Consistent topology switch: consensus on the name, switch, barrier. Every
+  // worker must call it; `done` gets false if the workers disagreed.
+  void set_topology(const std::string &name, TopologyKind kind, ConsensusCallback done);
+
+  void save(const std::string &name, uint64_t version, const void *data, size_t len);
+  // Fetches `name` (version or P2PStore::kLatest) saved by `peer` into dst (exactly len bytes).
+  void request(int peer, const std::string &name, uint64_t version, void *dst, size_t len,
+               std::shared_ptr<const void> keepalive, DoneCallback done);
+
+  const TrafficCounters &counters() const { return transport_->counters(); }
+  uint64_t rejected_connections() const { return transport_->rejected_connections(); }
+  size_t pending_messages() const { return mailbox_.pending_messages(); }
+
+  // FrameHandler
+  bool on_frame(int src, const FrameHeader &header, std::string key, const PayloadReader &read) override;
+  void on_peer_lost(int peer, const Status &why) override;
+
+ private:
+  explicit Runtime(RuntimeOptions options);
+  CollectiveContext context();
+  void run(const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,
+           DoneCallback done);
+  TopologyKind resolve(TopologyKind kind, size_t bytes) const;
+  void serve_request(int src, const FrameHeader &header, const std::string &name, const PayloadReader &read);
+
+  RuntimeOptions opt_;
+  std::atomic<TopologyKind> topology_;
+  std::vector<std::shared_ptr<const Topology>> topologies_;  // indexed by TopologyKind
+  Mailbox mailbox_;
+  P2PStore store_;
+  std::unique_ptr<OpRegistry> registry_;
+  std::unique_ptr<Transport> transport_;  // destroyed first: its threads call into us
+  std::atomic<uint64_t> next_request_{0};
+};
+
+}  // namespace kungfu

@@ -1,0 +1,398 @@
+// Runtime tests: several runtimes in one process, talking over real sockets.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "handshake.h"
+#include "socket_io.h"
+#include "test_util.h"
+
+using namespace kungfu;
+using kftest::make_cluster;
+using kftest::wait_for;
+
+namespace {
+
+using Cluster_ = std::vector<std::unique_ptr<Runtime>>;
+
+template <typename T>
+DType dtype_of();
+template <> DType dtype_of<float>() { return DType::kFloat32; }
+template <> DType dtype_of<double>() { return DType::kFloat64; }
+template <> DType dtype_of<int32_t>() { return DType::kInt32; }
+template <> DType dtype_of<int64_t>() { return DType::kInt64; }
+template <> DType dtype_of<uint8_t>() { return DType::kUInt8; }
+
+template <typename T>
+T value_of(int rank, size_t i) {
+  return static_cast<T>((rank + 1) * 3 + static_cast<int>(i % 7));
+}
+
+// All-reduce on every runtime at once; checks each result element-wise.
+template <typename T>
+void check_all_reduce(Cluster_ &rts, size_t count, ReduceOp op, const std::string &name) {
+  int n = static_cast<int>(rts.size());
+  std::vector<std::vector<T>> in(n, std::vector<T>(count)), out(n, std::vector<T>(count));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) in[r][i] = value_of<T>(r, i);
+  std::vector<std::future<Status>> futures;
+  std::vector<std::shared_ptr<std::promise<Status>>> promises;
+  for (int r = 0; r < n; ++r) {
+    auto p = std::make_shared<std::promise<Status>>();
+    futures.push_back(p->get_future());
+    Buffer b{in[r].data(), out[r].data(), TensorDesc{dtype_of<T>(), {static_cast<int64_t>(count)}, count}, nullptr};
+    rts[r]->all_reduce(name, b, op, [p](const Status &s) { p->set_value(s); });
+  }
+  for (auto &f : futures) CHECK_OK(f.get());
+  bool all_ok = true;
+  for (size_t i = 0; i < count && all_ok; ++i) {
+    T expect = in[0][i];
+    for (int r = 1; r < n; ++r) {
+      T v = in[r][i];
+      switch (op) {
+        case ReduceOp::kSum: expect = static_cast<T>(expect + v); break;
+        case ReduceOp::kProd: expect = static_cast<T>(expect * v); break;
+        case ReduceOp::kMin: expect = std::min(expect, v); break;
+        case ReduceOp::kMax: expect = std::max(expect, v); break;
+      }
+    }
+    for (int r = 0; r < n; ++r) all_ok = all_ok && out[r][i] == expect;
+  }
+  if (!all_ok) std::fprintf(stderr, "  wrong result: n=%d count=%zu op=%s name=%s\n", n, count, reduce_op_name(op), name.c_str());
+  CHECK(all_ok);
+}
+
+void test_all_reduce_matrix() {
+  for (TopologyKind topo : {TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kBinaryTree,
+                            TopologyKind::kBinaryTreeStar, TopologyKind::kClique, TopologyKind::kAuto}) {
+    for (int n = 1; n <= 4; ++n) {
+      // A small chunk size makes even modest tensors travel as many pieces.
+      Cluster_ rts = make_cluster(n, topo, 20, 4096);
+      for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(100003)}) {
+        std::string base = std::string(topology_name(topo)) + "/" + std::to_string(count);
+        check_all_reduce<float>(rts, count, ReduceOp::kSum, base + "/f32sum");
+        check_all_reduce<int32_t>(rts, count, ReduceOp::kMax, base + "/i32max");
+        check_all_reduce<int64_t>(rts, count, ReduceOp::kMin, base + "/i64min");
+        check_all_reduce<double>(rts, count, ReduceOp::kProd, base + "/f64prod");
+        check_all_reduce<uint8_t>(rts, count, ReduceOp::kMax, base + "/u8max");
+      }
+    }
+  }
+}
+
+void test_many_concurrent_in_random_order() {
+  const int n = 4, ops = 320;
+  Cluster_ rts = make_cluster(n, TopologyKind::kAuto, 30, 2048);
+  std::vector<std::vector<std::vector<float>>> bufs(n, std::vector<std::vector<float>>(ops));
+  std::vector<std::future<Status>> futures;
+  std::vector<std::thread> issuers;
+  std::mutex mu;
+  for (int r = 0; r < n; ++r) {
+    for (int k = 0; k < ops; ++k) bufs[r][k].assign(1 + (k * 37) % 3000, static_cast<float>(r * 1000 + k));
+  }
+  for (int r = 0; r < n; ++r) {
+    issuers.emplace_back([&, r] {
+      std::vector<int> order(ops);
+      for (int k = 0; k < ops; ++k) order[k] = k;
+      std::shuffle(order.begin(), order.end(), std::mt19937(r + 7));
+      for (int k : order) {
+        auto p = std::make_shared<std::promise<Status>>();
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          futures.push_back(p->get_future());
+        }
+        std::vector<float> &b = bufs[r][k];
+        Buffer buf{b.data(), b.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(b.size())}, b.size()}, nullptr};
+        rts[r]->all_reduce("grad/" + std::to_string(k), buf, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
+      }
+    });
+  }
+  for (auto &t : issuers) t.join();
+  for (auto &f : futures) CHECK_OK(f.get());
+  bool ok = true;
+  for (int k = 0; k < ops; ++k) {
+    float expect = 0;
+    for (int r = 0; r < n; ++r) expect += static_cast<float>(r * 1000 + k);
+    for (int r = 0; r < n; ++r)
+      for (float v : bufs[r][k]) ok = ok && v == expect;
+  }
+  CHECK(ok);
+  for (auto &rt : rts) CHECK(rt->pending_messages() == 0);
+}
+
+void test_shape_mismatch_fails_fast() {
+  Cluster_ rts = make_cluster(3, TopologyKind::kRing, 30);
+  std::vector<float> a(10), b(11), c(10);
+  std::vector<std::future<Status>> fs;
+  std::vector<float> *bufs[] = {&a, &b, &c};
+  auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 3; ++r) {
+    auto p = std::make_shared<std::promise<Status>>();
+    fs.push_back(p->get_future());
+    std::vector<float> &v = *bufs[r];
+    Buffer buf{v.data(), v.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(v.size())}, v.size()}, nullptr};
+    rts[r]->all_reduce("mismatch", buf, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
+  }
+  for (auto &f : fs) {
+    Status s = f.get();
+    CHECK(s.code() == Code::kInvalidArgument);
+    CHECK(s.message().find("mismatch") != std::string::npos);
+    CHECK(s.message().find("float32[10]") != std::string::npos || s.message().find("float32[11]") != std::string::npos);
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(secs < 5);  // an abort, not the 30 s timeout
+}
+
+void test_rooted_and_gather() {
+  for (TopologyKind topo : {TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kBinaryTree, TopologyKind::kAuto}) {
+    const int n = 4;
+    Cluster_ rts = make_cluster(n, topo, 20, 4096);
+    for (int root = 0; root < n; ++root) {
+      const size_t count = 5000;
+      std::vector<std::vector<int32_t>> bufs(n, std::vector<int32_t>(count));
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) bufs[r][i] = r * 100000 + static_cast<int32_t>(i);
+      std::vector<std::future<Status>> fs;
+      for (int r = 0; r < n; ++r) {
+        auto p = std::make_shared<std::promise<Status>>();
+        fs.push_back(p->get_future());
+        Buffer b{bufs[r].data(), bufs[r].data(), TensorDesc{DType::kInt32, {(int64_t)count}, count}, nullptr};
+        rts[r]->broadcast("bcast/" + std::to_string(root), b, root, [p](const Status &s) { p->set_value(s); });
+      }
+      for (auto &f : fs) CHECK_OK(f.get());
+      bool ok = true;
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) ok = ok && bufs[r][i] == root * 100000 + static_cast<int32_t>(i);
+      CHECK(ok);
+
+      // reduce to root: only the root's result is defined.
+      std::vector<std::vector<int64_t>> rb(n, std::vector<int64_t>(count, 0));
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) rb[r][i] = r + 1;
+      fs.clear();
+      for (int r = 0; r < n; ++r) {
+        auto p = std::make_shared<std::promise<Status>>();
+        fs.push_back(p->get_future());
+        Buffer b{rb[r].data(), rb[r].data(), TensorDesc{DType::kInt64, {(int64_t)count}, count}, nullptr};
+        rts[r]->reduce("reduce/" + std::to_string(root), b, ReduceOp::kSum, root, [p](const Status &s) { p->set_value(s); });
+      }
+      for (auto &f : fs) CHECK_OK(f.get());
+      CHECK(std::all_of(rb[root].begin(), rb[root].end(), [&](int64_t v) { return v == n * (n + 1) / 2; }));
+    }
+    // all-gather: output region r holds rank r's input.
+    const size_t count = 3001;
+    std::vector<std::vector<double>> in(n, std::vector<double>(count)), out(n, std::vector<double>(n * count));
+    std::vector<std::future<Status>> fs;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) in[r][i] = r + i * 0.5;
+      auto p = std::make_shared<std::promise<Status>>();
+      fs.push_back(p->get_future());
+      Buffer b{in[r].data(), out[r].data(), TensorDesc{DType::kFloat64, {(int64_t)count}, count}, nullptr};
+      rts[r]->all_gather("gather", b, [p](const Status &s) { p->set_value(s); });
+    }
+    for (auto &f : fs) CHECK_OK(f.get());
+    bool ok = true;
+    for (int r = 0; r < n; ++r)
+      for (int src = 0; src < n; ++src)
+        for (size_t i = 0; i < count; ++i) ok = ok && out[r][src * count + i] == src + i * 0.5;
+    CHECK(ok);
+  }
+}
+
+void test_consensus_barrier_topology_switch() {
+  const int n = 3;
+  Cluster_ rts = make_cluster(n, TopologyKind::kStar, 20);
+  auto run_consensus = [&](const std::string &name, std::vector<std::string> values) {
+    std::vector<std::future<std::pair<Status, bool>>> fs;
+    for (int r = 0; r < n; ++r) {
+      auto p = std::make_shared<std::promise<std::pair<Status, bool>>>();
+      fs.push_back(p->get_future());
+      rts[r]->consensus(name, std::vector<char>(values[r].begin(), values[r].end()),
+                        [p](const Status &s, bool agreed) { p->set_value({s, agreed}); });
+    }
+    std::vector<bool> out;
+    for (auto &f : fs) {
+      auto res = f.get();
+      CHECK_OK(res.first);
+      out.push_back(res.second);
+    }
+    return out;
+  };
+  CHECK((run_consensus("c1", {"same", "same", "same"}) == std::vector<bool>{true, true, true}));
+  CHECK((run_consensus("c2", {"same", "sane", "same"}) == std::vector<bool>{false, false, false}));
+  CHECK((run_consensus("c3", {"short", "longer", "short"}) == std::vector<bool>{false, false, false}));
+  CHECK((run_consensus("c4", {"", "", ""}) == std::vector<bool>{true, true, true}));
+
+  // Switch topologies between rounds of concurrent all-reduces.
+  for (TopologyKind k : {TopologyKind::kRing, TopologyKind::kClique, TopologyKind::kBinaryTree, TopologyKind::kAuto}) {
+    std::vector<std::future<std::pair<Status, bool>>> fs;
+    for (int r = 0; r < n; ++r) {
+      auto p = std::make_shared<std::promise<std::pair<Status, bool>>>();
+      fs.push_back(p->get_future());
+      rts[r]->set_topology("switch", k, [p](const Status &s, bool ok) { p->set_value({s, ok}); });
+    }
+    for (auto &f : fs) {
+      auto res = f.get();
+      CHECK_OK(res.first);
+      CHECK(res.second);
+    }
+    for (auto &rt : rts) CHECK(rt->topology() == k);
+    for (int i = 0; i < 5; ++i) check_all_reduce<float>(rts, 20000, ReduceOp::kSum, "after-switch/" + std::to_string(i));
+  }
+  // Disagreeing workers keep the old topology.
+  std::vector<std::future<std::pair<Status, bool>>> fs;
+  for (int r = 0; r < n; ++r) {
+    auto p = std::make_shared<std::promise<std::pair<Status, bool>>>();
+    fs.push_back(p->get_future());
+    rts[r]->set_topology("switch", r == 1 ? TopologyKind::kStar : TopologyKind::kRing,
+                         [p](const Status &s, bool ok) { p->set_value({s, ok}); });
+  }
+  for (auto &f : fs) CHECK(!f.get().second);
+  for (auto &rt : rts) CHECK(rt->topology() == TopologyKind::kAuto);
+}
+
+void test_p2p() {
+  Cluster_ rts = make_cluster(2, TopologyKind::kAuto, 5);
+  std::vector<float> model(1000);
+  for (size_t i = 0; i < model.size(); ++i) model[i] = i * 0.25f;
+  rts[1]->save("model", 3, model.data(), model.size() * 4);
+  model[0] = 42;
+  rts[1]->save("model", 4, model.data(), model.size() * 4);
+  std::vector<float> got(1000, -1);
+  CHECK_OK(wait_for([&](DoneCallback d) { rts[0]->request(1, "model", 3, got.data(), 4000, nullptr, d); }));
+  CHECK(got[0] == 0 && got[999] == 999 * 0.25f);
+  CHECK_OK(wait_for([&](DoneCallback d) { rts[0]->request(1, "model", P2PStore::kLatest, got.data(), 4000, nullptr, d); }));
+  CHECK(got[0] == 42);
+  Status s = wait_for([&](DoneCallback d) { rts[0]->request(1, "nothing", P2PStore::kLatest, got.data(), 4000, nullptr, d); });
+  CHECK(s.code() == Code::kNotFound);
+  s = wait_for([&](DoneCallback d) { rts[0]->request(1, "model", 4, got.data(), 400, nullptr, d); });
+  CHECK(s.code() == Code::kInvalidArgument);
+  CHECK_OK(wait_for([&](DoneCallback d) { rts[1]->request(1, "model", 4, got.data(), 4000, nullptr, d); }));
+  CHECK(rts[0]->counters().received(1) > 8000 && rts[1]->counters().sent(0) > 8000);
+}
+
+void test_dead_peer_and_timeout() {
+  {
+    Cluster_ rts = make_cluster(3, TopologyKind::kStar, 60);
+    check_all_reduce<float>(rts, 100, ReduceOp::kSum, "warmup");  // connections up
+    std::vector<float> a(100, 1), b(100, 1);
+    auto pa = std::make_shared<std::promise<Status>>();
+    auto pb = std::make_shared<std::promise<Status>>();
+    auto fa = pa->get_future(), fb = pb->get_future();
+    auto start = std::chrono::steady_clock::now();
+    Buffer ba{a.data(), a.data(), TensorDesc{DType::kFloat32, {100}, 100}, nullptr};
+    Buffer bb{b.data(), b.data(), TensorDesc{DType::kFloat32, {100}, 100}, nullptr};
+    rts[0]->all_reduce("doomed", ba, ReduceOp::kSum, [pa](const Status &s) { pa->set_value(s); });
+    rts[1]->all_reduce("doomed", bb, ReduceOp::kSum, [pb](const Status &s) { pb->set_value(s); });
+    rts[2].reset();  // rank 2 dies before contributing
+    Status sa = fa.get(), sb = fb.get();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(sa.code() == Code::kUnavailable && sb.code() == Code::kUnavailable);
+    CHECK(sa.message().find("rank 2") != std::string::npos);
+    CHECK(secs < 10);  // not the 60 s timeout
+  }
+  {
+    Cluster_ rts = make_cluster(2, TopologyKind::kStar, 1.0);
+    std::vector<float> a(10, 1);
+    auto start = std::chrono::steady_clock::now();
+    Status s = wait_for([&](DoneCallback d) {
+      Buffer b{a.data(), a.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
+      rts[0]->all_reduce("lonely", b, ReduceOp::kSum, d);  // rank 1 never joins
+    });
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(s.code() == Code::kDeadlineExceeded);
+    CHECK(s.message().find("rank 1") != std::string::npos);
+    CHECK(secs >= 0.9 && secs < 5);
+  }
+}
+
+void test_intruders_are_rejected() {
+  std::vector<PeerID> peers = kftest::local_peers(2);
+  std::vector<std::unique_ptr<Runtime>> rts(2);
+  for (int r = 0; r < 2; ++r) CHECK_OK(Runtime::create(kftest::options(peers, r), &rts[r]));
+  auto connect_tcp = [&](uint16_t port) {
+    Fd fd(::socket(AF_INET, SOCK_STREAM, 0));
+    struct sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(::connect(fd.get(), reinterpret_cast<struct sockaddr *>(&a), sizeof(a)) == 0);
+    return fd;
+  };
+  {  // garbage
+    Fd fd = connect_tcp(peers[0].port);
+    const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    std::string err;
+    send_all(fd.get(), junk, sizeof(junk), &err);
+  }
+  {  // the right protocol with the wrong secret, claiming to be rank 1
+    Fd fd = connect_tcp(peers[0].port);
+    std::string err;
+    CHECK(!client_handshake(fd.get(), "wrong-secret", peers[1].str(), &err));
+  }
+  {  // the right secret but not a member of the cluster
+    Fd fd = connect_tcp(peers[0].port);
+    std::string err;
+    client_handshake(fd.get(), "test-secret", "127.0.0.1:1", &err);
+  }
+  for (int i = 0; i < 100 && rts[0]->rejected_connections() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(rts[0]->rejected_connections() == 3);
+  check_all_reduce<float>(rts, 1000, ReduceOp::kSum, "after-intruders");  // the job carries on
+}
+
+void test_half_precision() {
+  Cluster_ rts = make_cluster(2, TopologyKind::kStar, 10);
+  // float16 1.5 + 2.25 = 3.75, bfloat16 1.5 + 2.25 = 3.75 (exact in both).
+  uint16_t h[2][3] = {{0x3e00, 0x3c00, 0x0001}, {0x4080, 0x3c00, 0x0001}};  // 1.5, 1, 2^-24 | 2.25, 1, 2^-24
+  uint16_t b[2][2] = {{0x3fc0, 0x3f80}, {0x4010, 0x3f80}};                  // 1.5, 1 | 2.25, 1
+  std::vector<std::future<Status>> fs;
+  for (int r = 0; r < 2; ++r) {
+    auto p1 = std::make_shared<std::promise<Status>>(), p2 = std::make_shared<std::promise<Status>>();
+    fs.push_back(p1->get_future());
+    fs.push_back(p2->get_future());
+    rts[r]->all_reduce("h", Buffer{h[r], h[r], TensorDesc{DType::kFloat16, {3}, 3}, nullptr}, ReduceOp::kSum,
+                       [p1](const Status &s) { p1->set_value(s); });
+    rts[r]->all_reduce("b", Buffer{b[r], b[r], TensorDesc{DType::kBFloat16, {2}, 2}, nullptr}, ReduceOp::kSum,
+                       [p2](const Status &s) { p2->set_value(s); });
+  }
+  for (auto &f : fs) CHECK_OK(f.get());
+  for (int r = 0; r < 2; ++r) {
+    CHECK(h[r][0] == 0x4380);  // 3.75
+    CHECK(h[r][1] == 0x4000);  // 2.0
+    CHECK(h[r][2] == 0x0002);  // 2^-23, subnormal
+    CHECK(b[r][0] == 0x4070);  // 3.75
+    CHECK(b[r][1] == 0x4000);  // 2.0
+  }
+}
+
+}  // namespace
+
+int main() {
+  struct {
+    const char *name;
+    void (*fn)();
+  } tests[] = {
+      {"all_reduce matrix", test_all_reduce_matrix},
+      {"many concurrent in random order", test_many_concurrent_in_random_order},
+      {"shape mismatch fails fast", test_shape_mismatch_fails_fast},
+      {"broadcast, reduce, all_gather", test_rooted_and_gather},
+      {"consensus, barrier, set_topology", test_consensus_barrier_topology_switch},
+      {"p2p store", test_p2p},
+      {"dead peer and timeout", test_dead_peer_and_timeout},
+      {"intruders rejected", test_intruders_are_rejected},
+      {"half precision", test_half_precision},
+  };
+  for (auto &t : tests) {
+    int before = kftest::failures();
+    auto start = std::chrono::steady_clock::now();
+    t.fn();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%-36s %s (%.1fs)\n", t.name, kftest::failures() == before ? "ok" : "FAILED", secs);
+  }
+  return kftest::report();
+}

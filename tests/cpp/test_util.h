@@ -1,0 +1,110 @@
+// Shared helpers for the standalone C++ runtime tests: a CHECK macro, free
+// ports, and an in-process cluster of runtimes talking over real sockets.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime.h"
+
+namespace kftest {
+
+inline int &failures() {
+  static int n = 0;
+  return n;
+}
+inline int &checks() {
+  static int n = 0;
+  return n;
+}
+
+#define CHECK(cond)                                                      \
+  do {                                                                   \
+    ++kftest::checks();                                                  \
+    if (!(cond)) {                                                       \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++kftest::failures();                                              \
+    }                                                                    \
+  } while (0)
+
+#define CHECK_OK(status)                                                               \
+  do {                                                                                 \
+    ++kftest::checks();                                                                \
+    kungfu::Status _s = (status);                                                      \
+    if (!_s.ok()) {                                                                    \
+      std::fprintf(stderr, "%s:%d: not OK: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
+      ++kftest::failures();                                                            \
+    }                                                                                  \
+  } while (0)
+
+inline int report() {
+  std::printf("%d passed, %d failed\n", checks() - failures(), failures());
+  return failures() == 0 ? 0 : 1;
+}
+
+// A loopback port that was free a moment ago.
+inline uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<struct sockaddr *>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<struct sockaddr *>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+inline std::vector<kungfu::PeerID> local_peers(int n) {
+  std::vector<kungfu::PeerID> peers;
+  for (int i = 0; i < n; ++i) peers.push_back(kungfu::PeerID{"127.0.0.1", free_port()});
+  return peers;
+}
+
+inline kungfu::RuntimeOptions options(const std::vector<kungfu::PeerID> &peers, int rank,
+                                      kungfu::TopologyKind topo = kungfu::TopologyKind::kAuto,
+                                      double timeout = 20) {
+  kungfu::RuntimeOptions o;
+  o.cluster = kungfu::Cluster(0, peers);
+  o.self_rank = rank;
+  o.secret = "test-secret";
+  o.timeout_seconds = timeout;
+  o.topology = topo;
+  return o;
+}
+
+// n runtimes in this process.
+inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(int n, kungfu::TopologyKind topo,
+                                                                   double timeout = 20, size_t chunk = 1 << 20) {
+  std::vector<kungfu::PeerID> peers = local_peers(n);
+  std::vector<std::unique_ptr<kungfu::Runtime>> rts(n);
+  for (int r = 0; r < n; ++r) {
+    kungfu::RuntimeOptions o = options(peers, r, topo, timeout);
+    o.chunk_bytes = chunk;
+    kungfu::Status s = kungfu::Runtime::create(o, &rts[r]);
+    if (!s.ok()) {
+      std::fprintf(stderr, "cannot create runtime: %s\n", s.ToString().c_str());
+      std::exit(2);
+    }
+  }
+  return rts;
+}
+
+// Runs an async operation and waits for its status.
+template <typename F>
+kungfu::Status wait_for(F start) {
+  auto p = std::make_shared<std::promise<kungfu::Status>>();
+  auto f = p->get_future();
+  start([p](const kungfu::Status &s) { p->set_value(s); });
+  return f.get();
+}
+
+}  // namespace kftest
