@@ -28,9 +28,10 @@ SO := kungfu_tf/libkungfu_tf.so
 DEPS_STAMP := $(VENV)/.kungfu-deps.stamp
 INSTALL_STAMP := $(VENV)/.kungfu-install.stamp
 # Inputs of the .so and of the proto stubs. The directories are listed too so
-# that adding or deleting a file triggers a rebuild.
+# that adding or deleting a file triggers a rebuild (wildcard: git does not
+# keep empty directories, so one may be missing in a fresh clone).
 BUILD_INPUTS := $(wildcard ops/runtime/*.cc ops/runtime/*.h ops/kernels/*.cc \
-	ops/kernels/*.h proto/*.proto) ops/runtime ops/kernels proto setup.py
+	ops/kernels/*.h proto/*.proto ops/runtime ops/kernels proto) setup.py
 
 # ---------------------------------------------------------------- C++ tests
 # Each tests/cpp/test_X.cc is a standalone program linked with all of
