@@ -91,9 +91,20 @@ void CollectiveOp::expect_from(int src, size_t piece, char phase, bool direct) {
   auto self = shared_from_this();
   // The callback may run before expect() returns (message already here), so the
   // token is filled in afterwards and on_message matches entries by (src, key).
-  uint64_t token = ctx_.mailbox.expect(
-      src, key, direct ? piece_data(piece) : nullptr, direct ? piece_bytes(piece) : 0,
-      [self, piece, phase](const Status &s, Message &msg) { self->on_message(piece, phase, 0, s, msg); });
+  MessageCallback cb = [self, piece, phase](const Status &s, Message &msg) {
+    self->on_message(piece, phase, 0, s, msg);
+  };
+  uint64_t token;
+  if (direct) {
+    token = ctx_.mailbox.expect(src, key, piece_data(piece), piece_bytes(piece), std::move(cb));
+  } else {
+    // Reduce each block as it comes off the socket, while it is still in cache.
+    BlockSink sink = [self, piece](const char *block, size_t offset, size_t len) {
+      std::lock_guard<std::mutex> lock(self->piece_mu_[piece]);
+      reduce_inplace(self->piece_data(piece) + offset, block, len / self->elem_size_, self->desc_.dtype, self->op_);
+    };
+    token = ctx_.mailbox.expect_stream(src, key, piece_bytes(piece), std::move(sink), std::move(cb));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (Waiting &w : waiting_) {
     if (w.src == src && w.key == key) w.token = token;
@@ -150,12 +161,12 @@ void CollectiveOp::on_message(size_t piece, char phase, uint64_t, const Status &
     bool complete;
     {
       std::lock_guard<std::mutex> lock(piece_mu_[piece]);
-      reduce_inplace(piece_data(piece), msg.data(), tasks_[piece].count, desc_.dtype, op_);
+      if (!msg.streamed) reduce_inplace(piece_data(piece), msg.data(), tasks_[piece].count, desc_.dtype, op_);
       complete = --reduce_left_[piece] == 0;
     }
     if (complete) reduce_complete(piece);
   } else {
-    if (msg.direct == nullptr) std::memcpy(piece_data(piece), msg.data(), piece_bytes(piece));
+    if (msg.direct == nullptr && piece_bytes(piece) > 0) std::memcpy(piece_data(piece), msg.data(), piece_bytes(piece));
     broadcast_from_here(piece);
   }
 }

@@ -10,8 +10,17 @@ std::string Mailbox::slot_key(int src, const std::string &key) {
 }
 
 uint64_t Mailbox::expect(int src, const std::string &key, void *dst, size_t dst_size, MessageCallback cb) {
+  return add_waiter(src, key, Waiter{0, dst, dst_size, nullptr, std::move(cb)});
+}
+
+uint64_t Mailbox::expect_stream(int src, const std::string &key, size_t size, BlockSink sink, MessageCallback cb) {
+  return add_waiter(src, key, Waiter{0, nullptr, size, std::move(sink), std::move(cb)});
+}
+
+uint64_t Mailbox::add_waiter(int src, const std::string &key, Waiter w) {
   std::unique_lock<std::mutex> lock(mu_);
   uint64_t token = next_token_++;
+  w.token = token;
   std::string sk = slot_key(src, key);
   auto it = slots_.find(sk);
   if (it != slots_.end() && !it->second.messages.empty()) {
@@ -19,7 +28,7 @@ uint64_t Mailbox::expect(int src, const std::string &key, void *dst, size_t dst_
     it->second.messages.pop_front();
     if (it->second.messages.empty() && it->second.waiters.empty()) slots_.erase(it);
     lock.unlock();
-    cb(Status::OK(), msg);
+    w.cb(Status::OK(), msg);
     return token;
   }
   auto failed = failed_peers_.find(src);
@@ -29,10 +38,10 @@ uint64_t Mailbox::expect(int src, const std::string &key, void *dst, size_t dst_
     Message none;
     none.src = src;
     none.key = key;
-    cb(why, none);
+    w.cb(why, none);
     return token;
   }
-  slots_[sk].waiters.push_back(Waiter{token, dst, dst_size, std::move(cb)});
+  slots_[sk].waiters.push_back(std::move(w));
   return token;
 }
 
@@ -51,7 +60,24 @@ bool Mailbox::cancel(int src, const std::string &key, uint64_t token) {
   return false;
 }
 
-bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const PayloadReader &read) {
+namespace {
+
+// Small enough to stay in L2 while it is reduced, large enough to amortise the syscall.
+constexpr size_t kStreamBlock = 128 * 1024;
+
+bool stream_into(const PartialReader &read, size_t total, const BlockSink &sink) {
+  thread_local std::unique_ptr<char[]> block(new char[kStreamBlock]);
+  for (size_t off = 0; off < total; off += kStreamBlock) {
+    size_t n = std::min(kStreamBlock, total - off);
+    if (!read(block.get(), n)) return false;
+    sink(block.get(), off, n);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const PartialReader &read) {
   std::string sk = slot_key(src, key);
   Message msg;
   msg.src = src;
@@ -65,14 +91,17 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
       it->second.waiters.pop_front();
       if (it->second.waiters.empty()) slots_.erase(it);
       lock.unlock();
-      // The consumer is waiting: read straight into its buffer when it fits.
+      // The consumer is waiting: read straight into its buffer (or its sink) when it fits.
       bool ok;
-      if (w.dst != nullptr && w.dst_size == header.payload_len) {
-        ok = read(w.dst);
+      if (w.sink && w.dst_size == header.payload_len) {
+        ok = stream_into(read, header.payload_len, w.sink);
+        msg.streamed = true;
+      } else if (w.dst != nullptr && w.dst_size == header.payload_len) {
+        ok = read(w.dst, header.payload_len);
         msg.direct = static_cast<const char *>(w.dst);
       } else {
-        msg.owned.resize(header.payload_len);
-        ok = read(msg.owned.data());
+        msg.owned = BufferPool::global().get(header.payload_len);
+        ok = read(msg.owned.data(), header.payload_len);
       }
       if (!ok) {
         Status lost = Unavailable("connection to peer lost while receiving '" + msg.key + "'");
@@ -85,8 +114,8 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
   }
   // Nobody is waiting yet: buffer the payload, then re-check, because a
   // consumer may have arrived while we were reading.
-  msg.owned.resize(header.payload_len);
-  if (!read(msg.owned.data())) return false;
+  msg.owned = BufferPool::global().get(header.payload_len);
+  if (!read(msg.owned.data(), header.payload_len)) return false;
   std::unique_lock<std::mutex> lock(mu_);
   Slot &slot = slots_[sk];
   if (!slot.waiters.empty() && slot.messages.empty()) {

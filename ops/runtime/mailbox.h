@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "buffer_pool.h"
 #include "frame.h"
 #include "status.h"
 
@@ -24,8 +25,10 @@ struct Message {
   FrameHeader header;
   std::string key;
   // Payload: either `owned` or the expectation's buffer (data() says which).
-  std::vector<char> owned;
+  PooledBuffer owned;
   const char *direct = nullptr;
+  // The payload was already handed to the expectation's BlockSink.
+  bool streamed = false;
 
   const char *data() const { return direct ? direct : owned.data(); }
   size_t size() const { return header.payload_len; }
@@ -36,8 +39,13 @@ struct Message {
 // thread or on the thread that called expect().
 using MessageCallback = std::function<void(const Status &, Message &)>;
 
-// Reads the current frame's payload into `dst` (exactly payload_len bytes).
-using PayloadReader = std::function<bool(void *dst)>;
+// Reads the next `len` bytes of the current frame's payload into `dst`.
+using PartialReader = std::function<bool(void *dst, size_t len)>;
+
+// Consumes a payload block by block as it comes off the socket: `offset` and
+// `len` are in bytes. Lets a reduction run on cache-hot data instead of first
+// landing the whole payload in memory.
+using BlockSink = std::function<void(const char *block, size_t offset, size_t len)>;
 
 class Mailbox {
  public:
@@ -45,13 +53,17 @@ class Mailbox {
   // not null and the payload has exactly `dst_size` bytes, it lands in `dst`.
   // Returns a token for cancel().
   uint64_t expect(int src, const std::string &key, void *dst, size_t dst_size, MessageCallback cb);
+  // Like expect(), but a payload of exactly `size` bytes that arrives while we
+  // wait is fed to `sink` block by block (then msg.streamed is true); one that
+  // arrived earlier is delivered whole.
+  uint64_t expect_stream(int src, const std::string &key, size_t size, BlockSink sink, MessageCallback cb);
   // Removes a waiting expectation (its callback is not called). False if it
   // already fired.
   bool cancel(int src, const std::string &key, uint64_t token);
 
   // Receiving side. Reads the payload through `read` into the right place and
   // hands the message over. Returns false if the read failed (connection lost).
-  bool deliver(int src, const FrameHeader &header, std::string key, const PayloadReader &read);
+  bool deliver(int src, const FrameHeader &header, std::string key, const PartialReader &read);
 
   // Fails every current and future expectation from `src` (peer died).
   void fail_peer(int src, const Status &why);
@@ -65,8 +77,10 @@ class Mailbox {
     uint64_t token;
     void *dst;
     size_t dst_size;
+    BlockSink sink;
     MessageCallback cb;
   };
+  uint64_t add_waiter(int src, const std::string &key, Waiter w);
   struct Slot {
     std::deque<Waiter> waiters;
     std::deque<Message> messages;

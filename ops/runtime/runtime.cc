@@ -327,9 +327,10 @@ void Runtime::request(int peer, const std::string &name, uint64_t version, void 
   });
 }
 
-void Runtime::serve_request(int src, const FrameHeader &header, const std::string &name, const PayloadReader &read) {
+void Runtime::serve_request(int src, const FrameHeader &header, const std::string &name, const PartialReader &read) {
+  if (header.payload_len > kMaxKeyLen) return;  // not a request id we could have sent
   std::string id(header.payload_len, '\0');
-  if (!read(id.data())) return;
+  if (!read(id.data(), id.size())) return;
   Blob blob = store_.get(name, header.seq);
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::kP2PResponse);
@@ -341,14 +342,14 @@ void Runtime::serve_request(int src, const FrameHeader &header, const std::strin
   transport_->send(src, h, id, blob->data(), blob->size(), blob, [](const Status &) {});
 }
 
-bool Runtime::on_frame(int src, const FrameHeader &header, std::string key, const PayloadReader &read) {
+bool Runtime::on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) {
   switch (static_cast<FrameType>(header.type)) {
     case FrameType::kCollective:
     case FrameType::kP2PResponse:
       return mailbox_.deliver(src, header, std::move(key), read);
     case FrameType::kAbort: {
-      std::string reason(header.payload_len, '\0');
-      if (!read(reason.data())) return false;
+      std::string reason(std::min<uint64_t>(header.payload_len, 64 * 1024), '\0');
+      if (!read(reason.data(), reason.size())) return false;
       Code code = header.flags >= 1 && header.flags <= static_cast<uint8_t>(Code::kInternal)
                       ? static_cast<Code>(header.flags)
                       : Code::kInternal;

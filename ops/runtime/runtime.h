@@ -84,7 +84,7 @@ class Runtime : public FrameHandler {
   size_t pending_messages() const { return mailbox_.pending_messages(); }
 
   // FrameHandler
-  bool on_frame(int src, const FrameHeader &header, std::string key, const PayloadReader &read) override;
+  bool on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) override;
   void on_peer_lost(int peer, const Status &why) override;
 
  private:
@@ -93,7 +93,7 @@ class Runtime : public FrameHandler {
   void run(const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,
            DoneCallback done);
   TopologyKind resolve(TopologyKind kind, size_t bytes) const;
-  void serve_request(int src, const FrameHeader &header, const std::string &name, const PayloadReader &read);
+  void serve_request(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);
 
   RuntimeOptions opt_;
   std::atomic<TopologyKind> topology_;

@@ -188,11 +188,16 @@ void Transport::serve_connection(Fd fd, bool is_unix) {
     if (!recv_all(fd.get(), key.data(), key.size(), &why)) break;
     counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len);
 
-    bool consumed = false;
+    uint64_t consumed = 0;
     bool read_ok = true;
-    PayloadReader read = [&](void *dst) {
-      consumed = true;
-      read_ok = recv_all(fd.get(), dst, h.payload_len, &why);
+    PartialReader read = [&](void *dst, size_t len) {
+      if (consumed + len > h.payload_len) {
+        why = "handler read past the end of a frame";
+        read_ok = false;
+        return false;
+      }
+      consumed += len;
+      read_ok = recv_all(fd.get(), dst, len, &why);
       return read_ok;
     };
     if (h.cluster_version != opt_.cluster.version()) {
@@ -201,14 +206,12 @@ void Transport::serve_connection(Fd fd, bool is_unix) {
     } else if (!handler_->on_frame(src, h, std::move(key), read)) {
       break;
     }
-    if (!consumed) {  // skip a payload nobody wanted
-      scratch.resize(std::min<uint64_t>(h.payload_len, 1 << 20));
-      uint64_t left = h.payload_len;
-      while (left > 0 && read_ok) {
-        size_t n = static_cast<size_t>(std::min<uint64_t>(left, scratch.size()));
-        read_ok = recv_all(fd.get(), scratch.data(), n, &why);
-        left -= n;
-      }
+    // Skip whatever of the payload nobody wanted.
+    while (read_ok && consumed < h.payload_len) {
+      scratch.resize(std::min<uint64_t>(h.payload_len - consumed, 1 << 20));
+      size_t n = scratch.size();
+      read_ok = recv_all(fd.get(), scratch.data(), n, &why);
+      consumed += n;
     }
     if (!read_ok) break;
   }

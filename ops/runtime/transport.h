@@ -30,10 +30,10 @@ namespace kungfu {
 class FrameHandler {
  public:
   virtual ~FrameHandler() = default;
-  // Called on a receiving thread for every frame. The handler must either read
-  // the payload exactly once through `read` or leave it (the transport skips it).
-  // Returns false if reading failed.
-  virtual bool on_frame(int src, const FrameHeader &header, std::string key, const PayloadReader &read) = 0;
+  // Called on a receiving thread for every frame. The handler reads as much of
+  // the payload as it wants through `read`, in order; the transport skips the
+  // rest. Returns false if reading failed.
+  virtual bool on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) = 0;
   // The connection from or to `peer` broke; pending work that needs it must fail.
   virtual void on_peer_lost(int peer, const Status &why) = 0;
 };

@@ -1,0 +1,60 @@
+"""kungfu_tf: adaptive distributed training for TensorFlow 2.
+
+Launch N workers with ``kungfu-run -np N python train.py``; inside, use the
+collectives in :mod:`kungfu_tf.ops` and the Python helpers below. Without the
+launcher a script runs as a one-worker cluster.
+
+Example:
+    >>> import kungfu_tf
+    >>> kungfu_tf.rank(), kungfu_tf.size()
+    (0, 1)
+
+TensorFlow is imported only when an op is first needed, so importing the
+package (and running the ``kungfu-run`` launcher) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY_SUBMODULES = ("ops",)
+
+
+def rank() -> int:
+    """This worker's rank (0 .. size()-1)."""
+    from kungfu_tf.ops import config
+
+    return config.current_int(config.rank)
+
+
+def size() -> int:
+    """Number of workers in the cluster."""
+    from kungfu_tf.ops import config
+
+    return config.current_int(config.cluster_size)
+
+
+def local_rank() -> int:
+    """This worker's position among the workers on its host."""
+    from kungfu_tf.ops import config
+
+    return config.current_int(config.local_rank)
+
+
+def local_size() -> int:
+    """Number of workers on this worker's host."""
+    from kungfu_tf.ops import config
+
+    return config.current_int(config.local_size)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"kungfu_tf.{name}")
+    raise AttributeError(f"module 'kungfu_tf' has no attribute {name!r}")
+
+
+__all__ = ["rank", "size", "local_rank", "local_size", "ops", "__version__"]

@@ -1,0 +1,23 @@
+"""Loads the kungfu_tf op library once; the only path from Python to C++."""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+
+LIBRARY_NAME = "libkungfu_tf.so"
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ModuleType:
+    """The generated op wrappers of libkungfu_tf.so (``kungfu_all_reduce``, ...)."""
+    import tensorflow as tf
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
+    if not os.path.exists(path):
+        raise ImportError(
+            f"{path} is missing: build it with 'make install' (or 'pip install .') "
+            "from the kungfu_tf source tree"
+        )
+    return tf.load_op_library(path)

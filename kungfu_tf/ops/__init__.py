@@ -1,0 +1,40 @@
+"""kungfu_tf ops: collectives, configuration, adaptation, monitoring, p2p.
+
+Example:
+    >>> import tensorflow as tf
+    >>> from kungfu_tf import ops
+    >>> ops.all_reduce(tf.ones([3]), op="sum").numpy()  # one worker: unchanged
+    array([1., 1., 1.], dtype=float32)
+"""
+
+from kungfu_tf.ops.adapt import set_topology
+from kungfu_tf.ops.collective import (
+    all_gather,
+    all_reduce,
+    barrier,
+    broadcast,
+    consensus,
+    group_all_reduce,
+)
+from kungfu_tf.ops.config import cluster_size, cluster_version, local_rank, local_size, rank, topology
+from kungfu_tf.ops.monitor import comm_rates
+from kungfu_tf.ops.p2p import request, save
+
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "cluster_size",
+    "cluster_version",
+    "comm_rates",
+    "consensus",
+    "group_all_reduce",
+    "local_rank",
+    "local_size",
+    "rank",
+    "request",
+    "save",
+    "set_topology",
+    "topology",
+]

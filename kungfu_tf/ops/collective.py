@@ -1,0 +1,91 @@
+"""Collective operations over all workers.
+
+Every function works eagerly, inside ``tf.function`` and in ``tf.compat.v1``
+graphs. ``name`` is the message key that matches this call across workers (see
+:mod:`kungfu_tf.ops._keys`).
+
+Example:
+    >>> import tensorflow as tf
+    >>> from kungfu_tf import ops
+    >>> ops.all_reduce(tf.constant([1.0, 2.0]), op="mean").numpy()  # one worker
+    array([1., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from kungfu_tf._native import library
+from kungfu_tf.ops import config
+from kungfu_tf.ops._keys import message_key
+
+REDUCE_OPS = ("sum", "min", "max", "prod", "mean")
+
+
+def _check_op(op: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)}; got {op!r}")
+
+
+def _mean_divisor(dtype: tf.DType) -> tf.Tensor:
+    if not dtype.is_floating:
+        raise ValueError(f"op='mean' needs a floating-point tensor, got {dtype.name}; use 'sum'")
+    return tf.cast(config.cluster_size(), dtype)
+
+
+def all_reduce(x: tf.Tensor, op: str = "sum", name: str | None = None) -> tf.Tensor:
+    """Element-wise ``op`` ("sum", "min", "max", "prod", "mean") of ``x`` over all workers."""
+    _check_op(op)
+    x = tf.convert_to_tensor(x)
+    key = message_key("all_reduce", name)
+    if op == "mean":
+        divisor = _mean_divisor(x.dtype)
+        return library().kungfu_all_reduce(x, key, op="sum") / divisor
+    return library().kungfu_all_reduce(x, key, op=op)
+
+
+def group_all_reduce(xs: Sequence[tf.Tensor], op: str = "sum", name: str | None = None) -> list[tf.Tensor]:
+    """All-reduces several tensors with one collective per dtype over one fused buffer."""
+    _check_op(op)
+    xs = [tf.convert_to_tensor(x) for x in xs]
+    if not xs:
+        return []
+    by_dtype: dict[tf.DType, list[int]] = {}
+    for i, x in enumerate(xs):
+        by_dtype.setdefault(x.dtype, []).append(i)
+    out: list[tf.Tensor | None] = [None] * len(xs)
+    for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
+        group_name = None if name is None else (name if len(by_dtype) == 1 else f"{name}/{dtype.name}")
+        key = message_key("group_all_reduce", group_name)
+        reduced = library().kungfu_group_all_reduce([xs[i] for i in idx], key, op="sum" if op == "mean" else op)
+        if op == "mean":
+            divisor = _mean_divisor(dtype)
+            reduced = [r / divisor for r in reduced]
+        for i, r in zip(idx, reduced):
+            out[i] = r
+    return out  # type: ignore[return-value]
+
+
+def broadcast(x: tf.Tensor, root: int = 0, name: str | None = None) -> tf.Tensor:
+    """Every worker receives worker ``root``'s ``x``."""
+    x = tf.convert_to_tensor(x)
+    return library().kungfu_broadcast(x, message_key("broadcast", name), root=int(root))
+
+
+def all_gather(x: tf.Tensor, name: str | None = None) -> tf.Tensor:
+    """Stacks every worker's ``x`` (same shape everywhere) along a new leading axis of size np."""
+    x = tf.convert_to_tensor(x)
+    return library().kungfu_all_gather(x, message_key("all_gather", name))
+
+
+def barrier(name: str | None = None) -> tf.Operation | None:
+    """Waits until every worker has reached this barrier."""
+    return library().kungfu_barrier(message_key("barrier", name))
+
+
+def consensus(x: tf.Tensor, name: str | None = None) -> tf.Tensor:
+    """True on every worker iff all workers passed identical ``x`` (shape, dtype and bytes)."""
+    x = tf.convert_to_tensor(x)
+    return library().kungfu_consensus(x, message_key("consensus", name))

@@ -1,0 +1,286 @@
+// Collective ops. Data collectives wait on the network, so they are
+// AsyncOpKernels: they hand the work to the runtime and return, and the
+// runtime's callback completes them; no TF thread blocks.
+//
+// Data collectives are not marked stateful. They take their message key from
+// a stateful KungfuCollectiveKey op (in graphs), which keeps Grappler from
+// constant-folding or merging them, while tf.function's automatic control
+// dependencies do not serialise them in program order, so many all-reduces can
+// be in flight at once and overlap with backprop. Ops with side effects of
+// their own (barrier, consensus) are stateful.
+#include <cstring>
+
+#include "runtime_access.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace kungfu_tf {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::shape_inference::InferenceContext;
+
+#define KUNGFU_COLLECTIVE_TYPES "T: {uint8, int32, int64, half, bfloat16, float, double}"
+
+REGISTER_OP("KungfuCollectiveKey")
+    .Output("key: string")
+    .Attr("key_name: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("The message key of one collective in a graph (see module comment).");
+
+class CollectiveKeyOp : public OpKernel {
+ public:
+  explicit CollectiveKeyOp(OpKernelConstruction *ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("key_name", &name_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<tensorflow::tstring>()() = name_;
+  }
+
+ private:
+  std::string name_;
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuCollectiveKey").Device(tensorflow::DEVICE_CPU), CollectiveKeyOp);
+
+// Common start of every data collective: runtime, key, dtype.
+struct CollectiveStart {
+  kungfu::Runtime *rt = nullptr;
+  std::string key;
+  kungfu::DType dtype;
+};
+
+bool begin(OpKernelContext *ctx, int key_index, tensorflow::DataType dt, CollectiveStart *out) {
+  if (!check_runtime(ctx, &out->rt)) return false;
+  absl::Status s = scalar_string(ctx, key_index, &out->key);
+  if (s.ok()) s = to_kungfu_dtype(dt, &out->dtype);
+  if (!s.ok()) {
+    ctx->SetStatus(s);
+    return false;
+  }
+  return true;
+}
+
+REGISTER_OP("KungfuAllReduce")
+    .Input("input: T")
+    .Input("key: string")
+    .Output("output: T")
+    .Attr(KUNGFU_COLLECTIVE_TYPES)
+    .Attr("op: {'sum', 'min', 'max', 'prod'} = 'sum'")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
+    .Doc("Element-wise reduction of `input` over all workers; every worker gets the result.");
+
+class AllReduceOp : public AsyncOpKernel {
+ public:
+  explicit AllReduceOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {
+    std::string op;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("op", &op));
+    OP_REQUIRES(ctx, kungfu::parse_reduce_op(op, &op_), absl::InvalidArgumentError("bad reduce op " + op));
+  }
+  void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
+    CollectiveStart st;
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
+    const Tensor &in = ctx->input(0);
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
+    kungfu::Buffer buf{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()), describe(in, st.dtype),
+                       hold({in, *out})};
+    st.rt->all_reduce(st.key, buf, op_, finish(ctx, done));
+  }
+
+ private:
+  kungfu::ReduceOp op_;
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuAllReduce").Device(tensorflow::DEVICE_CPU), AllReduceOp);
+
+REGISTER_OP("KungfuGroupAllReduce")
+    .Input("inputs: N * T")
+    .Input("key: string")
+    .Output("outputs: N * T")
+    .Attr("N: int >= 1")
+    .Attr(KUNGFU_COLLECTIVE_TYPES)
+    .Attr("op: {'sum', 'min', 'max', 'prod'} = 'sum'")
+    .SetShapeFn([](InferenceContext *c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return absl::OkStatus();
+    })
+    .Doc("All-reduces N tensors as one collective over one fused buffer.");
+
+class GroupAllReduceOp : public AsyncOpKernel {
+ public:
+  explicit GroupAllReduceOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {
+    std::string op;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("op", &op));
+    OP_REQUIRES(ctx, kungfu::parse_reduce_op(op, &op_), absl::InvalidArgumentError("bad reduce op " + op));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+  }
+  void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
+    CollectiveStart st;
+    if (!begin(ctx, n_, ctx->input(0).dtype(), &st)) return done();
+    int64_t total = 0;
+    for (int i = 0; i < n_; ++i) total += ctx->input(i).NumElements();
+    Tensor fused;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_temp(ctx->input(0).dtype(), TensorShape({total}), &fused), done);
+    std::vector<Tensor> outputs;
+    char *base = const_cast<char *>(fused.tensor_data().data());
+    size_t offset = 0;
+    for (int i = 0; i < n_; ++i) {
+      const Tensor &in = ctx->input(i);
+      Tensor *out = nullptr;
+      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(i, in.shape(), &out), done);
+      size_t bytes = in.tensor_data().size();
+      if (bytes > 0) std::memcpy(base + offset, in.tensor_data().data(), bytes);
+      offset += bytes;
+      outputs.push_back(*out);
+    }
+    kungfu::Buffer buf{base, base, describe(fused, st.dtype), hold({fused})};
+    // The fused shape alone would hide which member differs; the key names the group.
+    st.rt->all_reduce(st.key, buf, op_, [ctx, done, fused, outputs](const kungfu::Status &s) {
+      if (!s.ok()) {
+        ctx->SetStatus(to_tf_status(s));
+        return done();
+      }
+      const char *src = fused.tensor_data().data();
+      for (const Tensor &out : outputs) {
+        size_t bytes = out.tensor_data().size();
+        if (bytes > 0) std::memcpy(const_cast<char *>(out.tensor_data().data()), src, bytes);
+        src += bytes;
+      }
+      done();
+    });
+  }
+
+ private:
+  kungfu::ReduceOp op_;
+  int n_;
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuGroupAllReduce").Device(tensorflow::DEVICE_CPU), GroupAllReduceOp);
+
+REGISTER_OP("KungfuBroadcast")
+    .Input("input: T")
+    .Input("key: string")
+    .Output("output: T")
+    .Attr(KUNGFU_COLLECTIVE_TYPES)
+    .Attr("root: int = 0")
+    .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
+    .Doc("Every worker gets the root's `input`.");
+
+class BroadcastOp : public AsyncOpKernel {
+ public:
+  explicit BroadcastOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("root", &root_));
+  }
+  void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
+    CollectiveStart st;
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
+    const Tensor &in = ctx->input(0);
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
+    kungfu::Buffer buf{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()), describe(in, st.dtype),
+                       hold({in, *out})};
+    st.rt->broadcast(st.key, buf, root_, finish(ctx, done));
+  }
+
+ private:
+  int root_;
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
+
+REGISTER_OP("KungfuAllGather")
+    .Input("input: T")
+    .Input("key: string")
+    .Output("output: T")
+    .Attr(KUNGFU_COLLECTIVE_TYPES)
+    .SetShapeFn([](InferenceContext *c) {
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), c->input(0), &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc("Stacks every worker's `input` along a new leading axis of size np, in rank order.");
+
+class AllGatherOp : public AsyncOpKernel {
+ public:
+  explicit AllGatherOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {}
+  void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
+    CollectiveStart st;
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
+    const Tensor &in = ctx->input(0);
+    TensorShape shape = in.shape();
+    shape.InsertDim(0, st.rt->size());
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, shape, &out), done);
+    kungfu::Buffer buf{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()), describe(in, st.dtype),
+                       hold({in, *out})};
+    st.rt->all_gather(st.key, buf, finish(ctx, done));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuAllGather").Device(tensorflow::DEVICE_CPU), AllGatherOp);
+
+REGISTER_OP("KungfuBarrier")
+    .Input("key: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Returns once every worker has reached the barrier of the same key.");
+
+class BarrierOp : public AsyncOpKernel {
+ public:
+  explicit BarrierOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {}
+  void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
+    kungfu::Runtime *rt;
+    if (!check_runtime(ctx, &rt)) return done();
+    std::string key;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 0, &key), done);
+    rt->barrier(key, finish(ctx, done));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuBarrier").Device(tensorflow::DEVICE_CPU), BarrierOp);
+
+REGISTER_OP("KungfuConsensus")
+    .Input("input: T")
+    .Input("key: string")
+    .Output("agreed: bool")
+    .Attr("T: {bool, int8, uint8, int16, int32, int64, half, bfloat16, float, double}")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("True iff every worker passed byte-identical tensors (KungFu Alg. 1).");
+
+class ConsensusOp : public AsyncOpKernel {
+ public:
+  explicit ConsensusOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {}
+  void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
+    kungfu::Runtime *rt;
+    if (!check_runtime(ctx, &rt)) return done();
+    std::string key;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &key), done);
+    const Tensor &in = ctx->input(0);
+    // The shape is part of what must agree, so it goes into the bytes too.
+    std::vector<char> bytes;
+    for (int i = 0; i < in.dims(); ++i) {
+      int64_t d = in.dim_size(i);
+      bytes.insert(bytes.end(), reinterpret_cast<char *>(&d), reinterpret_cast<char *>(&d) + sizeof(d));
+    }
+    bytes.push_back(static_cast<char>(in.dims()));
+    auto data = in.tensor_data();
+    bytes.insert(bytes.end(), data.data(), data.data() + data.size());
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
+    Tensor result = *out;
+    rt->consensus(key, std::move(bytes), [ctx, done, result](const kungfu::Status &s, bool agreed) mutable {
+      if (!s.ok()) ctx->SetStatus(to_tf_status(s));
+      result.scalar<bool>()() = agreed;
+      done();
+    });
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuConsensus").Device(tensorflow::DEVICE_CPU), ConsensusOp);
+
+}  // namespace kungfu_tf

@@ -1,0 +1,61 @@
+// Communication monitoring: per-peer traffic rates from the runtime's counters.
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "runtime_access.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace kungfu_tf {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+REGISTER_OP("KungfuCommRates")
+    .Output("rates: double")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext *c) {
+      c->set_output(0, c->Vector(tensorflow::shape_inference::InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    })
+    .Doc("Bytes per second exchanged with each peer (sent + received) since the previous call; 0 for self.");
+
+class CommRatesOp : public OpKernel {
+ public:
+  explicit CommRatesOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext *ctx) override {
+    kungfu::Runtime *rt;
+    if (!check_runtime(ctx, &rt)) return;
+    int n = rt->size();
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
+    auto rates = out->vec<double>();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (last_bytes_.size() != static_cast<size_t>(n)) {
+      last_bytes_.assign(n, 0);
+      last_time_ = start_;
+    }
+    double secs = std::chrono::duration<double>(now - last_time_).count();
+    for (int r = 0; r < n; ++r) {
+      uint64_t bytes = (n > 1) ? rt->counters().sent(r) + rt->counters().received(r) : 0;
+      rates(r) = secs > 0 ? static_cast<double>(bytes - last_bytes_[r]) / secs : 0.0;
+      last_bytes_[r] = bytes;
+    }
+    last_time_ = now;
+  }
+
+ private:
+  std::mutex mu_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_time_;
+  std::vector<uint64_t> last_bytes_;
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuCommRates").Device(tensorflow::DEVICE_CPU), CommRatesOp);
+
+}  // namespace kungfu_tf
