@@ -19,8 +19,8 @@ std::string shape_text(DType dt, const int64_t *dims, size_t ndims) {
 
 CollectiveOp::CollectiveOp(CollectiveContext ctx, std::string kind, std::string name, TensorDesc desc,
                            ReduceOp op, TopologyKind topology, std::shared_ptr<const Topology> graphs,
-                           std::vector<PieceTask> tasks, void *out, std::shared_ptr<const void> keepalive,
-                           DoneCallback done)
+                           std::vector<PieceTask> tasks, const void *in, void *out,
+                           std::shared_ptr<const void> keepalive, DoneCallback done)
     : ctx_(ctx),
       kind_(std::move(kind)),
       name_(std::move(name)),
@@ -30,11 +30,19 @@ CollectiveOp::CollectiveOp(CollectiveContext ctx, std::string kind, std::string 
       graphs_(std::move(graphs)),
       tasks_(std::move(tasks)),
       out_(static_cast<char *>(out)),
+      in_(in ? static_cast<const char *>(in) : static_cast<const char *>(out)),
       elem_size_(dtype_size(desc_.dtype)),
       keepalive_(std::move(keepalive)),
       done_(std::move(done)),
       piece_mu_(new std::mutex[tasks_.size()]),
-      reduce_left_(tasks_.size(), 0){}
+      reduce_left_(tasks_.size(), 0) {
+  if (in_ != out_) {
+    staged_.resize(tasks_.size());
+    for (size_t p = 0; p < tasks_.size(); ++p) {
+      if (tasks_[p].reduce) staged_[p].assign((piece_bytes(p) + kStreamBlock - 1) / kStreamBlock, false);
+    }
+  }
+}
 
 std::string CollectiveOp::piece_key(size_t piece, char phase) const {
   std::string k = name_;
@@ -45,6 +53,22 @@ std::string CollectiveOp::piece_key(size_t piece, char phase) const {
 }
 
 char *CollectiveOp::piece_data(size_t piece) const { return out_ + tasks_[piece].offset * elem_size_; }
+const char *CollectiveOp::piece_input(size_t piece) const { return in_ + tasks_[piece].offset * elem_size_; }
+
+void CollectiveOp::reduce_block(size_t piece, size_t offset, const char *data, size_t len) {
+  char *out = piece_data(piece) + offset;
+  size_t count = len / elem_size_;
+  if (in_ != out_) {
+    std::vector<bool> &staged = staged_[piece];
+    size_t b = offset / kStreamBlock;
+    if (!staged[b]) {
+      staged[b] = true;
+      reduce_to(out, piece_input(piece) + offset, data, count, desc_.dtype, op_);
+      return;
+    }
+  }
+  reduce_inplace(out, data, count, desc_.dtype, op_);
+}
 size_t CollectiveOp::piece_bytes(size_t piece) const { return tasks_[piece].count * elem_size_; }
 
 void CollectiveOp::start() {
@@ -101,7 +125,7 @@ void CollectiveOp::expect_from(int src, size_t piece, char phase, bool direct) {
     // Reduce each block as it comes off the socket, while it is still in cache.
     BlockSink sink = [self, piece](const char *block, size_t offset, size_t len) {
       std::lock_guard<std::mutex> lock(self->piece_mu_[piece]);
-      reduce_inplace(self->piece_data(piece) + offset, block, len / self->elem_size_, self->desc_.dtype, self->op_);
+      self->reduce_block(piece, offset, block, len);
     };
     token = ctx_.mailbox.expect_stream(src, key, piece_bytes(piece), std::move(sink), std::move(cb));
   }
@@ -161,7 +185,12 @@ void CollectiveOp::on_message(size_t piece, char phase, uint64_t, const Status &
     bool complete;
     {
       std::lock_guard<std::mutex> lock(piece_mu_[piece]);
-      if (!msg.streamed) reduce_inplace(piece_data(piece), msg.data(), tasks_[piece].count, desc_.dtype, op_);
+      if (!msg.streamed) {
+        size_t bytes = piece_bytes(piece);
+        for (size_t off = 0; off < bytes; off += kStreamBlock) {
+          reduce_block(piece, off, msg.data() + off, std::min(kStreamBlock, bytes - off));
+        }
+      }
       complete = --reduce_left_[piece] == 0;
     }
     if (complete) reduce_complete(piece);
@@ -175,7 +204,9 @@ void CollectiveOp::reduce_complete(size_t piece) {
   const PieceTask &t = tasks_[piece];
   const std::vector<int> &nexts = t.graph->reduce.nexts(ctx_.self);
   if (!nexts.empty()) {
-    send_to(nexts[0], piece, 'r');
+    // A leaf of the reduce graph forwards its own input; others their partial result.
+    bool leaf = t.graph->reduce.prevs(ctx_.self).empty();
+    send_to(nexts[0], piece, 'r', leaf ? piece_input(piece) : piece_data(piece));
     if (t.broadcast) {
       expect_from(t.graph->broadcast.prevs(ctx_.self).at(0), piece, 'b', true);
     } else {
@@ -192,11 +223,11 @@ void CollectiveOp::reduce_complete(size_t piece) {
 }
 
 void CollectiveOp::broadcast_from_here(size_t piece) {
-  for (int dst : tasks_[piece].graph->broadcast.nexts(ctx_.self)) send_to(dst, piece, 'b');
+  for (int dst : tasks_[piece].graph->broadcast.nexts(ctx_.self)) send_to(dst, piece, 'b', piece_data(piece));
   finish_one();
 }
 
-void CollectiveOp::send_to(int dst, size_t piece, char phase) {
+void CollectiveOp::send_to(int dst, size_t piece, char phase, const char *src) {
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::kCollective);
   h.dtype = static_cast<uint8_t>(desc_.dtype);
@@ -205,7 +236,7 @@ void CollectiveOp::send_to(int dst, size_t piece, char phase) {
   for (uint32_t i = 0; i < h.ndims; ++i) h.dims[i] = desc_.shape[i];
   outstanding_.fetch_add(1);
   auto self = shared_from_this();
-  ctx_.transport.send(dst, h, piece_key(piece, phase), piece_data(piece), piece_bytes(piece), self,
+  ctx_.transport.send(dst, h, piece_key(piece, phase), src, piece_bytes(piece), self,
                       [self](const Status &s) {
                         if (!s.ok()) {
                           self->fail(Status(s.code(), self->kind_ + " '" + self->name_ + "': " + s.message()), true);

@@ -50,12 +50,14 @@ struct TensorDesc {
 
 class CollectiveOp : public PendingOp, public std::enable_shared_from_this<CollectiveOp> {
  public:
-  // `kind` names the collective in errors ("all_reduce"); `out` receives the result
-  // and must already hold this worker's contribution at every piece it reduces
-  // or roots. `keepalive` owns the memory behind `out` until every send is done.
+  // `kind` names the collective in errors ("all_reduce"). This worker's
+  // contribution is read from `in` (null: `out` already holds it) and the
+  // result lands in `out`; the first contribution that arrives for a block is
+  // combined with `in` straight into `out`, so the input is never copied.
+  // `keepalive` owns the memory of both until every send is done.
   CollectiveOp(CollectiveContext ctx, std::string kind, std::string name, TensorDesc desc, ReduceOp op,
                TopologyKind topology, std::shared_ptr<const Topology> graphs, std::vector<PieceTask> tasks,
-               void *out, std::shared_ptr<const void> keepalive, DoneCallback done);
+               const void *in, void *out, std::shared_ptr<const void> keepalive, DoneCallback done);
 
   // Registers the op and starts every piece.
   void start();
@@ -67,13 +69,16 @@ class CollectiveOp : public PendingOp, public std::enable_shared_from_this<Colle
  private:
   std::string piece_key(size_t piece, char phase) const;
   char *piece_data(size_t piece) const;
+  const char *piece_input(size_t piece) const;
+  // Reduces `len` bytes at `offset` within the piece (caller holds the piece lock).
+  void reduce_block(size_t piece, size_t offset, const char *data, size_t len);
   size_t piece_bytes(size_t piece) const;
   void expect_from(int src, size_t piece, char phase, bool direct);
   void on_message(size_t piece, char phase, uint64_t token, const Status &s, Message &msg);
   Status check(const Message &msg, size_t piece) const;
   void reduce_complete(size_t piece);
   void broadcast_from_here(size_t piece);
-  void send_to(int dst, size_t piece, char phase);
+  void send_to(int dst, size_t piece, char phase, const char *src);
   void finish_one();
 
   CollectiveContext ctx_;
@@ -85,6 +90,7 @@ class CollectiveOp : public PendingOp, public std::enable_shared_from_this<Colle
   const std::shared_ptr<const Topology> graphs_;  // keeps the tasks' graphs alive
   const std::vector<PieceTask> tasks_;
   char *const out_;
+  const char *const in_;
   const size_t elem_size_;
   const std::shared_ptr<const void> keepalive_;
   DoneCallback done_;
@@ -92,6 +98,9 @@ class CollectiveOp : public PendingOp, public std::enable_shared_from_this<Colle
   std::atomic<int64_t> outstanding_{0};  // pieces not finished + sends not completed
   std::unique_ptr<std::mutex[]> piece_mu_;
   std::vector<int> reduce_left_;
+  // Per piece, per kStreamBlock block: whether `out` already holds our input
+  // combined with something (only tracked when in_ != out_).
+  std::vector<std::vector<bool>> staged_;
 
   mutable std::mutex mu_;  // guards the fields below
   bool finished_ = false;

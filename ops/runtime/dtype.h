@@ -30,5 +30,8 @@ bool parse_reduce_op(const std::string &name, ReduceOp *op);
 // acc[i] = op(acc[i], in[i]) for i < count. Half types are reduced in float
 // and rounded back (round to nearest even), like TensorFlow's CPU kernels.
 void reduce_inplace(void *acc, const void *in, size_t count, DType dt, ReduceOp op);
+// out[i] = op(a[i], b[i]); `out` may alias `a`. Saves a copy when the first
+// contribution arrives: the output never needs to be staged with our input.
+void reduce_to(void *out, const void *a, const void *b, size_t count, DType dt, ReduceOp op);
 
 }  // namespace kungfu

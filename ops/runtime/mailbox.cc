@@ -62,9 +62,6 @@ bool Mailbox::cancel(int src, const std::string &key, uint64_t token) {
 
 namespace {
 
-// Small enough to stay in L2 while it is reduced, large enough to amortise the syscall.
-constexpr size_t kStreamBlock = 128 * 1024;
-
 bool stream_into(const PartialReader &read, size_t total, const BlockSink &sink) {
   thread_local std::unique_ptr<char[]> block(new char[kStreamBlock]);
   for (size_t off = 0; off < total; off += kStreamBlock) {

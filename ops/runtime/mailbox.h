@@ -47,6 +47,10 @@ using PartialReader = std::function<bool(void *dst, size_t len)>;
 // landing the whole payload in memory.
 using BlockSink = std::function<void(const char *block, size_t offset, size_t len)>;
 
+// Streamed payloads arrive in blocks of this size (the last may be shorter):
+// small enough to stay in L2 while reduced, large enough to amortise syscalls.
+constexpr size_t kStreamBlock = 128 * 1024;
+
 class Mailbox {
  public:
   // Registers interest in the next message from `src` under `key`. If `dst` is

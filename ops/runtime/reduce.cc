@@ -76,6 +76,25 @@ void reduce_typed(T *__restrict acc, const T *__restrict in, size_t n, ReduceOp 
   }
 }
 
+// `out` may alias `a` (not __restrict): element i is read before it is written.
+template <typename T>
+void reduce3_typed(T *out, const T *a, const T *__restrict b, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+      break;
+    case ReduceOp::kProd:
+      for (size_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+      break;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) out[i] = b[i] < a[i] ? b[i] : a[i];
+      break;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) out[i] = b[i] > a[i] ? b[i] : a[i];
+      break;
+  }
+}
+
 // IEEE binary16 <-> float conversions (no F16C dependency, so the library runs
 // on any x86-64 and on ARM).
 float half_to_float(uint16_t h) {
@@ -162,8 +181,8 @@ float apply(float a, float b, ReduceOp op) {
 }
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void reduce_half(uint16_t *acc, const uint16_t *in, size_t n, ReduceOp op) {
-  for (size_t i = 0; i < n; ++i) acc[i] = FromFloat(apply(ToFloat(acc[i]), ToFloat(in[i]), op));
+void reduce_half(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n, ReduceOp op) {
+  for (size_t i = 0; i < n; ++i) out[i] = FromFloat(apply(ToFloat(a[i]), ToFloat(b[i]), op));
 }
 
 }  // namespace
@@ -186,12 +205,41 @@ void reduce_inplace(void *acc, const void *in, size_t count, DType dt, ReduceOp 
       reduce_typed(static_cast<double *>(acc), static_cast<const double *>(in), count, op);
       break;
     case DType::kFloat16:
-      reduce_half<half_to_float, float_to_half>(static_cast<uint16_t *>(acc),
-                                                static_cast<const uint16_t *>(in), count, op);
+    case DType::kBFloat16:
+      reduce_to(acc, acc, in, count, dt, op);
+      break;
+  }
+}
+
+void reduce_to(void *out, const void *a, const void *b, size_t count, DType dt, ReduceOp op) {
+  switch (dt) {
+    case DType::kUInt8:
+      reduce3_typed(static_cast<uint8_t *>(out), static_cast<const uint8_t *>(a), static_cast<const uint8_t *>(b),
+                    count, op);
+      break;
+    case DType::kInt32:
+      reduce3_typed(static_cast<int32_t *>(out), static_cast<const int32_t *>(a), static_cast<const int32_t *>(b),
+                    count, op);
+      break;
+    case DType::kInt64:
+      reduce3_typed(static_cast<int64_t *>(out), static_cast<const int64_t *>(a), static_cast<const int64_t *>(b),
+                    count, op);
+      break;
+    case DType::kFloat32:
+      reduce3_typed(static_cast<float *>(out), static_cast<const float *>(a), static_cast<const float *>(b), count,
+                    op);
+      break;
+    case DType::kFloat64:
+      reduce3_typed(static_cast<double *>(out), static_cast<const double *>(a), static_cast<const double *>(b),
+                    count, op);
+      break;
+    case DType::kFloat16:
+      reduce_half<half_to_float, float_to_half>(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(a),
+                                                static_cast<const uint16_t *>(b), count, op);
       break;
     case DType::kBFloat16:
-      reduce_half<bf16_to_float, float_to_bf16>(static_cast<uint16_t *>(acc),
-                                                static_cast<const uint16_t *>(in), count, op);
+      reduce_half<bf16_to_float, float_to_bf16>(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(a),
+                                                static_cast<const uint16_t *>(b), count, op);
       break;
   }
 }

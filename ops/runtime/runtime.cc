@@ -111,10 +111,11 @@ TopologyKind Runtime::resolve(TopologyKind kind, size_t bytes) const {
   return kind == TopologyKind::kAuto ? choose_auto(bytes, opt_.cluster) : kind;
 }
 
-void Runtime::run(const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,
+void Runtime::run(const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan, bool staged,
                   DoneCallback done) {
   auto coll = std::make_shared<CollectiveOp>(context(), kind, name, buf.desc, op, plan.kind, std::move(plan.graphs),
-                                             std::move(plan.tasks), buf.recv, buf.keepalive, std::move(done));
+                                             std::move(plan.tasks), staged ? nullptr : buf.send, buf.recv,
+                                             buf.keepalive, std::move(done));
   coll->start();
 }
 
@@ -134,12 +135,14 @@ void Runtime::all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneC
 void Runtime::all_reduce_on(TopologyKind kind, const std::string &name, Buffer buf, ReduceOp op,
                             DoneCallback done) {
   size_t bytes = buf.desc.count * dtype_size(buf.desc.dtype);
-  stage_input(buf, bytes);
-  if (size() == 1) return done(Status::OK());
+  if (size() == 1) {
+    stage_input(buf, bytes);
+    return done(Status::OK());
+  }
   TopologyKind k = resolve(kind, bytes);
   Plan plan = plan_all_reduce(buf.desc.count, dtype_size(buf.desc.dtype), topologies_[static_cast<size_t>(k)],
                               opt_.chunk_bytes);
-  run("all_reduce", name, buf, op, std::move(plan), std::move(done));
+  run("all_reduce", name, buf, op, std::move(plan), false, std::move(done));
 }
 
 void Runtime::broadcast(const std::string &name, Buffer buf, int root, DoneCallback done) {
@@ -152,7 +155,7 @@ void Runtime::broadcast(const std::string &name, Buffer buf, int root, DoneCallb
   if (size() == 1) return done(Status::OK());
   Plan plan = plan_rooted(resolve(topology(), bytes), opt_.cluster, root, buf.desc.count,
                           dtype_size(buf.desc.dtype), opt_.chunk_bytes, false, true);
-  run("broadcast", name, buf, ReduceOp::kSum, std::move(plan), std::move(done));
+  run("broadcast", name, buf, ReduceOp::kSum, std::move(plan), true, std::move(done));
 }
 
 void Runtime::reduce(const std::string &name, Buffer buf, ReduceOp op, int root, DoneCallback done) {
@@ -161,11 +164,13 @@ void Runtime::reduce(const std::string &name, Buffer buf, ReduceOp op, int root,
                                 std::to_string(size())));
   }
   size_t bytes = buf.desc.count * dtype_size(buf.desc.dtype);
-  stage_input(buf, bytes);
-  if (size() == 1) return done(Status::OK());
+  if (size() == 1) {
+    stage_input(buf, bytes);
+    return done(Status::OK());
+  }
   Plan plan = plan_rooted(resolve(topology(), bytes), opt_.cluster, root, buf.desc.count,
                           dtype_size(buf.desc.dtype), opt_.chunk_bytes, true, false);
-  run("reduce", name, buf, op, std::move(plan), std::move(done));
+  run("reduce", name, buf, op, std::move(plan), false, std::move(done));
 }
 
 void Runtime::all_gather(const std::string &name, Buffer buf, DoneCallback done) {
@@ -176,7 +181,7 @@ void Runtime::all_gather(const std::string &name, Buffer buf, DoneCallback done)
   if (size() == 1) return done(Status::OK());
   Plan plan = plan_all_gather(resolve(topology(), bytes), opt_.cluster, buf.desc.count,
                               dtype_size(buf.desc.dtype), opt_.chunk_bytes);
-  run("all_gather", name, buf, ReduceOp::kSum, std::move(plan), std::move(done));
+  run("all_gather", name, buf, ReduceOp::kSum, std::move(plan), true, std::move(done));
 }
 
 void Runtime::barrier(const std::string &name, DoneCallback done) {

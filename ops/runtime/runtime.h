@@ -90,7 +90,8 @@ class Runtime : public FrameHandler {
  private:
   explicit Runtime(RuntimeOptions options);
   CollectiveContext context();
-  void run(const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,
+  // `staged`: buf.recv already holds this worker's contribution.
+  void run(const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan, bool staged,
            DoneCallback done);
   TopologyKind resolve(TopologyKind kind, size_t bytes) const;
   void serve_request(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);

@@ -164,7 +164,11 @@ TopologyKind choose_auto(size_t bytes, const Cluster &cluster) {
     if (cluster.host_count() > 1) return TopologyKind::kBinaryTreeStar;
     return n <= 8 ? TopologyKind::kStar : TopologyKind::kBinaryTree;
   }
-  return TopologyKind::kRing;
+  // Large tensors: reduce-scatter + all-gather bandwidth either way. Within a
+  // host, CLIQUE does it in one hop per phase, so no piece waits for a chain of
+  // processes to be scheduled; across hosts, RING only uses neighbour links, so
+  // far fewer bytes cross the (slower) network.
+  return cluster.host_count() > 1 ? TopologyKind::kRing : TopologyKind::kClique;
 }
 
 }  // namespace kungfu

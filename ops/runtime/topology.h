@@ -74,7 +74,8 @@ std::shared_ptr<const Topology> build_topology(TopologyKind kind, const Cluster 
 
 // AUTO's choice for one all-reduce of `bytes` bytes: small messages go where
 // latency is lowest (STAR, or BINARY_TREE_STAR / BINARY_TREE on bigger or
-// multi-host clusters); large ones use RING for bandwidth.
+// multi-host clusters); large ones use CLIQUE on one host and RING across
+// hosts, both bandwidth-optimal.
 TopologyKind choose_auto(size_t bytes, const Cluster &cluster);
 
 }  // namespace kungfu
