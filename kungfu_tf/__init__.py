@@ -57,4 +57,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'kungfu_tf' has no attribute {name!r}")
 
 
-__all__ = ["rank", "size", "local_rank", "local_size", "ops", "__version__"]
+__all__ = ["__version__", "local_rank", "local_size", "ops", "rank", "size"]

@@ -9,7 +9,7 @@ from types import ModuleType
 LIBRARY_NAME = "libkungfu_tf.so"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library() -> ModuleType:
     """The generated op wrappers of libkungfu_tf.so (``kungfu_all_reduce``, ...)."""
     import tensorflow as tf

@@ -16,7 +16,14 @@ from kungfu_tf.ops.collective import (
     consensus,
     group_all_reduce,
 )
-from kungfu_tf.ops.config import cluster_size, cluster_version, local_rank, local_size, rank, topology
+from kungfu_tf.ops.config import (
+    cluster_size,
+    cluster_version,
+    local_rank,
+    local_size,
+    rank,
+    topology,
+)
 from kungfu_tf.ops.monitor import comm_rates
 from kungfu_tf.ops.p2p import request, save
 

@@ -26,7 +26,7 @@ from kungfu_tf._native import library
 
 _eager_counts: collections.Counter[str] = collections.Counter()
 _eager_lock = threading.Lock()
-_explicit_names: "weakref.WeakKeyDictionary[tf.Graph, set[str]]" = weakref.WeakKeyDictionary()
+_explicit_names: weakref.WeakKeyDictionary[tf.Graph, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _graph_prefix(graph: tf.Graph) -> str:
