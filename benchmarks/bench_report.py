@@ -1,0 +1,118 @@
+"""Markdown rendering of the all-reduce benchmark results (for the README)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench_units import format_rate, format_size, format_time
+
+MWMS_COLUMN = "MWMS (TF gRPC ring)"
+
+
+def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    """A GitHub markdown table; ``align`` entries are ``l`` or ``r``."""
+    sep = ["---:" if a == "r" else ":---" for a in align]
+    lines = ["| " + " | ".join(r) + " |" for r in (header, sep, *rows)]
+    return "\n".join(lines)
+
+
+def _cell(point: dict[str, Any] | None) -> str:
+    """``time · bus bandwidth`` of one point, or a dash if not measured."""
+    if point is None:
+        return "–"
+    return f"{format_time(point['median_s'])} · {format_rate(point['busbw'])}"
+
+
+def allreduce_tables(
+    points: list[dict[str, Any]],
+    nps: list[int],
+    sizes: list[int],
+    topologies: list[str],
+    with_mwms: bool,
+) -> str:
+    """One table per np: rows are sizes, columns implementations/topologies."""
+    index = {(p["impl"], p["topology"], p["np"], p["size"]): p for p in points}
+    columns = [("kungfu", t, t) for t in topologies]
+    if with_mwms:
+        columns.append(("mwms", "RING", MWMS_COLUMN))
+    parts: list[str] = []
+    for n in nps:
+        rows = [
+            [format_size(s)]
+            + [_cell(index.get((impl, topo, n, s))) for impl, topo, _ in columns]
+            for s in sizes
+        ]
+        header = ["size"] + [title for _, _, title in columns]
+        parts.append(
+            f"**np = {n}** — median time per all-reduce · bus bandwidth\n\n"
+            + _table(header, ["r"] * len(header), rows)
+        )
+    return "\n\n".join(parts)
+
+
+def raw_table(raw: dict[str, Any]) -> str:
+    """Raw transport limits: exchange rate each way and ping-pong RTT."""
+    names = {"tcp": "TCP loopback", "unix": "Unix socket (reference)"}
+    rows: list[list[str]] = []
+    for key, title in names.items():
+        r = raw.get(key)
+        if not r:
+            continue
+        ex = r.get("exchange")
+        pp = r.get("pingpong")
+        rows.append(
+            [
+                title,
+                format_rate(ex["bytes_per_s_each_way"]) if ex else "–",
+                format_time(pp["rtt_median_s"]) if pp else "–",
+                format_time(pp["rtt_min_s"]) if pp else "–",
+            ]
+        )
+    header = [
+        "transport",
+        "64 MiB exchange, each way",
+        "4 B ping-pong RTT (median)",
+        "RTT (min)",
+    ]
+    text = _table(header, ["l", "r", "r", "r"], rows)
+    floor = raw.get("tf_function_floor")
+    if floor:
+        text += (
+            "\n\nFloor for the latency targets: calling a tf.function that "
+            "communicates nothing (4 B identity, 1 thread, one process) takes "
+            f"{format_time(floor['median_s'])}"
+        )
+        rtt = raw.get("tcp", {}).get("pingpong", {}).get("rtt_median_s")
+        if rtt:
+            text += f" = {floor['median_s'] / rtt:.1f}× the TCP RTT"
+        text += "."
+    return text
+
+
+def _verdict(e: dict[str, Any]) -> str:
+    """``MET 0.93`` / ``NOT MET 0.41`` (+ topology for the best-topology row)."""
+    if e["ratio"] is None:
+        return "n/a (not measured)"
+    if e["kind"] == "bandwidth":
+        value = f"{e['ratio']:.0%} of TCP"
+    else:
+        value = f"{e['ratio']:.1f}× RTT"
+    topo = f" ({e['topology']})" if e["contender"] == "best topology" else ""
+    return f"{'MET' if e['met'] else 'NOT MET'}: {value}{topo}"
+
+
+def targets_table(evals: list[dict[str, Any]]) -> str:
+    """Targets as rows, contenders (AUTO / best topology / MWMS) as columns."""
+    contenders: list[str] = []
+    by_target: dict[str, dict[str, dict[str, Any]]] = {}
+    for e in evals:
+        if e["contender"] not in contenders:
+            contenders.append(e["contender"])
+        by_target.setdefault(e["target"], {})[e["contender"]] = e
+    titles = {"AUTO": "ours, AUTO", "best topology": "ours, best topology"}
+    header = ["target"] + [titles.get(c, c) for c in contenders]
+    rows = [
+        [target] + [_verdict(cs[c]) if c in cs else "–" for c in contenders]
+        for target, cs in by_target.items()
+    ]
+    return _table(header, ["l"] * len(header), rows)
