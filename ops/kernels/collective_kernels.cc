@@ -69,6 +69,21 @@ bool begin(OpKernelContext *ctx, int key_index, tensorflow::DataType dt, Collect
   return true;
 }
 
+// Allocates output 0 shaped like input 0 (reusing the input's buffer when TF
+// allows) and describes both to the runtime.
+bool same_shape_output(OpKernelContext *ctx, const CollectiveStart &st, kungfu::Buffer *buf) {
+  const Tensor &in = ctx->input(0);
+  Tensor *out = nullptr;
+  absl::Status s = ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out);
+  if (!s.ok()) {
+    ctx->SetStatus(s);
+    return false;
+  }
+  *buf = kungfu::Buffer{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()),
+                        describe(in, st.dtype), hold({in, *out})};
+  return true;
+}
+
 REGISTER_OP("KungfuAllReduce")
     .Input("input: T")
     .Input("key: string")
@@ -87,12 +102,8 @@ class AllReduceOp : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
-    const Tensor &in = ctx->input(0);
-    Tensor *out = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
-    kungfu::Buffer buf{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()), describe(in, st.dtype),
-                       hold({in, *out})};
+    kungfu::Buffer buf;
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &buf)) return done();
     st.rt->all_reduce(st.key, buf, op_, finish(ctx, done));
   }
 
@@ -180,12 +191,8 @@ class BroadcastOp : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
-    const Tensor &in = ctx->input(0);
-    Tensor *out = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out), done);
-    kungfu::Buffer buf{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()), describe(in, st.dtype),
-                       hold({in, *out})};
+    kungfu::Buffer buf;
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &buf)) return done();
     st.rt->broadcast(st.key, buf, root_, finish(ctx, done));
   }
 

@@ -280,6 +280,21 @@ Status Transport::write_frame(int dst, int fd, SendItem &item) {
   return Status::OK();
 }
 
+void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item) {
+  // `busy` keeps frames in order: nobody else writes until we are done, and the
+  // lock is not held during the (possibly long) write.
+  link.busy = true;
+  int fd = link.fd.get();
+  lock.unlock();
+  Status s = write_frame(dst, fd, item);
+  lock.lock();
+  link.busy = false;
+  lock.unlock();
+  link.cv.notify_all();
+  if (!s.ok()) break_link(dst, s);
+  item.on_sent(s);
+}
+
 void Transport::send(int dst, FrameHeader header, std::string key, const void *data, size_t len,
                      std::shared_ptr<const void> keepalive, SendCallback on_sent) {
   Link &link = *links_[dst];
@@ -292,17 +307,7 @@ void Transport::send(int dst, FrameHeader header, std::string key, const void *d
     return;
   }
   if (len <= kInlineSendLimit && link.queue.empty() && !link.busy && link.fd.valid()) {
-    link.busy = true;
-    int fd = link.fd.get();
-    lock.unlock();
-    Status s = write_frame(dst, fd, item);
-    lock.lock();
-    link.busy = false;
-    bool more = !link.queue.empty();
-    lock.unlock();
-    if (more) link.cv.notify_all();
-    if (!s.ok()) break_link(dst, s);
-    item.on_sent(s);
+    write_exclusively(dst, link, lock, item);
     return;
   }
   link.queue.push_back(std::move(item));
@@ -338,16 +343,7 @@ void Transport::sender_loop(int dst) {
       item.on_sent(s);
       continue;
     }
-    link.busy = true;
-    int fd = link.fd.get();
-    lock.unlock();
-    Status s = write_frame(dst, fd, item);
-    lock.lock();
-    link.busy = false;
-    lock.unlock();
-    link.cv.notify_all();
-    if (!s.ok()) break_link(dst, s);
-    item.on_sent(s);
+    write_exclusively(dst, link, lock, item);
   }
   // Shutting down: whatever is still queued fails.
   std::deque<SendItem> left;

@@ -95,6 +95,8 @@ class Transport {
   void sender_loop(int dst);
   Status connect_to(int dst, Fd *out);
   Status write_frame(int dst, int fd, SendItem &item);
+  // Writes `item` with the link marked busy; `lock` (held on entry) is released.
+  void write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item);
   void break_link(int dst, const Status &why);
 
   TransportOptions opt_;
