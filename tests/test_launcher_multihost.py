@@ -7,13 +7,13 @@ in each, as a user would on two machines.  Nothing here imports TensorFlow.
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from netns import make_two_hosts
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # kungfu_tf may not be installed (and may lack __init__.py while it is
@@ -138,60 +138,10 @@ def test_host_without_workers_runs_nothing():
 # ------------------------------------------------ two hosts as two namespaces
 
 
-def ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], check=False, capture_output=True, text=True)
-
-
-def ip_ok(*args: str) -> None:
-    res = ip(*args)
-    assert res.returncode == 0, f"ip {' '.join(args)}: {res.stderr.strip()}"
-
-
 @pytest.fixture
 def two_hosts(request) -> tuple[str, str]:
     """Two network namespaces with HOST_A and HOST_B on a veth pair."""
-    assert shutil.which("ip"), "the `ip` command (apt package iproute2) is required"
-    tag = f"kft{os.getpid()}"
-    names = (f"{tag}a", f"{tag}b")
-    created: list[str] = []
-
-    def cleanup() -> None:
-        # Deleting a namespace also destroys its end of the veth pair.
-        for ns in created:
-            ip("netns", "delete", ns)
-
-    request.addfinalizer(cleanup)
-    first = ip("netns", "add", names[0])
-    if first.returncode != 0:
-        reason = first.stderr.strip()
-        if "Operation not permitted" in reason or "Permission denied" in reason:
-            pytest.skip(f"cannot create network namespaces: {reason}")
-        pytest.fail(f"ip netns add failed: {reason}")
-    created.append(names[0])
-    ip_ok("netns", "add", names[1])
-    created.append(names[1])
-
-    # The pair is created inside the first namespace and its peer moved
-    # straight into the second, so nothing appears in the root namespace.
-    ip_ok(
-        "-n",
-        names[0],
-        "link",
-        "add",
-        "veth0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "veth1",
-        "netns",
-        names[1],
-    )
-    for ns, dev, addr in ((names[0], "veth0", HOST_A), (names[1], "veth1", HOST_B)):
-        ip_ok("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-        ip_ok("-n", ns, "link", "set", dev, "up")
-        ip_ok("-n", ns, "link", "set", "lo", "up")
-    return names
+    return make_two_hosts(request, HOST_A.rsplit(".", 1)[0], "kft").namespaces
 
 
 PEER_SCRIPT = """

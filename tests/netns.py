@@ -1,0 +1,115 @@
+"""Two "hosts" for multi-host tests: Linux network namespaces on a veth pair.
+
+``make_two_hosts(request, "10.213.0", "kfl")`` creates namespaces
+``kfl<pid>a`` and ``kfl<pid>b`` whose ends of a veth pair carry
+``10.213.0.1/24`` and ``10.213.0.2/24``; the pair is created inside the first
+namespace and its peer moved straight into the second, so nothing appears in
+the root namespace and no traffic leaves the two. Loopback is brought up in
+both (the runtime's same-host abstract Unix sockets are per namespace).
+A finalizer kills whatever still runs in the namespaces (only what the test
+started there can) and deletes them (which also destroys the veth pair).
+
+If the namespaces cannot be created for lack of privileges (EPERM/EACCES
+from ``ip netns add``), the calling test is skipped with ip's message; any
+other failure fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+
+
+def ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=False, capture_output=True, text=True)
+
+
+def ip_ok(*args: str) -> None:
+    res = ip(*args)
+    assert res.returncode == 0, f"ip {' '.join(args)}: {res.stderr.strip()}"
+
+
+@dataclass(frozen=True)
+class TwoHosts:
+    namespaces: tuple[str, str]
+    addresses: tuple[str, str]
+    devices: tuple[str, str] = ("veth0", "veth1")
+
+    def exec_prefix(self, i: int) -> list[str]:
+        """Command prefix that runs a program inside host ``i``'s namespace."""
+        return ["ip", "netns", "exec", self.namespaces[i]]
+
+    def limit_bandwidth(self, rate: str, burst: str, latency: str) -> None:
+        """A token-bucket filter on both ends of the veth pair."""
+        assert shutil.which("tc"), "the `tc` command (apt package iproute2) is required"
+        for ns, dev in zip(self.namespaces, self.devices):
+            cmd = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf"]
+            cmd += ["rate", rate, "burst", burst, "latency", latency]
+            res = subprocess.run(cmd, check=False, capture_output=True, text=True)
+            assert res.returncode == 0, f"{' '.join(cmd)}: {res.stderr.strip()}"
+
+    def qdisc_stats(self, i: int) -> dict:
+        """Root qdisc of host ``i``'s end of the pair (``tc -s -j qdisc show``)."""
+        cmd = ["tc", "-n", self.namespaces[i], "-s", "-j", "qdisc", "show", "dev", self.devices[i]]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return next(q for q in json.loads(out) if q.get("root"))
+
+    def link_stats(self, i: int) -> dict:
+        """Byte and packet counters of host ``i``'s end of the pair."""
+        cmd = ["ip", "-n", self.namespaces[i], "-s", "-j", "link", "show", "dev", self.devices[i]]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return json.loads(out)[0]["stats64"]
+
+    def kill_all(self) -> None:
+        """SIGKILL every process still running in either namespace."""
+        for ns in self.namespaces:
+            for pid in ip("netns", "pids", ns).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def make_two_hosts(request, prefix: str, tag: str) -> TwoHosts:
+    """Namespaces ``<tag><pid>a/b`` with ``<prefix>.1`` and ``<prefix>.2``.
+
+    ``prefix`` is the first three octets of a /24 that no other test uses;
+    ``tag`` keeps the namespace names of different tests apart.
+    """
+    assert shutil.which("ip"), "the `ip` command (apt package iproute2) is required"
+    base = f"{tag}{os.getpid()}"
+    hosts = TwoHosts(namespaces=(f"{base}a", f"{base}b"), addresses=(f"{prefix}.1", f"{prefix}.2"))
+    created: list[str] = []
+
+    def cleanup() -> None:
+        if created:
+            hosts.kill_all()
+        # Deleting a namespace also destroys its end of the veth pair.
+        for ns in created:
+            ip("netns", "delete", ns)
+
+    request.addfinalizer(cleanup)
+    first = ip("netns", "add", hosts.namespaces[0])
+    if first.returncode != 0:
+        reason = first.stderr.strip()
+        if "Operation not permitted" in reason or "Permission denied" in reason:
+            pytest.skip(f"cannot create network namespaces: {reason}")
+        pytest.fail(f"ip netns add failed: {reason}")
+    created.append(hosts.namespaces[0])
+    ip_ok("netns", "add", hosts.namespaces[1])
+    created.append(hosts.namespaces[1])
+
+    dev_a, dev_b = hosts.devices
+    ns_a, ns_b = hosts.namespaces
+    ip_ok("-n", ns_a, "link", "add", dev_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
+    for ns, dev, addr in zip(hosts.namespaces, hosts.devices, hosts.addresses):
+        ip_ok("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+        ip_ok("-n", ns, "link", "set", dev, "up")
+        ip_ok("-n", ns, "link", "set", "lo", "up")
+    return hosts
