@@ -10,6 +10,7 @@
 // their own (barrier, consensus) are stateful.
 #include <cstring>
 
+#include "output_cache.h"
 #include "runtime_access.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -70,11 +71,11 @@ bool begin(OpKernelContext *ctx, int key_index, tensorflow::DataType dt, Collect
 }
 
 // Allocates output 0 shaped like input 0 (reusing the input's buffer when TF
-// allows) and describes both to the runtime.
-bool same_shape_output(OpKernelContext *ctx, const CollectiveStart &st, kungfu::Buffer *buf) {
+// allows, else a cached one) and describes both to the runtime.
+bool same_shape_output(OpKernelContext *ctx, const CollectiveStart &st, OutputCache *cache, kungfu::Buffer *buf) {
   const Tensor &in = ctx->input(0);
   Tensor *out = nullptr;
-  absl::Status s = ctx->forward_input_or_allocate_output({0}, 0, in.shape(), &out);
+  absl::Status s = cache->output(ctx, 0, 0, in.shape(), &out);
   if (!s.ok()) {
     ctx->SetStatus(s);
     return false;
@@ -103,12 +104,13 @@ class AllReduceOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     kungfu::Buffer buf;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &buf)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &cache_, &buf)) return done();
     st.rt->all_reduce(st.key, buf, op_, finish(ctx, done));
   }
 
  private:
   kungfu::ReduceOp op_;
+  OutputCache cache_;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuAllReduce").Device(tensorflow::DEVICE_CPU), AllReduceOp);
 
@@ -139,7 +141,7 @@ class GroupAllReduceOp : public AsyncOpKernel {
     int64_t total = 0;
     for (int i = 0; i < n_; ++i) total += ctx->input(i).NumElements();
     Tensor fused;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_temp(ctx->input(0).dtype(), TensorShape({total}), &fused), done);
+    OP_REQUIRES_OK_ASYNC(ctx, fused_cache_.get(ctx, ctx->input(0).dtype(), TensorShape({total}), &fused), done);
     std::vector<Tensor> outputs;
     char *base = const_cast<char *>(fused.tensor_data().data());
     size_t offset = 0;
@@ -172,6 +174,7 @@ class GroupAllReduceOp : public AsyncOpKernel {
  private:
   kungfu::ReduceOp op_;
   int n_;
+  OutputCache fused_cache_;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuGroupAllReduce").Device(tensorflow::DEVICE_CPU), GroupAllReduceOp);
 
@@ -192,12 +195,13 @@ class BroadcastOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     kungfu::Buffer buf;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &buf)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &cache_, &buf)) return done();
     st.rt->broadcast(st.key, buf, root_, finish(ctx, done));
   }
 
  private:
   int root_;
+  OutputCache cache_;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 
@@ -224,11 +228,14 @@ class AllGatherOp : public AsyncOpKernel {
     TensorShape shape = in.shape();
     shape.InsertDim(0, st.rt->size());
     Tensor *out = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, shape, &out), done);
+    OP_REQUIRES_OK_ASYNC(ctx, cache_.output(ctx, 0, -1, shape, &out), done);
     kungfu::Buffer buf{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()), describe(in, st.dtype),
                        hold({in, *out})};
     st.rt->all_gather(st.key, buf, finish(ctx, done));
   }
+
+ private:
+  OutputCache cache_;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuAllGather").Device(tensorflow::DEVICE_CPU), AllGatherOp);
 
