@@ -1,0 +1,250 @@
+"""Failures: a dead worker, mismatched tensors, a timeout, intruders, and no
+launcher at all. Workers are in tests/workers/failure_*.py and single.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import (
+    REPO_ROOT,
+    JobTimeout,
+    assert_job_ok,
+    describe,
+    finish_job,
+    kill_tree,
+    rank_lines,
+    run_job,
+    start_job,
+    worker_env,
+    worker_path,
+)
+
+ERROR_LINE = re.compile(r"^error (\w+) after ([\d.]+)s at step (\d+): (.*)$")
+RETRY_LINE = re.compile(r"^retry (\d+) (\w+) after ([\d.]+)s: (.*)$")
+
+
+def test_killed_worker():
+    """Rank 2 SIGKILLs itself mid-loop; the others fail fast naming it."""
+    np_, victim, timeout = 3, 2, 30
+    t0 = time.monotonic()
+    rc, out, err = run_job(np_, "failure_kill.py", victim, 20, timeout=90, extra_launcher_args=["--timeout", str(timeout)])
+    wall = time.monotonic() - t0
+    info = describe(rc, out, err)
+    # The launcher reports the first failure, the victim's, and exits with its status.
+    assert rc == 128 + 9, info
+    assert re.search(rf"^kungfu-run: rank {victim} \([^)]*\) killed by signal SIGKILL$", err, re.MULTILINE), info
+    lines = rank_lines(out)
+    assert "killing myself at step 20" in lines.get(victim, []), info
+    for r in range(np_):
+        if r == victim:
+            continue
+        errors = [m for m in map(ERROR_LINE.match, lines.get(r, [])) if m]
+        assert len(errors) == 1, f"rank {r} did not report the failure (within the launcher's 5 s grace)\n{info}"
+        kind, elapsed, step, message = errors[0].groups()
+        assert kind in ("UnavailableError", "DeadlineExceededError"), info
+        assert f"rank {victim}" in message, info
+        assert int(step) >= 20, info
+        # Well within the runtime timeout: it was noticed, not timed out.
+        assert float(elapsed) < timeout / 3, info
+        # Collectives started after the failure fail at once as well.
+        retries = [m for m in map(RETRY_LINE.match, lines[r]) if m]
+        assert [m.group(1) for m in retries] == ["100", "50000"], f"rank {r}\n{info}"
+        for m in retries:
+            kind, elapsed, message = m.group(2, 3, 4)
+            assert kind in ("UnavailableError", "DeadlineExceededError"), info
+            assert f"rank {victim}" in message, info
+            assert float(elapsed) < timeout / 3, info
+    assert wall < 60, info
+
+
+MISMATCH_LINE = re.compile(r"^mismatch (\S+) after ([\d.]+)s: (.*)$")
+
+
+def test_mismatched_shapes():
+    """Shape, size or dtype differ across workers: InvalidArgumentError everywhere,
+    naming the key and both shapes, fast; the job stays usable after."""
+    np_ = 3
+    t0 = time.monotonic()
+    rc, out, err = run_job(np_, "failure_mismatch.py", timeout=90, extra_launcher_args=["--timeout", "60"])
+    wall = time.monotonic() - t0
+    topologies = ("STAR", "RING", "BINARY_TREE", "CLIQUE")
+    # Per topology: set_topology, 3 x (key + 2 shapes + fast), the all-reduce after.
+    assert_job_ok(rc, out, err, np_, len(topologies) * (1 + 3 * 4 + 1))
+    for r, lines in rank_lines(out).items():
+        seen = {m.group(1): m for m in map(MISMATCH_LINE.match, lines) if m}
+        want = {f"{kind}_mismatch/{t}" for kind in ("shape", "size", "dtype") for t in topologies}
+        assert set(seen) == want, f"rank {r}\n" + describe(rc, out, err)
+        for key, m in seen.items():
+            message = m.group(3)
+            assert key in message
+            shapes = {
+                "shape": ("float32[6]", "float32[2,3]"),
+                "size": ("float32[600000]", "float32[600001]"),
+                "dtype": ("float32[6]", "int32[6]"),
+            }[key.split("_")[0]]
+            assert all(s in message for s in shapes), message
+            assert float(m.group(2)) < 5
+    assert wall < 60, describe(rc, out, err)
+
+
+TIMEOUT_LINE = re.compile(r"^timeout (\S+) after ([\d.]+)s: (.*)$")
+
+
+def test_timeout(tmp_path):
+    """--timeout 3: an all-reduce a peer never joins fails after ~3 s with
+    DeadlineExceededError naming that peer; both directions; then the job
+    recovers."""
+    rc, out, err = run_job(2, "failure_timeout.py", tmp_path, timeout=90, extra_launcher_args=["--timeout", "3"])
+    assert_job_ok(rc, out, err, 2, 4)
+    lines = rank_lines(out)
+    for r, other in ((0, 1), (1, 0)):
+        found = [m for m in map(TIMEOUT_LINE.match, lines[r]) if m]
+        assert len(found) == 1, describe(rc, out, err)
+        key, elapsed, message = found[0].groups()
+        assert key == f"lonely/{r}"
+        assert 2.9 <= float(elapsed) <= 8, describe(rc, out, err)
+        assert f"rank {other}" in message and "timed out" in message, message
+
+
+def _recv_until_eof(sock: socket.socket, limit: float = 5.0) -> bytes:
+    """Everything the server sends until it closes (fails the test after ``limit``)."""
+    sock.settimeout(limit)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except ConnectionResetError:  # closed with our bytes unread: also a hang-up
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _connect(family: int, address) -> socket.socket:
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(address)
+    return s
+
+
+def _intrude(family: int, address, impersonate: str) -> list[str]:
+    """Attacks on one listening socket; returns the kinds that were rejected."""
+    done = []
+    # (i) garbage right after the server's hello.
+    with _connect(family, address) as s:
+        hello = s.recv(24, socket.MSG_WAITALL)
+        assert hello[:8] == b"KFAUTHS1" and len(hello) == 24, hello
+        s.sendall(os.urandom(64))
+        assert _recv_until_eof(s) == b"", "server answered garbage"
+    done.append("garbage")
+    # (ii) a well-formed client hello claiming to be rank 1, with a wrong MAC:
+    # the server must hang up without proving itself (no 32-byte MAC back).
+    with _connect(family, address) as s:
+        s.recv(24, socket.MSG_WAITALL)
+        ident = impersonate.encode()
+        s.sendall(b"KFAUTHC1" + os.urandom(16) + len(ident).to_bytes(4, "big") + ident + os.urandom(32))
+        assert _recv_until_eof(s) == b"", "server accepted a forged MAC"
+    done.append("wrong MAC")
+    # (iii) a hostile id length (must not size a buffer from it).
+    with _connect(family, address) as s:
+        s.recv(24, socket.MSG_WAITALL)
+        s.sendall(b"KFAUTHC1" + os.urandom(16) + (10**9).to_bytes(4, "big") + os.urandom(100))
+        assert _recv_until_eof(s) == b""
+    done.append("huge id")
+    # (iv) random bytes of a plausible handshake length, without reading the hello.
+    with _connect(family, address) as s:
+        s.sendall(os.urandom(8 + 16 + 4 + 15 + 32))
+        _recv_until_eof(s)
+    done.append("random")
+    # (v) connect and hang up at once, many times.
+    for _ in range(20):
+        _connect(family, address).close()
+    return done
+
+
+def test_intruders(tmp_path):
+    """Garbage and forged handshakes on rank 0's TCP port and its same-host
+    Unix socket while the job runs: the job is unaffected."""
+    proc = start_job(2, "failure_intruder.py", tmp_path, extra_launcher_args=["--timeout", "60"])
+    silent = None
+    try:
+        peers_file = tmp_path / "peers.json"
+        deadline = time.monotonic() + 60
+        while not peers_file.exists():
+            assert proc.poll() is None, "job ended before writing peers.json\n" + describe(proc.wait(), *proc.communicate())
+            assert time.monotonic() < deadline, "no peers.json after 60 s"
+            time.sleep(0.05)
+        info = json.loads(peers_file.read_text())
+        peers = info["peers"].split(",")
+        assert info["self"] == peers[0]
+        host, port = peers[0].rsplit(":", 1)
+        # A connection that never says anything stays open throughout.
+        silent = _connect(socket.AF_INET, (host, int(port)))
+        rejected = _intrude(socket.AF_INET, (host, int(port)), impersonate=peers[1])
+        # Same-host peers talk over the abstract Unix socket "kungfu-tf-<port>".
+        rejected += _intrude(socket.AF_UNIX, f"\0kungfu-tf-{port}", impersonate=peers[1])
+        (tmp_path / "stop").touch()
+        rc, out, err = finish_job(proc, timeout=90)
+    except BaseException:
+        kill_tree(proc)
+        raise
+    finally:
+        if silent is not None:
+            silent.close()
+    counts = assert_job_ok(rc, out, err, 2)
+    steps = {r: int(line.split()[1]) for r, lines in rank_lines(out).items() for line in lines if line.startswith("steps ")}
+    assert sorted(steps) == [0, 1] and steps[0] == steps[1] and steps[0] >= 1, describe(rc, out, err)
+    assert counts == {0: 2 * steps[0] + 2, 1: 2 * steps[0] + 2}, describe(rc, out, err)
+    # Rank 0 logged each deliberate rejection (before it hung up on us).
+    rejections = [line for line in rank_lines(err).get(0, []) if "rejected a connection" in line]
+    assert len(rejections) >= len(rejected), f"{len(rejections)} rejections logged\n" + describe(rc, out, err)
+    assert sum("MAC mismatch" in line for line in rejections) >= 2, describe(rc, out, err)
+
+
+def test_without_launcher():
+    """A script using the ops runs as a one-worker cluster without kungfu-run."""
+    env = worker_env()
+    assert not any(k.startswith("KUNGFU_") for k in env)
+    proc = subprocess.run(
+        [sys.executable, worker_path("single.py")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, describe(proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout.splitlines()[-1] == "checked 79 results", describe(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_hung_job_is_killed(tmp_path):
+    """The harness itself: a job that outlives its timeout is torn down with
+    everything it started (here a worker and, in a session of its own, a
+    grandchild that ignores SIGTERM), and the test fails with its output."""
+    pidfile = tmp_path / "pids"
+    t0 = time.monotonic()
+    with pytest.raises(JobTimeout, match=r"did not finish within 5s(.|\n)*\[0\] hanging"):
+        run_job(1, "hang.py", pidfile, timeout=5)
+    assert time.monotonic() - t0 < 30
+    pids = [int(p) for p in pidfile.read_text().split()]
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in pids):
+        assert time.monotonic() < deadline, f"still running: {pids}"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
