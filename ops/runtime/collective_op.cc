@@ -173,7 +173,7 @@ void CollectiveOp::on_message(size_t piece, char phase, uint64_t, const Status &
   if (!s.ok()) {
     // Tell everyone: ranks that never talk to the lost peer would otherwise
     // wait for the whole timeout.
-    fail(Status(s.code(), kind_ + " '" + name_ + "': " + s.message()), true);
+    fail(Status(s.code(), describe() + ": " + s.message()), true);
     return;
   }
   Status valid = check(msg, piece);
@@ -239,7 +239,7 @@ void CollectiveOp::send_to(int dst, size_t piece, char phase, const char *src) {
   ctx_.transport.send(dst, h, piece_key(piece, phase), src, piece_bytes(piece), self,
                       [self](const Status &s) {
                         if (!s.ok()) {
-                          self->fail(Status(s.code(), self->kind_ + " '" + self->name_ + "': " + s.message()), true);
+                          self->fail(Status(s.code(), self->describe() + ": " + s.message()), true);
                         }
                         self->finish_one();
                       });

@@ -65,6 +65,7 @@ class CollectiveOp : public PendingOp, public std::enable_shared_from_this<Colle
   void fail(const Status &why, bool tell_peers) override;
   std::string waiting_for() const override;
   bool needs(int rank) const override;
+  std::string describe() const override { return kind_ + " '" + name_ + "'"; }
 
  private:
   std::string piece_key(size_t piece, char phase) const;

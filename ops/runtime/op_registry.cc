@@ -68,7 +68,7 @@ void OpRegistry::peer_lost(int rank, const Status &why) {
       if (op && op->needs(rank)) doomed.push_back(std::move(op));
     }
   }
-  for (auto &op : doomed) op->fail(why, true);
+  for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), true);
 }
 
 void OpRegistry::watch() {
@@ -96,7 +96,7 @@ void OpRegistry::watch() {
     if (expired.empty()) continue;
     lock.unlock();
     for (auto &e : expired) {
-      e.second->fail(DeadlineExceeded("'" + e.first + "' timed out after " +
+      e.second->fail(DeadlineExceeded(e.second->describe() + " timed out after " +
                                       std::to_string(static_cast<int>(timeout_seconds_)) + "s (KUNGFU_TIMEOUT) " +
                                       e.second->waiting_for()),
                      true);

@@ -23,6 +23,8 @@ class PendingOp {
   virtual void fail(const Status &why, bool tell_peers) = 0;
   // "waiting for rank 1 (127.0.0.1:10001)" for timeout messages.
   virtual std::string waiting_for() const = 0;
+  // What the op is, for error messages: "all_reduce 'grad/3'".
+  virtual std::string describe() const = 0;
   // Whether the op still needs messages from `rank`.
   virtual bool needs(int rank) const = 0;
 };

@@ -275,6 +275,7 @@ class RequestOp : public PendingOp {
   }
   void fail(const Status &why, bool) override { complete(why); }
   std::string waiting_for() const override { return "waiting for " + describe_; }
+  std::string describe() const override { return what_; }
   bool needs(int rank) const override { return rank == rank_; }
   bool finished() const { return finished_; }
 

@@ -274,7 +274,9 @@ Status Transport::write_frame(int dst, int fd, SendItem &item) {
   iov[2] = {const_cast<void *>(item.data), item.len};
   std::string err;
   if (!sendv_all(fd, iov, 3, &err)) {
-    return Unavailable("sending '" + item.key + "' to " + opt_.cluster.describe(dst) + " failed: " + err);
+    // No key here: the link keeps this status for every later send, and each
+    // op that fails on it adds its own name.
+    return Unavailable("connection to " + opt_.cluster.describe(dst) + " broke: " + err);
   }
   counters_.add_sent(dst, sizeof(item.header) + item.key.size() + item.len);
   return Status::OK();

@@ -294,6 +294,8 @@ void test_dead_peer_and_timeout() {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     CHECK(sa.code() == Code::kUnavailable && sb.code() == Code::kUnavailable);
     CHECK(sa.message().find("rank 2") != std::string::npos);
+    CHECK(sa.message().find("all_reduce 'doomed'") != std::string::npos);
+    CHECK(sb.message().find("all_reduce 'doomed'") != std::string::npos);
     CHECK(secs < 10);  // not the 60 s timeout
   }
   {
