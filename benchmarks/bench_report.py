@@ -51,8 +51,12 @@ def allreduce_tables(
 
 
 def raw_table(raw: dict[str, Any]) -> str:
-    """Raw transport limits: exchange rate each way and ping-pong RTT."""
+    """Raw transport limits: exchange rate each way and ping-pong RTTs."""
     names = {"tcp": "TCP loopback", "unix": "Unix socket (reference)"}
+
+    def rtt(rec: dict[str, Any] | None) -> str:
+        return format_time(rec["rtt_median_s"]) if rec else "–"
+
     rows: list[list[str]] = []
     for key, title in names.items():
         r = raw.get(key)
@@ -64,15 +68,19 @@ def raw_table(raw: dict[str, Any]) -> str:
             [
                 title,
                 format_rate(ex["bytes_per_s_each_way"]) if ex else "–",
-                format_time(pp["rtt_median_s"]) if pp else "–",
-                format_time(pp["rtt_min_s"]) if pp else "–",
+                # Without two CPUs the reference is an unpinned run: say so.
+                rtt(pp)
+                + (
+                    f" ({pp['placement']})" if pp and pp["placement"] != "split" else ""
+                ),
+                rtt(r.get("pingpong_same_cpu")),
             ]
         )
     header = [
         "transport",
         "64 MiB exchange, each way",
-        "4 B ping-pong RTT (median)",
-        "RTT (min)",
+        "4 B ping-pong RTT, cross-CPU (median)",
+        "same CPU (median)",
     ]
     text = _table(header, ["l", "r", "r", "r"], rows)
     floor = raw.get("tf_function_floor")
@@ -82,9 +90,9 @@ def raw_table(raw: dict[str, Any]) -> str:
             "communicates nothing (4 B identity, 1 thread, one process) takes "
             f"{format_time(floor['median_s'])}"
         )
-        rtt = raw.get("tcp", {}).get("pingpong", {}).get("rtt_median_s")
-        if rtt:
-            text += f" = {floor['median_s'] / rtt:.1f}× the TCP RTT"
+        tcp_rtt = raw.get("tcp", {}).get("pingpong", {}).get("rtt_median_s")
+        if tcp_rtt:
+            text += f" = {floor['median_s'] / tcp_rtt:.1f}× the cross-CPU TCP RTT"
         text += "."
     return text
 

@@ -21,7 +21,8 @@ class Target:
     np: int
     size: int
     # bandwidth: minimum fraction of the raw TCP exchange rate (each way);
-    # latency: maximum multiple of the raw TCP 4-byte round-trip time.
+    # latency: maximum multiple of the raw TCP 4-byte round-trip time between
+    # two CPUs (see allreduce.py run_raw for why not the same CPU).
     threshold: float
 
     @property
@@ -34,7 +35,7 @@ class Target:
             )
         return (
             f"{self.size} B in tf.function, np={self.np}: time "
-            f"≤ {self.threshold:g}× raw TCP 4-byte ping-pong RTT"
+            f"≤ {self.threshold:g}× raw TCP 4-byte ping-pong RTT (cross-CPU)"
         )
 
 

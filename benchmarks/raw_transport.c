@@ -7,9 +7,13 @@
  *       Two processes stream SIZE-byte messages to each other at full speed
  *       in both directions at once (one sender and one receiver thread per
  *       process) for about SECONDS.  Reports the bytes/s of each direction.
- *   raw_transport pingpong tcp|unix [ITERS]
+ *   raw_transport pingpong tcp|unix ITERS [any|same|split]
  *       Two processes bounce a 4-byte message ITERS times (TCP_NODELAY).
- *       Reports the median / minimum round-trip time.
+ *       Reports the median / minimum round-trip time.  Placement: "any"
+ *       leaves it to the scheduler, "same" pins both peers to one CPU,
+ *       "split" pins them to two different CPUs.  Pinning matters on VMs:
+ *       waking a peer on another, idle vCPU can cost far more than the
+ *       transport itself, and unpinned runs flip between the two cases.
  *
  * Output: one line "RESULT {json}" on stdout; diagnostics go to stderr.
  *
@@ -24,6 +28,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,6 +44,8 @@ static void die(const char *what) {
   perror(what);
   exit(2);
 }
+
+static void usage(void);
 
 static double now_s(void) {
   struct timespec ts;
@@ -224,18 +231,50 @@ static int cmd_exchange(const char *transport, size_t size, double seconds) {
 
 /* ---------------------------------------------------------------- pingpong */
 
+/* The index-th CPU (0-based) of this process's affinity mask, or -1. */
+static int nth_allowed_cpu(int index) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, &set) && index-- == 0) return cpu;
+  return -1;
+}
+
+static void pin_to(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) die("sched_setaffinity");
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
 }
 
-static int cmd_pingpong(const char *transport, long iters) {
+static int cmd_pingpong(const char *transport, long iters,
+                        const char *placement) {
+  int parent_cpu = -1, child_cpu = -1;
+  if (strcmp(placement, "same") == 0) {
+    parent_cpu = child_cpu = nth_allowed_cpu(0);
+  } else if (strcmp(placement, "split") == 0) {
+    parent_cpu = nth_allowed_cpu(0);
+    child_cpu = nth_allowed_cpu(1);
+    if (child_cpu < 0) {
+      fprintf(stderr, "pingpong: split needs two CPUs\n");
+      return 2;
+    }
+  } else if (strcmp(placement, "any") != 0) {
+    usage();
+  }
   int fds[2];
   make_pair(transport, fds);
   const long warmup = iters / 10 + 100;
   pid_t pid = fork();
   if (pid < 0) die("fork");
   if (pid == 0) {
+    pin_to(child_cpu);
     close(fds[0]);
     uint32_t msg;
     /* Echo until the parent closes the connection. */
@@ -243,6 +282,7 @@ static int cmd_pingpong(const char *transport, long iters) {
       send_all(fds[1], &msg, sizeof msg);
     _exit(0);
   }
+  pin_to(parent_cpu);
   close(fds[1]);
   int fd = fds[0];
   double *rtt = malloc(sizeof(double) * (size_t)iters);
@@ -260,9 +300,11 @@ static int cmd_pingpong(const char *transport, long iters) {
   waitpid(pid, &status, 0);
   qsort(rtt, (size_t)iters, sizeof(double), cmp_double);
   printf("RESULT {\"mode\": \"pingpong\", \"transport\": \"%s\", "
+         "\"placement\": \"%s\", \"cpus\": [%d, %d], "
          "\"size\": 4, \"iters\": %ld, \"rtt_median_s\": %.9f, "
          "\"rtt_min_s\": %.9f, \"rtt_p90_s\": %.9f}\n",
-         transport, iters, rtt[iters / 2], rtt[0], rtt[iters * 9 / 10]);
+         transport, placement, parent_cpu, child_cpu, iters, rtt[iters / 2],
+         rtt[0], rtt[iters * 9 / 10]);
   free(rtt);
   return 0;
 }
@@ -270,7 +312,7 @@ static int cmd_pingpong(const char *transport, long iters) {
 static void usage(void) {
   fprintf(stderr,
           "usage: raw_transport exchange tcp|unix SIZE SECONDS\n"
-          "       raw_transport pingpong tcp|unix [ITERS]\n");
+          "       raw_transport pingpong tcp|unix ITERS [any|same|split]\n");
   exit(2);
 }
 
@@ -286,7 +328,7 @@ int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "pingpong") == 0) {
     long iters = argc >= 4 ? atol(argv[3]) : 20000;
     if (iters <= 0) usage();
-    return cmd_pingpong(argv[2], iters);
+    return cmd_pingpong(argv[2], iters, argc >= 5 ? argv[4] : "any");
   }
   usage();
   return 2;
