@@ -6,6 +6,9 @@ One run measures, on loopback only:
   * TensorFlow's MultiWorkerMirroredStrategy collective all-reduce (RING,
     gRPC) at the same np and sizes (allreduce_worker_mwms.py);
   * the raw TCP and Unix socket limits (raw_transport.c, compiled here);
+  * the same all-reduce through the C++ runtime alone, without TensorFlow
+    (runtime_allreduce.cc, compiled here), to separate runtime cost from TF
+    op dispatch;
 then prints markdown tables plus the issue's targets check and writes the
 raw results as JSON.
 
@@ -31,7 +34,7 @@ from typing import Any, TypeVar
 
 from bench_load import CpuMeter
 from bench_proc import LOOPBACK, free_ports, run_group
-from bench_report import allreduce_tables, raw_table, targets_table
+from bench_report import allreduce_tables, raw_table, runtime_table, targets_table
 from bench_targets import evaluate
 from bench_timing import parse_results
 from bench_units import format_rate, format_size, format_time, parse_size
@@ -41,7 +44,8 @@ REPO = BENCH_DIR.parent
 BUILD_DIR = REPO / "build" / "bench"
 
 TOPOLOGIES = ("STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE", "AUTO")
-PARTS = ("raw", "kungfu", "mwms")
+PARTS = ("raw", "runtime", "kungfu", "mwms")
+RUNTIME_SIZES = (4, 64 << 20)  # the sizes the targets talk about
 DEFAULT_SIZES = "4,1K,64K,1M,16M,64M"
 QUICK_SIZES = "4,64K,1M"
 RAW_MESSAGE = 64 << 20  # the exchange message size the targets refer to
@@ -218,6 +222,39 @@ def run_raw(args: argparse.Namespace, errors: list[str]) -> dict[str, Any]:
     return raw
 
 
+def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, Any]]:
+    """Compiles runtime_allreduce.cc with the runtime sources and times it."""
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    exe = str(BUILD_DIR / "runtime_allreduce")
+    sources = sorted(str(p) for p in (REPO / "ops" / "runtime").glob("*.cc"))
+    cmd = ["g++", "-std=c++17", "-O2", "-pthread", "-I", str(REPO / "ops" / "runtime")]
+    cmd += ["-o", exe, str(BENCH_DIR / "runtime_allreduce.cc"), *sources]
+    log("compiling runtime_allreduce.cc")
+    try:
+        subprocess.run(cmd, check=True, timeout=300)
+    except (subprocess.SubprocessError, OSError) as e:
+        errors.append(f"runtime: compile failed: {e}")
+        return []
+    points: list[dict[str, Any]] = []
+    for n in args.np:
+        for topology in args.topologies:
+            for size in RUNTIME_SIZES:
+                iters = "1000" if size <= 1024 else "5"
+                argv = [exe, str(n), topology, str(size), iters, str(args.repeats)]
+                (res,) = run_group([argv], [worker_env()], timeout_s=300)
+                found = parse_results(res.lines)
+                if not res.ok or not found:
+                    errors.append(
+                        f"runtime np={n} {topology} {size} B failed:\n{res.tail()}"
+                    )
+                    continue
+                points.append(found[0])
+                progress(
+                    f"runtime {topology} np={n} {format_size(size)}: {format_time(found[0]['median_s'])}"
+                )
+    return points
+
+
 def run_floor(args: argparse.Namespace, errors: list[str]) -> dict[str, Any] | None:
     """Time of a tf.function that communicates nothing (dispatch_floor.py)."""
     argv = [sys.executable, str(BENCH_DIR / "dispatch_floor.py"), *timing_args(args)]
@@ -384,6 +421,8 @@ def measure_all(
         floor = phases.run("floor", lambda: run_floor(args, errors))
         if floor is not None:
             raw["tf_function_floor"] = floor
+    if "runtime" in args.only:
+        raw["runtime"] = phases.run("runtime", lambda: run_runtime(args, errors))
     have_kungfu = "kungfu" in args.only and kungfu_importable(errors)
     points: list[dict[str, Any]] = []
     for n in args.np:
@@ -415,7 +454,10 @@ def print_report(
         f"{args.repeats} timed loops, each a tf.function call repeated "
         "until ~" + format_time(args.target_seconds) + ".\n"
     )
-    if raw:
+    if raw.get("runtime"):
+        print("### The runtime alone (C++, no TensorFlow)\n")
+        print(runtime_table(raw["runtime"], args.np, args.topologies) + "\n")
+    if raw.get("tcp") or raw.get("unix"):
         print("### Raw transport limit (this machine, loopback)\n")
         print(raw_table(raw) + "\n")
     print("### Targets\n")

@@ -50,6 +50,26 @@ def allreduce_tables(
     return "\n\n".join(parts)
 
 
+def runtime_table(
+    points: list[dict[str, Any]], nps: list[int], topologies: list[str]
+) -> str:
+    """Median all-reduce time through the runtime alone, per np, size and topology."""
+    by_key = {(p["np"], p["size"], p["topology"]): p for p in points}
+    sizes = sorted({p["size"] for p in points})
+    rows = []
+    for n in nps:
+        for size in sizes:
+            cells = [
+                format_time(by_key[(n, size, t)]["median_s"])
+                if (n, size, t) in by_key
+                else "–"
+                for t in topologies
+            ]
+            rows.append([str(n), format_size(size), *cells])
+    header = ["np", "size", *topologies]
+    return _table(header, ["r", "r", *["r"] * len(topologies)], rows)
+
+
 def raw_table(raw: dict[str, Any]) -> str:
     """Raw transport limits: exchange rate each way and ping-pong RTTs."""
     names = {"tcp": "TCP loopback", "unix": "Unix socket (reference)"}

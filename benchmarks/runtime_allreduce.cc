@@ -1,0 +1,121 @@
+// All-reduce through the communication runtime alone, without TensorFlow:
+// np forked processes on loopback, each with its own runtime. Separates what
+// the runtime costs from what TF op dispatch costs in the main benchmark.
+//
+//   runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS
+//
+// Prints one line from rank 0:
+//   RESULT {"np": 2, "topology": "STAR", "size": 4, "median_s": ..., "samples": [...]}
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime.h"
+
+namespace {
+
+using kungfu::Buffer;
+using kungfu::DoneCallback;
+using kungfu::Runtime;
+using kungfu::Status;
+
+Status wait_op(const std::function<void(DoneCallback)> &start) {
+  auto p = std::make_shared<std::promise<Status>>();
+  auto f = p->get_future();
+  start([p](const Status &s) { p->set_value(s); });
+  return f.get();
+}
+
+int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int repeats, const char *topo_name) {
+  std::unique_ptr<Runtime> rt;
+  Status s = Runtime::create(opt, &rt);
+  if (!s.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", opt.self_rank, s.ToString().c_str());
+    return 1;
+  }
+  std::vector<float> in(count, 1.0f), out(count);
+  Buffer buf{in.data(), out.data(), kungfu::TensorDesc{kungfu::DType::kFloat32, {int64_t(count)}, count}, nullptr};
+  int op_id = 0;
+  auto all_reduce = [&]() {
+    return wait_op([&](DoneCallback d) { rt->all_reduce("op" + std::to_string(op_id++), buf, kungfu::ReduceOp::kSum, d); });
+  };
+  for (int i = 0; i < 3; ++i) {  // warm-up: connections, pools
+    if (!(s = all_reduce()).ok()) break;
+  }
+  std::vector<double> samples;
+  for (int r = 0; r < repeats && s.ok(); ++r) {
+    s = wait_op([&](DoneCallback d) { rt->barrier("barrier" + std::to_string(r), d); });
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters && s.ok(); ++i) s = all_reduce();
+    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", opt.self_rank, s.ToString().c_str());
+    return 1;
+  }
+  if (out[0] != static_cast<float>(opt.cluster.size())) {
+    std::fprintf(stderr, "rank %d: wrong result %f\n", opt.self_rank, out[0]);
+    return 1;
+  }
+  if (opt.self_rank == 0) {
+    std::vector<double> sorted = samples;
+    std::sort(sorted.begin(), sorted.end());
+    std::printf("RESULT {\"np\": %d, \"topology\": \"%s\", \"size\": %zu, \"median_s\": %.9f, \"samples\": [", opt.cluster.size(),
+                topo_name, count * 4, sorted[sorted.size() / 2]);
+    for (size_t i = 0; i < samples.size(); ++i) std::printf("%s%.9f", i ? ", " : "", samples[i]);
+    std::printf("]}\n");
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS\n");
+    return 2;
+  }
+  int np = std::atoi(argv[1]);
+  kungfu::TopologyKind topo;
+  Status s = kungfu::parse_topology(argv[2], &topo);
+  size_t bytes = std::strtoull(argv[3], nullptr, 10);
+  int iters = std::atoi(argv[4]), repeats = std::atoi(argv[5]);
+  if (!s.ok() || np < 1 || bytes % 4 != 0 || iters < 1 || repeats < 1) {
+    std::fprintf(stderr, "bad arguments: %s\n", s.ok() ? "np, bytes (multiple of 4), iters, repeats" : s.ToString().c_str());
+    return 2;
+  }
+  // Ports next to a random base: the benchmark runs alone on loopback.
+  int base = 20000 + static_cast<int>(getpid() % 20000);
+  std::vector<kungfu::PeerID> peers;
+  for (int r = 0; r < np; ++r) peers.push_back(kungfu::PeerID{"127.0.0.1", static_cast<uint16_t>(base + r)});
+  std::vector<pid_t> children;
+  for (int r = 0; r < np; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      kungfu::RuntimeOptions opt;
+      opt.cluster = kungfu::Cluster(0, peers);
+      opt.self_rank = r;
+      opt.secret = "benchmark";
+      opt.timeout_seconds = 60;
+      opt.topology = topo;
+      std::_Exit(run_worker(opt, bytes / 4, iters, repeats, argv[2]));
+    }
+    children.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
+  return failed;
+}
