@@ -12,6 +12,7 @@ compare with the count they expect (so a worker that skips work fails).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -97,10 +98,8 @@ def kill_tree(proc: subprocess.Popen, grace: float = 8.0) -> None:
     if proc.poll() is not None:
         return  # reaped: its workers die with it (PR_SET_PDEATHSIG)
     doomed = _descendants(proc.pid)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)  # start_new_session: the group is the launcher's
-    except ProcessLookupError:
-        pass
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
@@ -109,10 +108,8 @@ def kill_tree(proc: subprocess.Popen, grace: float = 8.0) -> None:
     for pid, started in doomed:
         fields = _stat(pid)
         if fields is not None and fields[19] == started:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def start_job(

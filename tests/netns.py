@@ -16,6 +16,7 @@ other failure fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -70,10 +71,8 @@ class TwoHosts:
         """SIGKILL every process still running in either namespace."""
         for ns in self.namespaces:
             for pid in ip("netns", "pids", ns).stdout.split():
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def make_two_hosts(request, prefix: str, tag: str) -> TwoHosts:
