@@ -20,7 +20,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY_SUBMODULES = ("ops",)
+_LAZY_SUBMODULES = ("data", "keras", "ops", "v1")
 
 
 def rank() -> int:
@@ -51,10 +51,23 @@ def local_size() -> int:
     return config.current_int(config.local_size)
 
 
+def broadcast_variables(variables: Any, root: int = 0, name: str = "broadcast_variables") -> Any:
+    """Assigns every variable root's value; see :func:`kungfu_tf.variables.broadcast_variables`.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> import kungfu_tf
+        >>> kungfu_tf.broadcast_variables([tf.Variable(1.0)], root=0)  # eager: None
+    """
+    from kungfu_tf.variables import broadcast_variables as impl
+
+    return impl(variables, root=root, name=name)
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"kungfu_tf.{name}")
     raise AttributeError(f"module 'kungfu_tf' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "local_rank", "local_size", "ops", "rank", "size"]
+__all__ = ["__version__", "broadcast_variables", "local_rank", "local_size", "ops", "rank", "size"]

@@ -1,0 +1,28 @@
+"""Keras 3 integration: callbacks for data-parallel ``model.fit`` on kungfu_tf.
+
+Example:
+    >>> import keras
+    >>> import kungfu_tf
+    >>> import kungfu_tf.keras as kfk
+    >>> callbacks = [
+    ...     kfk.BroadcastGlobalVariablesCallback(root=0),   # identical start
+    ...     kfk.MetricAverageCallback(),                    # identical logs
+    ...     kfk.LearningRateWarmupCallback(0.01, warmup_epochs=3),
+    ...     kfk.RankZeroOnly(keras.callbacks.ModelCheckpoint("best.keras")),
+    ... ]
+    >>> model.fit(kungfu_tf.data.shard(ds), epochs=10, verbose=kfk.verbose(),
+    ...           callbacks=callbacks)  # doctest: +SKIP
+"""
+
+from kungfu_tf.keras.broadcast import BroadcastGlobalVariablesCallback
+from kungfu_tf.keras.lr_warmup import LearningRateWarmupCallback
+from kungfu_tf.keras.metric_average import MetricAverageCallback
+from kungfu_tf.keras.rank_zero import RankZeroOnly, verbose
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+    "RankZeroOnly",
+    "verbose",
+]

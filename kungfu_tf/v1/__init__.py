@@ -1,0 +1,12 @@
+"""``tf.compat.v1`` integration: SessionRunHooks for graph-mode training on kungfu_tf.
+
+Example:
+    >>> import tensorflow as tf
+    >>> from kungfu_tf.v1 import BroadcastGlobalVariablesHook
+    >>> with tf.compat.v1.train.MonitoredTrainingSession(hooks=[BroadcastGlobalVariablesHook()]) as sess:
+    ...     sess.run(train_op)  # doctest: +SKIP
+"""
+
+from kungfu_tf.v1.hooks import BroadcastGlobalVariablesHook
+
+__all__ = ["BroadcastGlobalVariablesHook"]

@@ -1,0 +1,68 @@
+"""Making every worker's variables equal to one worker's: ``broadcast_variables``.
+
+Data-parallel workers must start from identical weights (and optimizer state),
+or averaging their gradients averages gradients of different models.
+
+Example:
+    >>> import tensorflow as tf
+    >>> import kungfu_tf
+    >>> v = tf.Variable([1.0, 2.0])
+    >>> kungfu_tf.broadcast_variables([v], root=0)  # eager: assigns, returns None
+    >>> v.numpy()  # one worker: unchanged
+    array([1., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import tensorflow as tf
+
+from kungfu_tf.ops import collective
+
+
+def _broadcast_value(v: Any, root: int, key: str) -> tf.Tensor:
+    value = tf.convert_to_tensor(v)
+    if value.dtype == tf.bool:
+        # The runtime has no bool type; uint8 carries the same information.
+        return tf.cast(collective.broadcast(tf.cast(value, tf.uint8), root=root, name=key), tf.bool)
+    return collective.broadcast(value, root=root, name=key)
+
+
+def broadcast_variables(
+    variables: Iterable[Any], root: int = 0, name: str = "broadcast_variables"
+) -> tf.Operation | None:
+    """Assigns every variable in ``variables`` the value it has on worker ``root``.
+
+    Every worker must pass the same variables in the same order. Each variable
+    gets the explicit message key ``f"{name}/{i}/{v.name}"`` (its position and
+    name), so keys match across workers without depending on how many other
+    collectives were created before; a worker whose list differs (order or
+    names) waits for a key no one sends and fails with ``DeadlineExceededError``
+    rather than silently copying one variable into another.
+
+    Works on ``tf.Variable`` and Keras 3 variables. Eagerly, the assignments
+    are done when the call returns and ``None`` is returned. Inside
+    ``tf.function`` or a ``tf.compat.v1`` graph, the op grouping all
+    assignments is returned (run it in a Session). Explicit keys can be used
+    once per graph: to broadcast twice in one graph, pass different ``name``s.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from kungfu_tf import broadcast_variables
+        >>> w = tf.Variable(tf.random.normal([3]))   # differs per worker
+        >>> broadcast_variables([w])                 # now rank 0's value everywhere
+        >>> @tf.function
+        ... def sync():
+        ...     broadcast_variables([w], name="sync")
+    """
+    assigns = []
+    for i, v in enumerate(variables):
+        key = f"{name}/{i}/{v.name}"
+        new_value = _broadcast_value(v, root, key)
+        assigns.append(v.assign(new_value))
+    if tf.executing_eagerly():
+        return None
+    # In graphs, assign() returns tensors or ops; group them into one op.
+    return tf.group(*[a for a in assigns if a is not None], name=name.replace("/", "_"))
