@@ -35,12 +35,14 @@ def broadcast_variables(
 ) -> tf.Operation | None:
     """Assigns every variable in ``variables`` the value it has on worker ``root``.
 
-    Every worker must pass the same variables in the same order. Each variable
-    gets the explicit message key ``f"{name}/{i}/{v.name}"`` (its position and
-    name), so keys match across workers without depending on how many other
-    collectives were created before; a worker whose list differs (order or
-    names) waits for a key no one sends and fails with ``DeadlineExceededError``
-    rather than silently copying one variable into another.
+    Every worker must pass the same variables in the same order. The workers
+    first check with a consensus (KungFu Alg. 1) that they all hold the same
+    list of (name, shape, dtype); if not, every worker raises ``ValueError``
+    (eagerly) or ``InvalidArgumentError`` (when the graph runs) naming this
+    worker's variables, instead of copying one variable into another. Each
+    variable then gets the explicit message key ``f"{name}/{i}/{v.name}"``, so
+    keys match across workers without depending on how many other collectives
+    were created before.
 
     Works on ``tf.Variable`` and Keras 3 variables. Eagerly, the assignments
     are done when the call returns and ``None`` is returned. Inside
@@ -57,6 +59,38 @@ def broadcast_variables(
         ... def sync():
         ...     broadcast_variables([w], name="sync")
     """
+    variables = list(variables)
+    signature = _signature(variables)
+    agreed = collective.consensus(
+        tf.constant(list(signature.encode()), dtype=tf.uint8), name=f"{name}/signature"
+    )
+    problem = (
+        "workers hold different variables for broadcast_variables: this worker has "
+        f"{len(variables)}: {_summary(signature)}"
+    )
+    if tf.executing_eagerly():
+        if not bool(agreed):
+            raise ValueError(problem)
+        return _assign_all(variables, root, name)
+    with tf.control_dependencies([tf.debugging.Assert(agreed, [problem])]):
+        return _assign_all(variables, root, name)
+
+
+def _signature(variables: list[Any]) -> str:
+    # What must agree across workers: names (Keras 3 paths where available),
+    # shapes and dtypes, in order.
+    parts = []
+    for v in variables:
+        label = getattr(v, "path", None) or v.name
+        parts.append(f"{label}:{list(v.shape)}:{tf.as_dtype(v.dtype).name}")
+    return ";".join(parts)
+
+
+def _summary(signature: str, limit: int = 400) -> str:
+    return signature if len(signature) <= limit else signature[:limit] + " ..."
+
+
+def _assign_all(variables: list[Any], root: int, name: str) -> tf.Operation | None:
     assigns = []
     for i, v in enumerate(variables):
         key = f"{name}/{i}/{v.name}"

@@ -5,7 +5,8 @@ worker starts from rank-seeded values (checked to differ) and verifies:
 * ``kungfu_tf.broadcast_variables`` eagerly (root = last rank; float32,
   int64, bool and float64 variables) and inside ``tf.function`` (returns the
   group op; a second run reuses its keys): values equal the root's initial
-  values, compared with numpy;
+  values, compared with numpy; workers whose variables differ all get a
+  ValueError naming their own variables, and nothing is assigned;
 * ``kungfu_tf.keras.BroadcastGlobalVariablesCallback``: at on_train_begin the
   model weights (incl. BatchNorm statistics) and the optimizer variables
   (momentum slots, set rank-dependent beforehand; iteration count) equal rank
@@ -33,7 +34,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_job_ok, describe, run_job
 
-CHECKS = 101  # results each worker checks, independent of the cluster size
+CHECKS = 103  # results each worker checks, independent of the cluster size (> 1)
 
 
 @pytest.mark.parametrize("np_", [3])

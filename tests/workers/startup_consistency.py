@@ -78,6 +78,16 @@ def check_broadcast_variables(chk: Checker) -> None:
         chk.equal(w.numpy(), want, f"tf.function broadcast_variables var {i}")
     sync()  # a second run of the same graph reuses its keys
     chk.true(all_identical("function/again", [w.numpy() for w in ws]), "tf.function: second run")
+    # Workers whose variables differ (here: shapes) get a clear error everywhere
+    # instead of a timeout or one variable copied into another.
+    if SIZE > 1:
+        odd = [tf.Variable(np.full([3 + RANK], float(RANK), np.float32))]
+        try:
+            kungfu_tf.broadcast_variables(odd, name="mismatched")
+            chk.fail("broadcast_variables accepted different variables on different workers")
+        except ValueError as e:
+            chk.true("different variables" in str(e) and f"[{3 + RANK}]" in str(e), f"unclear error: {e}")
+        chk.equal(odd[0].numpy(), np.full([3 + RANK], float(RANK), np.float32), "mismatch: variable untouched")
 
 
 def regression_data(seed: object, n: int = 64) -> tuple[np.ndarray, np.ndarray]:
