@@ -1,0 +1,21 @@
+"""Distributed optimizers built on kungfu_tf collectives.
+
+Example:
+    >>> import keras
+    >>> from kungfu_tf.optimizers import SynchronousSGDOptimizer
+    >>> opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+"""
+
+from kungfu_tf.optimizers.gradient_sync import (
+    DEFAULT_FUSION_THRESHOLD_BYTES,
+    average_gradients,
+)
+from kungfu_tf.optimizers.sync_sgd import SynchronousSGDOptimizer
+from kungfu_tf.optimizers.sync_sgd_v1 import SynchronousSGDOptimizerV1
+
+__all__ = [
+    "DEFAULT_FUSION_THRESHOLD_BYTES",
+    "SynchronousSGDOptimizer",
+    "SynchronousSGDOptimizerV1",
+    "average_gradients",
+]

@@ -1,0 +1,124 @@
+"""``SynchronousSGDOptimizer``: synchronous data-parallel SGD for Keras 3 and v1 optimizers.
+
+Gradients are averaged over all workers (fused all-reduce; all-gather for
+``tf.IndexedSlices``) before the wrapped optimizer applies them, as Horovod's
+``DistributedOptimizer`` and KungFu's S-SGD do. Started from identical
+weights, every worker takes the step one process would take on the union of
+all workers' batches.
+
+Example:
+    >>> import keras
+    >>> from kungfu_tf.optimizers import SynchronousSGDOptimizer
+    >>> opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+    >>> type(opt).__name__, isinstance(opt, keras.optimizers.SGD)
+    ('SGD', True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kungfu_tf.optimizers.gradient_sync import (
+    DEFAULT_FUSION_THRESHOLD_BYTES,
+    average_gradients,
+)
+from kungfu_tf.optimizers.sync_sgd_v1 import DEFAULT_NAME, SynchronousSGDOptimizerV1
+
+
+def _wrap_keras(
+    opt: keras.optimizers.Optimizer, fusion_threshold_bytes: int, sparse_as_dense: bool, name: str
+) -> keras.optimizers.Optimizer:
+    """A copy of ``opt`` whose class averages gradients in ``apply``."""
+    base = opt.__class__
+
+    def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
+        # Keras 3 funnels apply_gradients() and model.fit() through apply();
+        # averaging here, before loss-scale unscaling, clipping, accumulation
+        # and the update, keeps every worker's optimizer state identical.
+        grads = average_gradients(
+            list(grads), self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, name=self._kungfu_name
+        )
+        return base.apply(self, grads, trainable_variables)
+
+    # A subclass of opt's own class (not a wrapper object): isinstance checks,
+    # get_config, schedules and slot variables all stay the original's. The
+    # settings are class attributes so Keras' attribute tracking ignores them.
+    cls = type(
+        base.__name__,
+        (base,),
+        {
+            "apply": apply,
+            "__module__": base.__module__,
+            "__doc__": f"{base.__name__} with gradients averaged over all kungfu_tf workers.",
+            "_kungfu_wrapped": True,
+            "_kungfu_fusion_threshold_bytes": fusion_threshold_bytes,
+            "_kungfu_sparse_as_dense": sparse_as_dense,
+            "_kungfu_name": name,
+        },
+    )
+    wrapped = cls.from_config(opt.get_config())
+    if opt.built:
+        # from_config starts from scratch; carry over slots and the iteration
+        # count of an optimizer that has already trained.
+        wrapped.build(opt._trainable_variables)
+        for mine, theirs in zip(wrapped.variables, opt.variables):
+            mine.assign(theirs)
+    return wrapped
+
+
+def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in Horovod
+    opt: keras.optimizers.Optimizer | tf.compat.v1.train.Optimizer,
+    fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD_BYTES,
+    sparse_as_dense: bool = False,
+    name: str | None = None,
+) -> keras.optimizers.Optimizer | tf.compat.v1.train.Optimizer:
+    """Wraps ``opt`` so that gradients are averaged over all workers before it applies them.
+
+    Args:
+        opt: a Keras 3 optimizer (``keras.optimizers.Optimizer``) or a
+            ``tf.compat.v1.train.Optimizer``.
+        fusion_threshold_bytes: dense gradients are averaged in fused buckets
+            of at most this many bytes (default 64 MiB); 0: one all-reduce
+            per gradient.
+        sparse_as_dense: all-reduce ``tf.IndexedSlices`` gradients as dense
+            tensors instead of all-gathering the slices (better when the
+            slices cover most of the variable).
+        name: prefix of the collectives' message keys (default
+            ``"kungfu_sync_sgd"``); for v1 also the optimizer's name.
+
+    Returns:
+        Keras 3: a new instance of a subclass of ``opt``'s class, rebuilt from
+        ``opt.get_config()`` (state copied if ``opt`` was built); use it in
+        place of ``opt``. v1: a :class:`SynchronousSGDOptimizerV1` delegating
+        to ``opt``.
+
+    Raises:
+        TypeError: ``opt`` is not an optimizer of either kind.
+        ValueError: ``opt`` is already wrapped, or ``fusion_threshold_bytes < 0``.
+
+    Keras ``compile``: use ``jit_compile=False`` (tested) or the default
+    ``"auto"`` (works); the collectives are custom ops without XLA kernels,
+    so ``jit_compile=True`` is not supported.
+
+    Example:
+        >>> import keras
+        >>> from kungfu_tf.optimizers import SynchronousSGDOptimizer
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+        >>> model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    """
+    if getattr(opt, "_kungfu_wrapped", False):
+        raise ValueError(f"{type(opt).__name__} is already a SynchronousSGDOptimizer; wrap the original once")
+    if not isinstance(fusion_threshold_bytes, int) or fusion_threshold_bytes < 0:
+        raise ValueError(f"fusion_threshold_bytes must be an int >= 0, got {fusion_threshold_bytes!r}")
+    if isinstance(opt, keras.optimizers.Optimizer):
+        return _wrap_keras(opt, fusion_threshold_bytes, sparse_as_dense, name or DEFAULT_NAME)
+    if isinstance(opt, tf.compat.v1.train.Optimizer):
+        return SynchronousSGDOptimizerV1(opt, fusion_threshold_bytes, sparse_as_dense, name)
+    raise TypeError(
+        "SynchronousSGDOptimizer wraps a keras.optimizers.Optimizer (Keras 3) or a "
+        f"tf.compat.v1.train.Optimizer, got {type(opt).__module__}.{type(opt).__qualname__}"
+    )

@@ -1,0 +1,99 @@
+"""Synchronous SGD for ``tf.compat.v1.train.Optimizer``: average gradients, then apply.
+
+Example:
+    >>> import tensorflow as tf
+    >>> from kungfu_tf.optimizers.sync_sgd_v1 import SynchronousSGDOptimizerV1
+    >>> opt = SynchronousSGDOptimizerV1(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
+    >>> opt.get_name()
+    'kungfu_sync_sgd'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from kungfu_tf.optimizers.gradient_sync import (
+    DEFAULT_FUSION_THRESHOLD_BYTES,
+    average_gradients,
+)
+
+DEFAULT_NAME = "kungfu_sync_sgd"
+
+
+class SynchronousSGDOptimizerV1(tf.compat.v1.train.Optimizer):
+    """Wraps a v1 optimizer so that gradients are averaged over all workers.
+
+    Averaging happens in :meth:`compute_gradients` (as in Horovod), so
+    ``minimize`` and ``compute_gradients`` + ``apply_gradients`` both
+    synchronise; ``apply_gradients``, slots and variables are the wrapped
+    optimizer's own.
+
+    Args:
+        optimizer: the ``tf.compat.v1.train.Optimizer`` to wrap.
+        fusion_threshold_bytes: bucket size for fused all-reduces (0: no fusion).
+        sparse_as_dense: all-reduce ``tf.IndexedSlices`` as dense tensors.
+        name: optimizer name, also the prefix of the collectives' message keys.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from kungfu_tf.optimizers import SynchronousSGDOptimizer
+        >>> with tf.Graph().as_default():
+        ...     w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+        ...     loss = tf.reduce_sum(w * w)
+        ...     opt = SynchronousSGDOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        ...     train_op = opt.minimize(loss)
+    """
+
+    _kungfu_wrapped = True
+
+    def __init__(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD_BYTES,
+        sparse_as_dense: bool = False,
+        name: str | None = None,
+    ) -> None:
+        name = name or DEFAULT_NAME
+        # use_locking only matters to _apply_dense & co., which the wrapped
+        # optimizer implements; ours are never called.
+        super().__init__(use_locking=False, name=name)
+        self._optimizer = optimizer
+        self._fusion_threshold_bytes = fusion_threshold_bytes
+        self._sparse_as_dense = sparse_as_dense
+
+    def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, tf.Variable]]:
+        """The wrapped optimizer's ``(gradient, variable)`` pairs, gradients averaged over workers.
+
+        Example:
+            >>> # grads_and_vars = opt.compute_gradients(loss)   # already averaged
+        """
+        grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
+        if not grads_and_vars:
+            return grads_and_vars
+        grads, variables = zip(*grads_and_vars)
+        averaged = average_gradients(
+            grads, self._fusion_threshold_bytes, self._sparse_as_dense, name=self.get_name()
+        )
+        return list(zip(averaged, variables))
+
+    def apply_gradients(self, *args: Any, **kwargs: Any) -> tf.Operation:
+        """Delegates to the wrapped optimizer (the gradients are already averaged).
+
+        Example:
+            >>> # train_op = opt.apply_gradients(opt.compute_gradients(loss), global_step)
+        """
+        return self._optimizer.apply_gradients(*args, **kwargs)
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> tf.Variable | None:
+        """The wrapped optimizer's slot, e.g. ``get_slot(var, "momentum")``."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> list[str]:
+        """The wrapped optimizer's slot names, e.g. ``["momentum"]``."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self) -> list[tf.Variable]:
+        """The wrapped optimizer's variables (slots and e.g. Adam's beta powers)."""
+        return self._optimizer.variables()
