@@ -60,6 +60,9 @@ class ModelSpec:
     data: Callable[[int, int], tuple[Inputs, np.ndarray]]
     input_shapes: tuple[tuple[int, ...], ...]
     description: str = ""
+    # Held-out data, where the model has a real test split; synthetic models
+    # draw fresh samples with another seed instead.
+    test_data: Callable[[], tuple[Inputs, np.ndarray]] | None = None
 
 
 def _logits_loss() -> keras.losses.Loss:
@@ -105,6 +108,7 @@ MODELS: dict[str, ModelSpec] = {
             _digits_data,
             ((64,),),
             "MLP on scikit-learn's bundled 8x8 digits (real data, offline)",
+            lambda: load_digits_split(test_fraction=0.2, seed=0)[2:],
         ),
         ModelSpec(
             "resnet20",
