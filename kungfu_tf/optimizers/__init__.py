@@ -10,11 +10,15 @@ from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
 )
+from kungfu_tf.optimizers.pair_averaging import PairAveragingOptimizer
+from kungfu_tf.optimizers.sync_averaging import SynchronousAveragingOptimizer
 from kungfu_tf.optimizers.sync_sgd import SynchronousSGDOptimizer
 from kungfu_tf.optimizers.sync_sgd_v1 import SynchronousSGDOptimizerV1
 
 __all__ = [
     "DEFAULT_FUSION_THRESHOLD_BYTES",
+    "PairAveragingOptimizer",
+    "SynchronousAveragingOptimizer",
     "SynchronousSGDOptimizer",
     "SynchronousSGDOptimizerV1",
     "average_gradients",

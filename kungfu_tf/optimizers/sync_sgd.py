@@ -21,6 +21,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kungfu_tf.optimizers._wrapping import check_not_wrapped, wrap_keras
 from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
@@ -32,41 +33,28 @@ def _wrap_keras(
     opt: keras.optimizers.Optimizer, fusion_threshold_bytes: int, sparse_as_dense: bool, name: str
 ) -> keras.optimizers.Optimizer:
     """A copy of ``opt`` whose class averages gradients in ``apply``."""
-    base = opt.__class__
 
-    def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
-        # Keras 3 funnels apply_gradients() and model.fit() through apply();
-        # averaging here, before loss-scale unscaling, clipping, accumulation
-        # and the update, keeps every worker's optimizer state identical.
-        grads = average_gradients(
-            list(grads), self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, name=self._kungfu_name
-        )
-        return base.apply(self, grads, trainable_variables)
+    def methods(base: type) -> dict[str, Any]:
+        def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
+            # Keras 3 funnels apply_gradients() and model.fit() through apply();
+            # averaging here, before loss-scale unscaling, clipping, accumulation
+            # and the update, keeps every worker's optimizer state identical.
+            grads = average_gradients(
+                list(grads), self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, name=self._kungfu_name
+            )
+            return base.apply(self, grads, trainable_variables)
 
-    # A subclass of opt's own class (not a wrapper object): isinstance checks,
-    # get_config, schedules and slot variables all stay the original's. The
-    # settings are class attributes so Keras' attribute tracking ignores them.
-    cls = type(
-        base.__name__,
-        (base,),
-        {
-            "apply": apply,
-            "__module__": base.__module__,
-            "__doc__": f"{base.__name__} with gradients averaged over all kungfu_tf workers.",
-            "_kungfu_wrapped": True,
-            "_kungfu_fusion_threshold_bytes": fusion_threshold_bytes,
-            "_kungfu_sparse_as_dense": sparse_as_dense,
-            "_kungfu_name": name,
-        },
+        return {"apply": apply}
+
+    return wrap_keras(
+        opt,
+        methods,
+        f"{type(opt).__name__} with gradients averaged over all kungfu_tf workers.",
+        "SynchronousSGDOptimizer",
+        _kungfu_fusion_threshold_bytes=fusion_threshold_bytes,
+        _kungfu_sparse_as_dense=sparse_as_dense,
+        _kungfu_name=name,
     )
-    wrapped = cls.from_config(opt.get_config())
-    if opt.built:
-        # from_config starts from scratch; carry over slots and the iteration
-        # count of an optimizer that has already trained.
-        wrapped.build(opt._trainable_variables)
-        for mine, theirs in zip(wrapped.variables, opt.variables):
-            mine.assign(theirs)
-    return wrapped
 
 
 def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in Horovod
@@ -110,8 +98,7 @@ def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in
         >>> opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
         >>> model.compile(optimizer=opt, loss="mse", jit_compile=False)
     """
-    if getattr(opt, "_kungfu_wrapped", False):
-        raise ValueError(f"{type(opt).__name__} is already a SynchronousSGDOptimizer; wrap the original once")
+    check_not_wrapped(opt)
     if not isinstance(fusion_threshold_bytes, int) or fusion_threshold_bytes < 0:
         raise ValueError(f"fusion_threshold_bytes must be an int >= 0, got {fusion_threshold_bytes!r}")
     if isinstance(opt, keras.optimizers.Optimizer):

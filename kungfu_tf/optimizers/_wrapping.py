@@ -1,0 +1,96 @@
+"""Wrapping a Keras 3 optimizer: a subclass of its own class, rebuilt from its config.
+
+Every Keras wrapper in :mod:`kungfu_tf.optimizers` (S-SGD, SMA, pair
+averaging) returns an instance of a dynamic subclass of the wrapped
+optimizer's class that overrides a few methods (``apply``, sometimes
+``build``). A subclass instead of a wrapper object keeps ``isinstance``
+checks, ``get_config``, learning-rate schedules and slot variables the
+original's. The class attribute ``_kungfu_wrapped`` marks every wrapped
+optimizer (the v1 wrappers set it too), so wrapping twice — with the same
+wrapper or with two different ones — is refused.
+
+Example:
+    >>> import keras
+    >>> from kungfu_tf.optimizers._wrapping import wrap_keras
+    >>> def methods(base):
+    ...     return {"apply": lambda self, grads, variables=None: base.apply(self, grads, variables)}
+    >>> opt = wrap_keras(keras.optimizers.SGD(0.1), methods, "SGD, unchanged", "Example")
+    >>> type(opt).__name__, isinstance(opt, keras.optimizers.SGD), opt._kungfu_wrapped
+    ('SGD', True, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+
+def check_not_wrapped(opt: Any) -> None:
+    """Raises ``ValueError`` if ``opt`` was already wrapped by any kungfu_tf wrapper.
+
+    Nesting wrappers would synchronise (or average) twice per step with
+    colliding message keys; wrap the original optimizer once instead.
+    """
+    if getattr(opt, "_kungfu_wrapped", False):
+        by = getattr(opt, "_kungfu_wrapper", "a kungfu_tf optimizer wrapper")
+        raise ValueError(f"{type(opt).__name__} is already wrapped by {by} (already a {by}); wrap the original once")
+
+
+def require_keras(opt: Any, wrapper: str) -> keras.optimizers.Optimizer:
+    """``opt`` itself if it is an unwrapped Keras 3 optimizer; ``TypeError``/``ValueError`` otherwise."""
+    check_not_wrapped(opt)
+    if not isinstance(opt, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"{wrapper} wraps a keras.optimizers.Optimizer (Keras 3), "
+            f"got {type(opt).__module__}.{type(opt).__qualname__}"
+        )
+    return opt
+
+
+def wrap_keras(
+    opt: keras.optimizers.Optimizer,
+    methods: Callable[[type], dict[str, Any]],
+    doc: str,
+    wrapper: str,
+    **attrs: Any,
+) -> keras.optimizers.Optimizer:
+    """A copy of ``opt`` whose class is a subclass of ``type(opt)`` with ``methods(type(opt))`` overridden.
+
+    Args:
+        opt: the Keras 3 optimizer to copy (not modified).
+        methods: given the base class, returns the methods to override; they
+            call the base class's methods explicitly (``base.apply(self, ...)``)
+            because the subclass does not exist yet when they are defined.
+        doc: the subclass's docstring.
+        wrapper: the wrapper's public name, for error messages.
+        **attrs: settings stored as class attributes, so that Keras'
+            attribute tracking (which inspects instance attributes) ignores them.
+
+    Returns:
+        A new optimizer rebuilt from ``opt.get_config()``; if ``opt`` was
+        already built, it is built on the same variables and its slots and
+        iteration count are copied.
+    """
+    base = opt.__class__
+    cls = type(
+        base.__name__,
+        (base,),
+        {
+            **methods(base),
+            "__module__": base.__module__,
+            "__doc__": doc,
+            "_kungfu_wrapped": True,
+            "_kungfu_wrapper": wrapper,
+            **attrs,
+        },
+    )
+    wrapped = cls.from_config(opt.get_config())
+    if opt.built:
+        # from_config starts from scratch; carry over slots and the iteration
+        # count of an optimizer that has already trained.
+        wrapped.build(opt._trainable_variables)
+        for mine, theirs in zip(wrapped.variables, opt.variables):
+            mine.assign(theirs)
+    return wrapped
