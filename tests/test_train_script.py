@@ -17,7 +17,7 @@ from conftest import REPO_ROOT, describe, run_job
 
 TRAIN = REPO_ROOT / "models" / "train.py"
 SUMMARY = re.compile(
-    r"^\[0\] model digits-mlp\s+api (\w+)\s+workers 2 .* final loss ([0-9.]+)\s+"
+    r"^\[0\] model digits-mlp\s+api (\w+)\s+optimizer sync-sgd\s+workers 2 .* final loss ([0-9.]+)\s+"
     r"held-out accuracy ([0-9.]+)\s+identical weights on all workers: (\w+)$",
     re.MULTILINE,
 )
