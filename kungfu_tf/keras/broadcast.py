@@ -41,14 +41,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         model = self.model
         optimizer = getattr(model, "optimizer", None)
-        variables = list(model.weights)
+        # Eager collectives may reuse a key once the previous use completed,
+        # so the same prefixes serve every fit() call. Weights go first: some
+        # optimizers (pair averaging) publish the model when they are built.
+        broadcast_variables(list(model.weights), root=self.root, name="keras_broadcast_global_variables")
         if optimizer is not None:
             # Slot variables exist only once the optimizer is built (normally
             # at the first step); build now so they are broadcast too.
             if not optimizer.built:
                 optimizer.build(model.trainable_variables)
-            variables += list(optimizer.variables)
-        # Eager collectives may reuse a key once the previous use completed,
-        # so the same prefix serves every fit() call.
-        broadcast_variables(variables, root=self.root, name="keras_broadcast_global_variables")
+            broadcast_variables(list(optimizer.variables), root=self.root, name="keras_broadcast_optimizer_variables")
         self.broadcast_done = True

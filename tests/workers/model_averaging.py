@@ -35,6 +35,10 @@ from kungfu_tf.optimizers import PairAveragingOptimizer, SynchronousAveragingOpt
 from models.digits import build_digits_mlp, load_digits_split
 
 EPOCHS = 5
+# Pair averaging mixes with a peer's possibly stale model, so it needs more
+# steps than SMA for the same accuracy; with 5 epochs np=3 reached only
+# 0.86-0.89 on a loaded machine (0.95+ when quiet).
+PAIR_EPOCHS = 10
 BATCH = 32
 LR, MOMENTUM = 0.05, 0.9
 ACCURACY = 0.90  # measured ~0.95-0.97 with np 1..3 (see test module)
@@ -122,7 +126,7 @@ def main() -> None:
     t0 = time.time()
     model = start_model(rank, broadcast=True)
     opt = PairAveragingOptimizer(sgd(), name="pair_function")
-    train_loop(model, opt, xs, ys, EPOCHS * steps_per_epoch)
+    train_loop(model, opt, xs, ys, PAIR_EPOCHS * steps_per_epoch)
     acc = accuracy(model, x_test, y_test)
     print(f"pair_function accuracy {acc:.4f}", flush=True)
     chk.true(acc >= ACCURACY, f"pair_function: accuracy {acc:.4f} < {ACCURACY}")
