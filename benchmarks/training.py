@@ -52,7 +52,13 @@ IMPLS = ("kungfu", "mwms")
 
 # Timed steps per model unless --steps is given: tiny models need many steps
 # for a measurable interval, big ones few to keep the run short.
-DEFAULT_STEPS = {"teacher-mlp": 200, "digits-mlp": 200, "resnet20": 10, "resnet56": 5}
+DEFAULT_STEPS = {
+    "teacher-mlp": 200,
+    "digits-mlp": 200,
+    "resnet20": 10,
+    "resnet56": 5,
+    "bert-small": 5,
+}
 FALLBACK_STEPS = 10
 
 COMM_HEAVY = "comm-heavy-mlp"

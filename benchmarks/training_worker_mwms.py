@@ -8,9 +8,12 @@ does not work with MWMS, hence the custom loop.
 
 Gradients are averaged by the strategy's own all-reduce: under a
 tf.distribute strategy, Keras 3's optimizer all-reduce-*sums* the gradients
-in ``apply_gradients`` (RING collective over gRPC here), so the loss is
-divided by the number of replicas, as tf.distribute custom loops do, to get
-the mean. One process per worker; the cluster comes from TF_CONFIG, set by
+in ``apply_gradients`` (RING collective over gRPC here), so each replica's
+loss is its per-example losses summed over the *global* batch
+(``tf.nn.compute_average_loss``), as tf.distribute custom loops do. The
+Keras loss is switched to ``reduction="none"`` for that: with its default
+reduction it would itself divide by the number of replicas under a strategy,
+silently, and a second division would shrink the step by np. One process per worker; the cluster comes from TF_CONFIG, set by
 benchmarks/training.py. Rank 0 prints one ``RESULT {json}`` line.
 """
 
@@ -53,16 +56,20 @@ def main() -> None:
         opt = keras.optimizers.SGD(args.lr, momentum=args.momentum)
         opt.build(model.trainable_variables)
     loss_fn = spec.loss()
+    loss_fn.reduction = "none"  # per-example; scaled explicitly below
+    global_batch = args.batch_size * nworkers
     batches = make_batches(spec, args.batch_size, args.pool, seed=1 + rank)
 
     def replica_step(x: Any, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-            scaled = loss / nworkers
+            per_example = loss_fn(y, model(x, training=True))
+            scaled = tf.nn.compute_average_loss(
+                per_example, global_batch_size=global_batch
+            )
         grads = tape.gradient(scaled, model.trainable_variables)
         # Sums grads over all replicas (strategy all-reduce), then updates.
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
+        return tf.reduce_mean(per_example)  # this worker's batch, unscaled
 
     # One replica per worker, so strategy.run returns a plain tensor.
     @tf.function
