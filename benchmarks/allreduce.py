@@ -20,11 +20,8 @@ raw results as JSON.
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -33,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench_load import CpuMeter
+from bench_meta import machine_metadata
 from bench_proc import LOOPBACK, free_ports, run_group
 from bench_report import allreduce_tables, raw_table, runtime_table, targets_table
 from bench_targets import evaluate
@@ -370,19 +368,8 @@ def add_bandwidth(point: dict[str, Any]) -> dict[str, Any]:
 
 def metadata(args: argparse.Namespace) -> dict[str, Any]:
     """Where and how the numbers were taken."""
-    try:
-        tf_version = importlib.metadata.version("tensorflow-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        tf_version = "unknown"
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "argv": sys.argv,
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "tensorflow": tf_version,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": os.getloadavg(),
+        **machine_metadata(),
         "np": args.np,
         "sizes": args.sizes,
         "topologies": args.topologies,

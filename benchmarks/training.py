@@ -18,12 +18,9 @@ Prints a markdown table and the targets check, and writes JSON.
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_load import CpuMeter
+from bench_meta import machine_metadata
 from bench_proc import LOOPBACK, free_ports, run_group
 from bench_timing import parse_results
 
@@ -348,19 +346,8 @@ def print_report(
 
 def metadata(args: argparse.Namespace) -> dict[str, Any]:
     """Where and how the numbers were taken."""
-    try:
-        tf_version = importlib.metadata.version("tensorflow-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        tf_version = "unknown"
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "argv": sys.argv,
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "tensorflow": tf_version,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": os.getloadavg(),
+        **machine_metadata(),
         "models": args.models,
         "np": args.np,
         "batch_size": args.batch_size,
