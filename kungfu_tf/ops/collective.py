@@ -18,7 +18,6 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from kungfu_tf._native import library
-from kungfu_tf.ops import config
 from kungfu_tf.ops._keys import message_key
 
 REDUCE_OPS = ("sum", "min", "max", "prod", "mean")
@@ -29,21 +28,18 @@ def _check_op(op: str) -> None:
         raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)}; got {op!r}")
 
 
-def _mean_divisor(dtype: tf.DType) -> tf.Tensor:
-    if not dtype.is_floating:
+def _check_mean(op: str, dtype: tf.DType) -> None:
+    # The kernel divides the sum by the cluster size read at run time.
+    if op == "mean" and not dtype.is_floating:
         raise ValueError(f"op='mean' needs a floating-point tensor, got {dtype.name}; use 'sum'")
-    return tf.cast(config.cluster_size(), dtype)
 
 
 def all_reduce(x: tf.Tensor, op: str = "sum", name: str | None = None) -> tf.Tensor:
     """Element-wise ``op`` ("sum", "min", "max", "prod", "mean") of ``x`` over all workers."""
     _check_op(op)
     x = tf.convert_to_tensor(x)
-    key = message_key("all_reduce", name)
-    if op == "mean":
-        divisor = _mean_divisor(x.dtype)
-        return library().kungfu_all_reduce(x, key, op="sum") / divisor
-    return library().kungfu_all_reduce(x, key, op=op)
+    _check_mean(op, x.dtype)
+    return library().kungfu_all_reduce(x, message_key("all_reduce", name), op=op)
 
 
 def group_all_reduce(xs: Sequence[tf.Tensor], op: str = "sum", name: str | None = None) -> list[tf.Tensor]:
@@ -58,11 +54,9 @@ def group_all_reduce(xs: Sequence[tf.Tensor], op: str = "sum", name: str | None 
     out: list[tf.Tensor | None] = [None] * len(xs)
     for dtype, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
         group_name = None if name is None else (name if len(by_dtype) == 1 else f"{name}/{dtype.name}")
+        _check_mean(op, dtype)
         key = message_key("group_all_reduce", group_name)
-        reduced = library().kungfu_group_all_reduce([xs[i] for i in idx], key, op="sum" if op == "mean" else op)
-        if op == "mean":
-            divisor = _mean_divisor(dtype)
-            reduced = [r / divisor for r in reduced]
+        reduced = library().kungfu_group_all_reduce([xs[i] for i in idx], key, op=op)
         for i, r in zip(idx, reduced):
             out[i] = r
     return out  # type: ignore[return-value]

@@ -70,6 +70,36 @@ bool begin(OpKernelContext *ctx, int key_index, tensorflow::DataType dt, Collect
   return true;
 }
 
+// 'mean' is a sum divided by the cluster size when the op completes, in the
+// runtime's callback: no second pass through TensorFlow, no second tensor,
+// and the size is the one in force at run time.
+struct ReduceSpec {
+  kungfu::ReduceOp op = kungfu::ReduceOp::kSum;
+  bool mean = false;
+};
+
+absl::Status parse_reduce_spec(OpKernelConstruction *ctx, ReduceSpec *spec) {
+  std::string op;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("op", &op));
+  spec->mean = op == "mean";
+  if (!spec->mean && !kungfu::parse_reduce_op(op, &spec->op)) return absl::InvalidArgumentError("bad reduce op " + op);
+  return absl::OkStatus();
+}
+
+// Completes a reduction: divides for 'mean', then finishes the kernel.
+kungfu::DoneCallback finish_reduce(OpKernelContext *ctx, tensorflow::AsyncOpKernel::DoneCallback done,
+                                   const ReduceSpec &spec, kungfu::Runtime *rt, kungfu::Buffer buf) {
+  if (!spec.mean) return finish(ctx, done);
+  return [ctx, done, rt, buf](const kungfu::Status &s) {
+    if (s.ok()) {
+      if (rt->size() > 1) kungfu::scale_inplace(buf.recv, buf.desc.count, buf.desc.dtype, 1.0 / rt->size());
+    } else {
+      ctx->SetStatus(to_tf_status(s));
+    }
+    done();
+  };
+}
+
 // Allocates output 0 shaped like input 0 (reusing the input's buffer when TF
 // allows, else a cached one) and describes both to the runtime.
 bool same_shape_output(OpKernelContext *ctx, const CollectiveStart &st, OutputCache *cache, kungfu::Buffer *buf) {
@@ -90,26 +120,25 @@ REGISTER_OP("KungfuAllReduce")
     .Input("key: string")
     .Output("output: T")
     .Attr(KUNGFU_COLLECTIVE_TYPES)
-    .Attr("op: {'sum', 'min', 'max', 'prod'} = 'sum'")
+    .Attr("op: {'sum', 'min', 'max', 'prod', 'mean'} = 'sum'")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
-    .Doc("Element-wise reduction of `input` over all workers; every worker gets the result.");
+    .Doc("Element-wise reduction of `input` over all workers; every worker gets the result. "
+         "'mean' divides the sum by the cluster size read at run time (floating types).");
 
 class AllReduceOp : public AsyncOpKernel {
  public:
   explicit AllReduceOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {
-    std::string op;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("op", &op));
-    OP_REQUIRES(ctx, kungfu::parse_reduce_op(op, &op_), absl::InvalidArgumentError("bad reduce op " + op));
+    OP_REQUIRES_OK(ctx, parse_reduce_spec(ctx, &spec_));
   }
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     kungfu::Buffer buf;
     if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &cache_, &buf)) return done();
-    st.rt->all_reduce(st.key, buf, op_, finish(ctx, done));
+    st.rt->all_reduce(st.key, buf, spec_.op, finish_reduce(ctx, done, spec_, st.rt, buf));
   }
 
  private:
-  kungfu::ReduceOp op_;
+  ReduceSpec spec_;
   OutputCache cache_;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuAllReduce").Device(tensorflow::DEVICE_CPU), AllReduceOp);
@@ -120,7 +149,7 @@ REGISTER_OP("KungfuGroupAllReduce")
     .Output("outputs: N * T")
     .Attr("N: int >= 1")
     .Attr(KUNGFU_COLLECTIVE_TYPES)
-    .Attr("op: {'sum', 'min', 'max', 'prod'} = 'sum'")
+    .Attr("op: {'sum', 'min', 'max', 'prod', 'mean'} = 'sum'")
     .SetShapeFn([](InferenceContext *c) {
       for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
       return absl::OkStatus();
@@ -130,9 +159,7 @@ REGISTER_OP("KungfuGroupAllReduce")
 class GroupAllReduceOp : public AsyncOpKernel {
  public:
   explicit GroupAllReduceOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {
-    std::string op;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("op", &op));
-    OP_REQUIRES(ctx, kungfu::parse_reduce_op(op, &op_), absl::InvalidArgumentError("bad reduce op " + op));
+    OP_REQUIRES_OK(ctx, parse_reduce_spec(ctx, &spec_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
   }
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
@@ -156,11 +183,14 @@ class GroupAllReduceOp : public AsyncOpKernel {
     }
     kungfu::Buffer buf{base, base, describe(fused, st.dtype), hold({fused})};
     // The fused shape alone would hide which member differs; the key names the group.
-    st.rt->all_reduce(st.key, buf, op_, [ctx, done, fused, outputs](const kungfu::Status &s) {
+    kungfu::Runtime *rt = st.rt;
+    bool mean = spec_.mean;
+    st.rt->all_reduce(st.key, buf, spec_.op, [ctx, done, fused, outputs, rt, buf, mean](const kungfu::Status &s) {
       if (!s.ok()) {
         ctx->SetStatus(to_tf_status(s));
         return done();
       }
+      if (mean && rt->size() > 1) kungfu::scale_inplace(buf.recv, buf.desc.count, buf.desc.dtype, 1.0 / rt->size());
       const char *src = fused.tensor_data().data();
       for (const Tensor &out : outputs) {
         size_t bytes = out.tensor_data().size();
@@ -172,7 +202,7 @@ class GroupAllReduceOp : public AsyncOpKernel {
   }
 
  private:
-  kungfu::ReduceOp op_;
+  ReduceSpec spec_;
   int n_;
   OutputCache fused_cache_;
 };

@@ -30,6 +30,9 @@ bool parse_reduce_op(const std::string &name, ReduceOp *op);
 // acc[i] = op(acc[i], in[i]) for i < count. Half types are reduced in float
 // and rounded back (round to nearest even), like TensorFlow's CPU kernels.
 void reduce_inplace(void *acc, const void *in, size_t count, DType dt, ReduceOp op);
+// acc[i] *= factor for the floating types (used to turn a sum into a mean
+// without another pass through TensorFlow); integers are left unchanged.
+void scale_inplace(void *acc, size_t count, DType dt, double factor);
 // out[i] = op(a[i], b[i]); `out` may alias `a`. Saves a copy when the first
 // contribution arrives: the output never needs to be staged with our input.
 void reduce_to(void *out, const void *a, const void *b, size_t count, DType dt, ReduceOp op);

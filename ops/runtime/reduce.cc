@@ -211,6 +211,34 @@ void reduce_inplace(void *acc, const void *in, size_t count, DType dt, ReduceOp 
   }
 }
 
+void scale_inplace(void *acc, size_t count, DType dt, double factor) {
+  switch (dt) {
+    case DType::kFloat32: {
+      float *p = static_cast<float *>(acc);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < count; ++i) p[i] *= f;
+      break;
+    }
+    case DType::kFloat64: {
+      double *p = static_cast<double *>(acc);
+      for (size_t i = 0; i < count; ++i) p[i] *= factor;
+      break;
+    }
+    case DType::kFloat16: {
+      uint16_t *p = static_cast<uint16_t *>(acc);
+      for (size_t i = 0; i < count; ++i) p[i] = float_to_half(half_to_float(p[i]) * static_cast<float>(factor));
+      break;
+    }
+    case DType::kBFloat16: {
+      uint16_t *p = static_cast<uint16_t *>(acc);
+      for (size_t i = 0; i < count; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) * static_cast<float>(factor));
+      break;
+    }
+    default:
+      break;  // integer means are not defined here; the Python wrapper rejects them
+  }
+}
+
 void reduce_to(void *out, const void *a, const void *b, size_t count, DType dt, ReduceOp op) {
   switch (dt) {
     case DType::kUInt8:

@@ -372,6 +372,24 @@ void test_half_precision() {
   }
 }
 
+void test_scale_for_mean() {
+  float f[3] = {3.0f, -6.0f, 1.5f};
+  scale_inplace(f, 3, DType::kFloat32, 1.0 / 3);
+  CHECK(f[0] == 1.0f && f[1] == -2.0f && f[2] == 0.5f);
+  double d[2] = {4.0, 1.0};
+  scale_inplace(d, 2, DType::kFloat64, 0.25);
+  CHECK(d[0] == 1.0 && d[1] == 0.25);
+  uint16_t h[2] = {0x4400, 0x3c00};  // float16 4.0, 1.0
+  scale_inplace(h, 2, DType::kFloat16, 0.5);
+  CHECK(h[0] == 0x4000 && h[1] == 0x3800);  // 2.0, 0.5
+  uint16_t b[1] = {0x4080};  // bfloat16 4.0
+  scale_inplace(b, 1, DType::kBFloat16, 0.25);
+  CHECK(b[0] == 0x3f80);  // 1.0
+  int32_t i[1] = {7};
+  scale_inplace(i, 1, DType::kInt32, 0.5);  // integers are left alone
+  CHECK(i[0] == 7);
+}
+
 }  // namespace
 
 int main() {
@@ -388,6 +406,7 @@ int main() {
       {"dead peer and timeout", test_dead_peer_and_timeout},
       {"intruders rejected", test_intruders_are_rejected},
       {"half precision", test_half_precision},
+      {"scale for mean", test_scale_for_mean},
   };
   for (auto &t : tests) {
     int before = kftest::failures();
