@@ -19,10 +19,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# kungfu_tf may not be installed (and may lack __init__.py while it is
-# being written), so make the checkout importable here and in workers.
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 from kungfu_tf.run import local_host
 from kungfu_tf.run.cli import parse_args, program_command
@@ -52,6 +48,13 @@ def launcher_env(**extra: str) -> dict[str, str]:
 
 def launcher_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "kungfu_tf.run", *args]
+
+def start_launcher(*args: str) -> subprocess.Popen:
+    """kungfu-run started in the background with pipes, for the signal tests."""
+    return subprocess.Popen(
+        launcher_cmd(*args), env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
 
 
 def run_launcher(*args: str, timeout: float = 60, **env: str):
@@ -387,13 +390,7 @@ def test_worker_killed_by_signal(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_signal_is_forwarded_to_workers(tmp_path, sig):
     script = write_script(tmp_path, "sleeper.py", SLEEPER)
-    proc = subprocess.Popen(
-        launcher_cmd("-np", "3", str(script), str(tmp_path), "sleep"),
-        env=launcher_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_launcher("-np", "3", str(script), str(tmp_path), "sleep")
     try:
         pids = read_pids(tmp_path, 3)
         proc.send_signal(sig)
@@ -409,13 +406,7 @@ def test_signal_is_forwarded_to_workers(tmp_path, sig):
 
 def test_workers_ignoring_sigterm_are_killed(tmp_path):
     script = write_script(tmp_path, "sleeper.py", SLEEPER)
-    proc = subprocess.Popen(
-        launcher_cmd("-np", "2", str(script), str(tmp_path), "ignore"),
-        env=launcher_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_launcher("-np", "2", str(script), str(tmp_path), "ignore")
     try:
         pids = read_pids(tmp_path, 2)
         proc.send_signal(signal.SIGTERM)

@@ -16,10 +16,6 @@ import pytest
 from netns import make_two_hosts
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# kungfu_tf may not be installed (and may lack __init__.py while it is
-# being written), so make the checkout importable here and in workers.
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.job_secret import resolve_job_secret
