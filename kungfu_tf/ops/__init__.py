@@ -15,6 +15,7 @@ from kungfu_tf.ops.collective import (
     broadcast,
     consensus,
     group_all_reduce,
+    keep_alive,
     reduce,
 )
 from kungfu_tf.ops.config import (
@@ -39,6 +40,7 @@ __all__ = [
     "comm_rates",
     "consensus",
     "group_all_reduce",
+    "keep_alive",
     "local_rank",
     "local_size",
     "push",

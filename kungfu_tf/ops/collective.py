@@ -4,6 +4,14 @@ Every function works eagerly, inside ``tf.function`` and in ``tf.compat.v1``
 graphs. ``name`` is the message key that matches this call across workers (see
 :mod:`kungfu_tf.ops._keys`).
 
+Unused results: the data collectives are stateless ops (so that TF does not
+serialise them), and Grappler turns a stateless op whose outputs feed only
+control edges into a NoOp. A collective whose result one worker does not use
+(a non-root's :func:`reduce`, say) must still run there, or its peers wait
+for it until their timeout: pass such results to :func:`keep_alive`, and
+put the op it returns in the step's dependencies. A control dependency on the
+collective alone is not enough.
+
 Example:
     >>> import tensorflow as tf
     >>> from kungfu_tf import ops
@@ -134,6 +142,41 @@ def all_gather(x: tf.Tensor, name: str | None = None) -> tf.Tensor:
     """Stacks every worker's ``x`` (same shape everywhere) along a new leading axis of size np."""
     x = tf.convert_to_tensor(x)
     return library().kungfu_all_gather(x, message_key("all_gather", name))
+
+
+def keep_alive(tensors: Sequence[tf.Tensor | tf.Operation | None]) -> tf.Operation | None:
+    """A stateful op that makes every tensor (and op) in ``tensors`` run, even if nothing reads it.
+
+    Tensors become data inputs of the op, so Grappler cannot drop the
+    collectives that produce them (see the module docstring); operations and
+    resource handles become control inputs; ``None`` is skipped. In
+    ``tf.function`` the op runs by itself (it is stateful); in a v1 graph, run
+    it or make the train op depend on it. Eagerly everything already ran and
+    None is returned.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from kungfu_tf import ops
+        >>> @tf.function
+        ... def step(x):
+        ...     mine = ops.reduce(x, root=0, name="doc_keep_alive")  # unused on non-roots
+        ...     ops.keep_alive([mine])
+        ...     return x
+        >>> step(tf.ones([2])).numpy()
+        array([1., 1.], dtype=float32)
+    """
+    if tf.executing_eagerly():
+        return None
+    data, control = [], []
+    for t in tensors:
+        if t is None:
+            continue
+        if isinstance(t, tf.Tensor) and t.dtype not in (tf.resource, tf.variant):
+            data.append(t)
+        else:
+            control.append(t)
+    with tf.control_dependencies(control):
+        return library().kungfu_keep_alive(data)
 
 
 def barrier(name: str | None = None) -> tf.Operation | None:

@@ -102,7 +102,7 @@ class SynchronousSGDOptimizerV1(tf.compat.v1.train.Optimizer):
         if self._plan is None:
             from kungfu_tf.optimizers.strategy_sync import make_plan
 
-            self._plan = make_plan(self._strategy, variables, self.get_name(), _zeros_variable)
+            self._plan = make_plan(self._strategy, variables, self.get_name())
 
         def apply_fn(gs: list[Any], vs: list[Any]) -> Any:
             if vs:
@@ -123,9 +123,3 @@ class SynchronousSGDOptimizerV1(tf.compat.v1.train.Optimizer):
         """The wrapped optimizer's variables (slots and e.g. Adam's beta powers)."""
         return self._optimizer.variables()
 
-
-def _zeros_variable(initial_value: tf.Tensor, name: str) -> tf.Variable:
-    # Shard variables are refreshed from the model before every update, so
-    # zeros do: initialising from the model variable would make the
-    # initializer depend on another variable being initialised first.
-    return tf.Variable(tf.zeros(initial_value.shape, initial_value.dtype), trainable=False, name=name)

@@ -68,7 +68,11 @@ def _tf_variable(v: Any) -> tf.Variable:
 
 
 def _default_factory(initial_value: tf.Tensor, name: str) -> tf.Variable:
-    return tf.Variable(initial_value, trainable=False, name=name)
+    # Zeros of the initial value's shape: shard variables are refreshed from
+    # the model before every update and residuals start at zero anyway, and
+    # in a v1 graph an initializer reading the model variable would depend on
+    # that variable being initialised first.
+    return tf.Variable(tf.zeros(initial_value.shape, initial_value.dtype), trainable=False, name=name)
 
 
 @dataclass
@@ -154,7 +158,6 @@ class StrategyPlan:
             # Created outside any tf.function being traced, once.
             self._plans = [self._plan_variable(v, by_var[i.name], make_variable) for v, i in zip(variables, infos)]
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_step")
-            self._sink = tf.Variable(0.0, dtype=tf.float32, trainable=False, name=f"{name}_sink")
         self._stale_k = [u.node.staleness for p in self._plans for u in p.units if u.stale and u.node.sync]
         self._has_stale = any(u.stale for p in self._plans for u in p.units)
         self._checked_eagerly = self._check_identical_eagerly()
@@ -236,7 +239,8 @@ class StrategyPlan:
             must_run.append(
                 tf.debugging.assert_equal(self._consensus(), True, message=self._mismatch_message())
             )
-        t = self._step.read_value()
+        # The step number only matters to stale PS (versions and clocks).
+        t = self._step.read_value() if self._has_stale else None
         present = {vi for vi, g in enumerate(grads) if g is not None}
         sparse: set[tuple[int, int]] = set()
         synced = self._synchronize(grads, prefix, must_run, sparse)
@@ -265,27 +269,14 @@ class StrategyPlan:
         with tf.control_dependencies(after + before_apply):
             finished = self._publish(synced, snapshots, present, sparse, prefix, t)
         # The owner's broadcasts (and other collectives) produce outputs this
-        # rank does not use: _consume keeps them alive.
-        with tf.control_dependencies([self._consume(finished + must_run), *after]):
-            counted = self._step.assign_add(1)
-        return None if tf.executing_eagerly() else counted.op
-
-    def _consume(self, tensors: list[Any]) -> Any:
-        """A stateful op that *reads* every tensor in ``tensors`` (one element of each).
-
-        Collectives whose result this rank does not use (a non-owner's reduce
-        to the owner) must still run. A control dependency is not enough:
-        Grappler turns a stateless op whose outputs only feed control edges
-        into a NoOp, and ours are stateless by design (so that they are not
-        serialised). Reading one element of each keeps a data edge.
-        """
-        data = [t for t in tensors if isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_integer)]
-        ops_only = [t for t in tensors if t is not None and not isinstance(t, tf.Tensor)]
-        with tf.control_dependencies(ops_only):
-            if not data:
-                return self._sink.assign(0.0)
-            firsts = [tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32)) for t in data]
-            return self._sink.assign(tf.add_n(firsts))
+        # rank does not use: keep_alive makes them run (see kungfu_tf.ops.collective).
+        deps = [ops.keep_alive(finished + must_run), *after]
+        if self._has_stale:
+            with tf.control_dependencies([d for d in deps if d is not None]):
+                deps = [self._step.assign_add(1)]
+        if tf.executing_eagerly():
+            return None
+        return tf.group(*[d for d in deps if d is not None])
 
     def _synchronize(
         self, grads: Sequence[Gradient], prefix: str, must_run: list[Any], sparse: set[tuple[int, int]]
@@ -353,7 +344,7 @@ class StrategyPlan:
         present: set[int],
         sparse: set[tuple[int, int]],
         prefix: str,
-        t: tf.Tensor,
+        t: tf.Tensor | None,
     ) -> list[Any]:
         """Brings every rank's variables up to date after the owners' updates; returns the ops."""
         done: list[Any] = []
@@ -368,7 +359,7 @@ class StrategyPlan:
             ]
             done.extend(self._write_back(plan, updates))
             # Every output of every collective above, even those this rank
-            # does not need, goes to _consume (see there): Grappler would
+            # does not need, goes to ops.keep_alive (see there): Grappler would
             # otherwise turn an unused collective into a NoOp and the peers
             # would wait for it forever.
             for _, payload in updates:
@@ -386,7 +377,7 @@ class StrategyPlan:
         snapshots: dict[tuple[int, int], tf.Tensor],
         sparse: bool,
         prefix: str,
-        t: tf.Tensor,
+        t: tf.Tensor | None,
     ) -> tuple[str, Any]:
         """("keep", None) | ("full", value) | ("rows", (indices, values)) for one unit."""
         node = unit.node

@@ -14,7 +14,9 @@ STAR topology: a reduce of B bytes to root np-1 makes each other worker send
 about B bytes to the root and nothing to anyone else, and the root send
 nothing; an all-reduce of the same B bytes, for contrast, makes the root
 send about B bytes to every worker. Finally a root outside the cluster fails
-with InvalidArgumentError naming the key and the root.
+with InvalidArgumentError naming the key and the root. Last, in a
+tf.function, non-roots pass their (unused) reduce output to ops.keep_alive
+and the root must still receive every contribution.
 
 Ends with "checked N results" (see expected_checks() in the test).
 """
@@ -163,6 +165,31 @@ def check_bad_root(chk: Checker, size: int) -> None:
         chk.fail("reduce(root=-1) did not raise ValueError")
 
 
+KEEP_ALIVE_STEPS = 3
+
+
+def check_keep_alive(chk: Checker, rank: int, size: int) -> None:
+    """A non-root's reduce whose result it never uses still runs when passed to keep_alive.
+
+    Inside a tf.function such an op would otherwise be pruned (or turned into
+    a NoOp by Grappler), and the root would wait for it until the timeout.
+    """
+    root = 0
+    x = tf.constant(np.full([5], rank + 1, np.float32))
+
+    @tf.function(autograph=False)
+    def step(x):
+        out = ops.reduce(x, root=root, name="kept_alive")
+        if rank == root:
+            return out
+        ops.keep_alive([out])
+        return tf.identity(x)
+
+    want = np.full([5], size * (size + 1) / 2 if rank == root else rank + 1, np.float32)
+    for i in range(KEEP_ALIVE_STEPS):
+        chk.equal(step(x).numpy(), want, f"keep_alive step {i}")
+
+
 def main() -> None:
     rank, size = _setup.env_rank(), _setup.env_size()
     chk = Checker(rank)
@@ -170,6 +197,7 @@ def main() -> None:
     run_inner_nodes(chk, rank, size)
     check_traffic(chk, rank, size)
     check_bad_root(chk, size)
+    check_keep_alive(chk, rank, size)
     ops.barrier(name="end")
     chk.done()
 
