@@ -25,11 +25,8 @@ import tensorflow as tf
 from kungfu_tf.optimizers._wrapping import wrap_keras
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan
-from kungfu_tf.strategy.source import (
-    StrategySource,
-    describe_variables,
-    resolve_strategy,
-)
+from kungfu_tf.strategy.source import StrategySource, resolve_strategy
+from kungfu_tf.strategy.variable_info import describe_variables
 
 
 def make_plan(source: StrategySource, variables: list[Any], name: str, make_variable: Any = None) -> StrategyPlan:

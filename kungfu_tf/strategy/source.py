@@ -71,24 +71,3 @@ def resolve_strategy(
         return BUILDERS[source]().build(variables, cluster)
     return load(source)
 
-
-def describe_variables(variables: Sequence[object]) -> list[VariableInfo]:
-    """VariableInfo for live variables; Keras embedding tables (``.../embeddings``) count as sparse.
-
-    The optimizer sees variables, not layers, so the Embedding layer's
-    variable name is how it recognises tables whose gradients are
-    ``IndexedSlices`` (what Parallax puts on parameter servers).
-
-    Example:
-        >>> import keras
-        >>> layer = keras.layers.Embedding(10, 2); layer.build((None,))
-        >>> describe_variables(layer.trainable_variables)[0].sparse
-        True
-    """
-    infos = []
-    for v in variables:
-        info = VariableInfo.from_variable(v)
-        if info.name.rsplit("/", 1)[-1] == "embeddings":
-            info = VariableInfo(info.name, info.shape, info.dtype, sparse=True)
-        infos.append(info)
-    return infos

@@ -72,11 +72,39 @@ def variable_name(variable: Any) -> str:
     return name.removesuffix(":0")
 
 
-def describe_model(model: Any, sparse_names: Iterable[str] = ()) -> list[VariableInfo]:
-    """Every trainable variable of a Keras model; embedding tables are marked sparse.
+def is_embedding_table(variable: Any) -> bool:
+    """True for a Keras ``Embedding`` layer's table (variable name ``.../embeddings``).
 
-    A variable is sparse if it belongs to a ``keras.layers.Embedding`` layer or
-    its name is in ``sparse_names``.
+    Its gradient is a ``tf.IndexedSlices``. The optimizer sees variables, not
+    layers, so the name is the one rule every part of the strategy layer uses
+    (the optimizer, ``kungfu-strategy build``): a strategy built from a model
+    offline must be the one the optimizer builds for it at run time.
+
+    Example:
+        >>> import keras
+        >>> layer = keras.layers.Embedding(10, 2); layer.build((None,))
+        >>> is_embedding_table(layer.embeddings)
+        True
+    """
+    return variable_name(variable).rsplit("/", 1)[-1] == "embeddings"
+
+
+def describe_variables(variables: Iterable[Any], sparse_names: Iterable[str] = ()) -> list[VariableInfo]:
+    """VariableInfo for live variables; embedding tables and ``sparse_names`` are marked sparse.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> [v.sparse for v in describe_variables([tf.Variable([1.0], name="w")], sparse_names=["w"])]
+        [True]
+    """
+    names = set(sparse_names)
+    return [
+        VariableInfo.from_variable(v, sparse=is_embedding_table(v) or variable_name(v) in names) for v in variables
+    ]
+
+
+def describe_model(model: Any, sparse_names: Iterable[str] = ()) -> list[VariableInfo]:
+    """Every trainable variable of a Keras model, as :func:`describe_variables` describes it.
 
     Example:
         >>> import keras
@@ -84,17 +112,7 @@ def describe_model(model: Any, sparse_names: Iterable[str] = ()) -> list[Variabl
         >>> [(v.shape, v.sparse) for v in describe_model(m)]
         [((10, 3), True)]
     """
-    import keras
-
-    sparse_ids = set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        if isinstance(layer, keras.layers.Embedding):
-            sparse_ids.update(id(v) for v in layer.trainable_variables)
-    names = set(sparse_names)
-    return [
-        VariableInfo.from_variable(v, sparse=id(v) in sparse_ids or variable_name(v) in names)
-        for v in model.trainable_variables
-    ]
+    return describe_variables(model.trainable_variables, sparse_names)
 
 
 def check_unique_names(variables: Sequence[VariableInfo]) -> None:
