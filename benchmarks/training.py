@@ -146,10 +146,14 @@ def log(msg: str) -> None:
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for benchmark children (benchmarks/ on the import path)."""
+    """Environment for benchmark children: benchmarks/ and this checkout first on the import path.
+
+    The checkout, so that the workers measure the kungfu_tf next to this
+    script even when another checkout is the one installed in the venv.
+    """
     env = dict(os.environ, **WORKER_ENV)
     path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(BENCH_DIR) + (os.pathsep + path if path else "")
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR), str(REPO)] + ([path] if path else []))
     env.update(extra or {})
     return env
 

@@ -1,6 +1,6 @@
 """Two "hosts" for multi-host tests: Linux network namespaces on a veth pair.
 
-``make_two_hosts(request, "10.213.0", "kfl")`` creates namespaces
+``create_two_hosts("10.213.0", "kfl")`` creates namespaces
 ``kfl<pid>a`` and ``kfl<pid>b`` whose ends of a veth pair carry
 ``10.213.0.1/24`` and ``10.213.0.2/24``; the pair is created inside the first
 namespace and its peer moved straight into the second, so nothing appears in
@@ -23,8 +23,6 @@ import shutil
 import signal
 import subprocess
 from dataclasses import dataclass
-
-import pytest
 
 
 def ip(*args: str) -> subprocess.CompletedProcess:
@@ -74,41 +72,67 @@ class TwoHosts:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
 
+    def destroy(self) -> None:
+        """Kills what runs in the namespaces and deletes them (and so the veth pair).
 
-def make_two_hosts(request, prefix: str, tag: str) -> TwoHosts:
+        Safe to call on partly created hosts: missing namespaces are skipped.
+        """
+        self.kill_all()
+        existing = set(ip("netns", "list").stdout.split())
+        for ns in self.namespaces:
+            if ns in existing:
+                ip("netns", "delete", ns)
+
+
+class NamespacesUnavailable(RuntimeError):
+    """This process may not create network namespaces (no privileges)."""
+
+
+def create_two_hosts(prefix: str, tag: str) -> TwoHosts:
     """Namespaces ``<tag><pid>a/b`` with ``<prefix>.1`` and ``<prefix>.2``.
 
-    ``prefix`` is the first three octets of a /24 that no other test uses;
-    ``tag`` keeps the namespace names of different tests apart.
+    ``prefix`` is the first three octets of a /24 that nothing else uses;
+    ``tag`` keeps the namespace names of different users apart. On any
+    failure whatever was created is destroyed again before the error
+    propagates.
+
+    Raises:
+        NamespacesUnavailable: ``ip netns add`` was refused for privileges.
+        AssertionError: any other ``ip`` command failed (its message included).
     """
     assert shutil.which("ip"), "the `ip` command (apt package iproute2) is required"
     base = f"{tag}{os.getpid()}"
     hosts = TwoHosts(namespaces=(f"{base}a", f"{base}b"), addresses=(f"{prefix}.1", f"{prefix}.2"))
-    created: list[str] = []
-
-    def cleanup() -> None:
-        if created:
-            hosts.kill_all()
-        # Deleting a namespace also destroys its end of the veth pair.
-        for ns in created:
-            ip("netns", "delete", ns)
-
-    request.addfinalizer(cleanup)
     first = ip("netns", "add", hosts.namespaces[0])
     if first.returncode != 0:
         reason = first.stderr.strip()
         if "Operation not permitted" in reason or "Permission denied" in reason:
-            pytest.skip(f"cannot create network namespaces: {reason}")
-        pytest.fail(f"ip netns add failed: {reason}")
-    created.append(hosts.namespaces[0])
-    ip_ok("netns", "add", hosts.namespaces[1])
-    created.append(hosts.namespaces[1])
+            raise NamespacesUnavailable(f"cannot create network namespaces: {reason}")
+        raise AssertionError(f"ip netns add failed: {reason}")
+    try:
+        ip_ok("netns", "add", hosts.namespaces[1])
+        dev_a, dev_b = hosts.devices
+        ns_a, ns_b = hosts.namespaces
+        ip_ok("-n", ns_a, "link", "add", dev_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
+        for ns, dev, addr in zip(hosts.namespaces, hosts.devices, hosts.addresses):
+            ip_ok("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            ip_ok("-n", ns, "link", "set", dev, "up")
+            ip_ok("-n", ns, "link", "set", "lo", "up")
+    except BaseException:
+        hosts.destroy()
+        raise
+    return hosts
 
-    dev_a, dev_b = hosts.devices
-    ns_a, ns_b = hosts.namespaces
-    ip_ok("-n", ns_a, "link", "add", dev_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
-    for ns, dev, addr in zip(hosts.namespaces, hosts.devices, hosts.addresses):
-        ip_ok("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-        ip_ok("-n", ns, "link", "set", dev, "up")
-        ip_ok("-n", ns, "link", "set", "lo", "up")
+
+def make_two_hosts(request, prefix: str, tag: str) -> TwoHosts:
+    """``create_two_hosts`` for a pytest test: skipped without privileges, destroyed afterwards."""
+    import pytest
+
+    try:
+        hosts = create_two_hosts(prefix, tag)
+    except NamespacesUnavailable as e:
+        pytest.skip(str(e))
+    except AssertionError as e:
+        pytest.fail(str(e))
+    request.addfinalizer(hosts.destroy)
     return hosts
