@@ -6,6 +6,7 @@
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
 #   make demo      4-worker training demo (models/train.py)
 #   make bench     allreduce benchmark
+#   make bench-strategies  strategy builders x models, one host and two (root)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
@@ -70,7 +71,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install sysdeps test cpp-test sanitize demo bench lint clean distclean
+.PHONY: install sysdeps test cpp-test sanitize demo bench bench-strategies lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -122,6 +123,9 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/allreduce.py
+
+bench-strategies: install
+	$(PY) benchmarks/strategies.py
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models

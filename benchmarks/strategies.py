@@ -28,6 +28,7 @@ where PS with partitioning beats all-reduce and the reverse.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import secrets
@@ -106,6 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--json", type=Path, default=BUILD_DIR / "strategies.json", help="raw results"
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help="print the report of an earlier run's raw results instead of running",
     )
     args = p.parse_args(argv)
 
@@ -220,6 +227,13 @@ def by_cell(points: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str
     return {(p["setting"], p["model"], p["builder"]): p for p in points}
 
 
+def verdict_of(ratio: float) -> str:
+    """AllReduce time / partitioned-PS time in words; within TIE_FRACTION it is a tie."""
+    if abs(ratio - 1.0) <= TIE_FRACTION:
+        return "tie"
+    return "PS wins" if ratio > 1 else "AR wins"
+
+
 def fastest_builders(timed: dict[str, float]) -> list[str]:
     """The builders (not the default) within TIE_FRACTION of the fastest one, fastest first."""
     builders = {b: t for b, t in timed.items() if b != DEFAULT}
@@ -235,7 +249,7 @@ def fastest_builders(timed: dict[str, float]) -> list[str]:
 def comparisons(
     points: list[dict[str, Any]], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
-    """Per (setting, model): the winner, and best partitioned PS against AllReduce."""
+    """Per (setting, model): the fastest builders (ties included), and best partitioned PS against AllReduce."""
     cells = by_cell(points)
     out = []
     for setting in args.settings:
@@ -246,7 +260,7 @@ def comparisons(
             }
             if not timed:
                 continue
-            winner = min(timed, key=timed.get)
+            fastest = fastest_builders(timed)
             ps = [b for b in PARTITIONED_PS if b in timed]
             best_ps = min(ps, key=timed.get) if ps else None
             ratio = (
@@ -255,7 +269,7 @@ def comparisons(
                 else None
             )
             out.append(
-                {"setting": setting, "model": model, "winner": winner, "best_partitioned_ps": best_ps,
+                {"setting": setting, "model": model, "fastest": fastest, "best_partitioned_ps": best_ps,
                  "allreduce_over_partitioned_ps": ratio}
             )  # fmt: skip
     return out
@@ -317,16 +331,14 @@ def print_report(
     print("|---|---|---|---|---:|")
     for c in comps:
         ratio = c["allreduce_over_partitioned_ps"]
-        verdict = (
-            "—"
-            if ratio is None
-            else f"{ratio:.2f} ({'PS wins' if ratio > 1 else 'AR wins'})"
-        )
+        verdict = "—" if ratio is None else f"{ratio:.2f} ({verdict_of(ratio)})"
         print(
-            f"| {c['setting']} | {c['model']} | {c['winner']} | {c['best_partitioned_ps'] or '—'} | {verdict} |"
+            f"| {c['setting']} | {c['model']} | {' ≈ '.join(c['fastest'])} | {c['best_partitioned_ps'] or '—'} | {verdict} |"
         )
-    winners = sorted({c["winner"] for c in comps})
-    print(f"\nFastest builders over all rows: {', '.join(winners) or '—'}.")
+    clear = sorted({c["fastest"][0] for c in comps if len(c["fastest"]) == 1})
+    print(
+        f"\nBuilders fastest by more than {TIE_FRACTION:.0%} in at least one row: {', '.join(clear) or 'none'}."
+    )
     if DEFAULT in args.builders:
         print(
             f"'no strategy' is SynchronousSGDOptimizer without a strategy (fused all-reduce buckets of at most "
@@ -343,9 +355,36 @@ def print_report(
     )
 
 
+def reprint(path: Path) -> int:
+    """The report of a saved run, with that run's own settings."""
+    saved = json.loads(path.read_text())
+    args = parse_args(_argv_of(saved["meta"]["args"]))
+    args.json = path
+    print_report(
+        saved["points"],
+        comparisons(saved["points"], args),
+        saved["skipped"],
+        saved["meta"],
+        args,
+    )
+    return 1 if saved["errors"] else 0
+
+
+def _argv_of(saved_args: dict[str, str]) -> list[str]:
+    """Command-line options that reproduce the saved (stringified) arguments."""
+    argv = []
+    for key in ("models", "builders", "settings"):
+        argv += [f"--{key}", ",".join(ast.literal_eval(saved_args[key]))]
+    for key in ("np", "link", "batch_size", "warmup", "rounds", "inter_op"):
+        argv += [f"--{key.replace('_', '-')}", saved_args[key]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs every (model, setting) launch, prints the report, writes JSON."""
     args = parse_args(argv)
+    if args.report is not None:
+        return reprint(args.report)
     # A SIGTERM must still run the finally below, or the namespaces outlive us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     meta = {**machine_metadata(), "args": {k: str(v) for k, v in vars(args).items()}}
