@@ -25,6 +25,14 @@ weights at build time — call ``kungfu_tf.broadcast_variables`` *before*
 ``fit`` / the first step, or the first requests return pre-broadcast weights.
 Optimizer state (momentum, Adam moments) stays local.
 
+Workers that start at different times: until a peer saves its first trained
+model, requests return its initial one. A worker that starts its steps early
+(for example because it traced its step function faster) therefore keeps
+being pulled back towards the starting weights. In long runs this washes out.
+In very short runs (tests, or a few hundred steps of a few milliseconds each),
+call ``kungfu_tf.ops.barrier()`` after the first step. That is how
+``tests/workers/model_averaging.py`` makes np=3 reliable.
+
 Example:
     >>> import keras
     >>> from kungfu_tf.optimizers import PairAveragingOptimizer
