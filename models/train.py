@@ -59,8 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=32768, help="training samples generated per worker")
     p.add_argument("--threads", type=int, default=1, help="TF intra-op threads per worker")
     args = p.parse_args(argv)
-    if args.api == "v1" and args.optimizer != "sync-sgd":
-        p.error("--api v1 supports --optimizer sync-sgd only (SMA and pair averaging wrap Keras optimizers)")
     if args.batch_size < 1 or (args.steps is not None and args.steps < 1) or (args.epochs is not None and args.epochs < 1):
         p.error("--batch-size, --steps and --epochs must be positive")
     return args
@@ -143,7 +141,7 @@ def train_v1(spec: ModelSpec, args: argparse.Namespace, steps: int, x, y) -> tup
                   (x if isinstance(x, list) else [x])]
         labels = tf.compat.v1.placeholder(tf.as_dtype(y.dtype), [None, *y.shape[1:]])
         loss = spec.loss()(labels, model(inputs if isinstance(x, list) else inputs[0], training=True))
-        optimizer = SynchronousSGDOptimizer(tf.compat.v1.train.MomentumOptimizer(args.lr * 10, momentum=0.9))
+        optimizer = WRAPPERS[args.optimizer](tf.compat.v1.train.MomentumOptimizer(args.lr * 10, momentum=0.9))
         global_step = tf.compat.v1.train.get_or_create_global_step()
         # Keras 3 variables wrap tf.Variables; v1 optimizers want the latter.
         train_op = optimizer.minimize(loss, global_step=global_step,

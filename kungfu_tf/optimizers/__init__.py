@@ -11,14 +11,18 @@ from kungfu_tf.optimizers.gradient_sync import (
     average_gradients,
 )
 from kungfu_tf.optimizers.pair_averaging import PairAveragingOptimizer
+from kungfu_tf.optimizers.pair_averaging_v1 import PairAveragingOptimizerV1
 from kungfu_tf.optimizers.sync_averaging import SynchronousAveragingOptimizer
+from kungfu_tf.optimizers.sync_averaging_v1 import SynchronousAveragingOptimizerV1
 from kungfu_tf.optimizers.sync_sgd import SynchronousSGDOptimizer
 from kungfu_tf.optimizers.sync_sgd_v1 import SynchronousSGDOptimizerV1
 
 __all__ = [
     "DEFAULT_FUSION_THRESHOLD_BYTES",
     "PairAveragingOptimizer",
+    "PairAveragingOptimizerV1",
     "SynchronousAveragingOptimizer",
+    "SynchronousAveragingOptimizerV1",
     "SynchronousSGDOptimizer",
     "SynchronousSGDOptimizerV1",
     "average_gradients",

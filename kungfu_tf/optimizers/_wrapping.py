@@ -26,6 +26,9 @@ from typing import Any
 
 import keras
 
+# For require_keras's message, by the wrappers that also take v1 optimizers.
+V1_TOO = " or a tf.compat.v1.train.Optimizer"
+
 
 def check_not_wrapped(opt: Any) -> None:
     """Raises ``ValueError`` if ``opt`` was already wrapped by any kungfu_tf wrapper.
@@ -38,12 +41,15 @@ def check_not_wrapped(opt: Any) -> None:
         raise ValueError(f"{type(opt).__name__} is already wrapped by {by} (already a {by}); wrap the original once")
 
 
-def require_keras(opt: Any, wrapper: str) -> keras.optimizers.Optimizer:
-    """``opt`` itself if it is an unwrapped Keras 3 optimizer; ``TypeError``/``ValueError`` otherwise."""
+def require_keras(opt: Any, wrapper: str, also: str = "") -> keras.optimizers.Optimizer:
+    """``opt`` itself if it is an unwrapped Keras 3 optimizer; ``TypeError``/``ValueError`` otherwise.
+
+    ``also`` names what else the wrapper accepts, for the error message.
+    """
     check_not_wrapped(opt)
     if not isinstance(opt, keras.optimizers.Optimizer):
         raise TypeError(
-            f"{wrapper} wraps a keras.optimizers.Optimizer (Keras 3), "
+            f"{wrapper} wraps a keras.optimizers.Optimizer (Keras 3){also}, "
             f"got {type(opt).__module__}.{type(opt).__qualname__}"
         )
     return opt

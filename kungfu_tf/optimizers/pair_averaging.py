@@ -49,7 +49,12 @@ import keras
 import tensorflow as tf
 
 from kungfu_tf import ops
-from kungfu_tf.optimizers._wrapping import require_keras, wrap_keras
+from kungfu_tf.optimizers._wrapping import (
+    V1_TOO,
+    check_not_wrapped,
+    require_keras,
+    wrap_keras,
+)
 
 DEFAULT_NAME = "kungfu_pair_averaging"
 
@@ -57,6 +62,16 @@ DEFAULT_NAME = "kungfu_pair_averaging"
 def _flat(variables: list[Any]) -> tf.Tensor:
     """All variables in one 1-D tensor (the unit that is saved and requested)."""
     return tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in variables], axis=0)
+
+
+def _assign_flat(variables: list[Any], flat: tf.Tensor) -> list[Any]:
+    """Assigns consecutive pieces of ``flat`` (as made by :func:`_flat`) to ``variables``."""
+    assigns, offset = [], 0
+    for v in variables:
+        n = v.shape.num_elements()
+        assigns.append(v.assign(tf.reshape(flat[offset : offset + n], v.shape)))
+        offset += n
+    return assigns
 
 
 def _random_peer() -> tf.Tensor:
@@ -104,12 +119,7 @@ def _methods(base: type) -> dict[str, Any]:
             # custom ops touch no resource variables that would order them).
             with tf.control_dependencies([save] if save is not None else []):
                 theirs = ops.request(_random_peer(), self._kungfu_name, like=mine)
-            average = (mine + theirs) / 2
-            offset = 0
-            for v in variables:
-                n = v.shape.num_elements()
-                v.assign(tf.reshape(average[offset : offset + n], v.shape))
-                offset += n
+            _assign_flat(variables, (mine + theirs) / 2)
         # The update reads the averaged variables (automatic control
         # dependencies order it after the assignments above).
         return base.apply(self, grads, trainable_variables)
@@ -118,8 +128,8 @@ def _methods(base: type) -> dict[str, Any]:
 
 
 def PairAveragingOptimizer(  # a factory named like the class it returns, as in Horovod
-    opt: keras.optimizers.Optimizer, name: str | None = None
-) -> keras.optimizers.Optimizer:
+    opt: keras.optimizers.Optimizer | tf.compat.v1.train.Optimizer, name: str | None = None
+) -> keras.optimizers.Optimizer | tf.compat.v1.train.Optimizer:
     """Wraps ``opt`` for asynchronous pair averaging: average with a random peer's saved model, then step.
 
     Each step: save the model, ``v ← (v + v_peer) / 2`` with the latest model
@@ -128,18 +138,21 @@ def PairAveragingOptimizer(  # a factory named like the class it returns, as in 
     model and waits until all workers have (see the module docstring).
 
     Args:
-        opt: a Keras 3 optimizer (``keras.optimizers.Optimizer``) whose
-            trainable variables all have one dtype.
+        opt: a Keras 3 optimizer (``keras.optimizers.Optimizer``) or a
+            ``tf.compat.v1.train.Optimizer``; the variables it trains must
+            all have one dtype.
         name: name of the saved model in the p2p store, also the barrier's
             key prefix (default ``"kungfu_pair_averaging"``); give each
             optimizer of one program its own name.
 
     Returns:
         A new instance of a subclass of ``opt``'s class, rebuilt from
-        ``opt.get_config()``; use it in place of ``opt``.
+        ``opt.get_config()``; use it in place of ``opt``. v1: a
+        ``PairAveragingOptimizerV1`` delegating to ``opt``
+        (see :mod:`kungfu_tf.optimizers.pair_averaging_v1`).
 
     Raises:
-        TypeError: ``opt`` is not a Keras 3 optimizer.
+        TypeError: ``opt`` is neither a Keras 3 nor a ``tf.compat.v1.train`` optimizer.
         ValueError: ``opt`` is already wrapped by a kungfu_tf wrapper; at
             build time, variables of more than one dtype.
 
@@ -154,7 +167,12 @@ def PairAveragingOptimizer(  # a factory named like the class it returns, as in 
         >>> opt = PairAveragingOptimizer(keras.optimizers.SGD(0.01))
         >>> model.compile(optimizer=opt, loss="mse", jit_compile=False)
     """
-    opt = require_keras(opt, "PairAveragingOptimizer")
+    check_not_wrapped(opt)
+    if isinstance(opt, tf.compat.v1.train.Optimizer):
+        from kungfu_tf.optimizers.pair_averaging_v1 import PairAveragingOptimizerV1
+
+        return PairAveragingOptimizerV1(opt, name)
+    opt = require_keras(opt, "PairAveragingOptimizer", V1_TOO)
     return wrap_keras(
         opt,
         _methods,

@@ -41,8 +41,14 @@ import keras
 import tensorflow as tf
 
 from kungfu_tf import ops
-from kungfu_tf.optimizers._wrapping import require_keras, wrap_keras
+from kungfu_tf.optimizers._wrapping import (
+    V1_TOO,
+    check_not_wrapped,
+    require_keras,
+    wrap_keras,
+)
 from kungfu_tf.optimizers.gradient_sync import call_prefix
+from kungfu_tf.optimizers.sync_averaging_v1 import SynchronousAveragingOptimizerV1
 
 DEFAULT_NAME = "kungfu_sync_averaging"
 
@@ -78,8 +84,8 @@ def _methods(base: type) -> dict[str, Any]:
 
 
 def SynchronousAveragingOptimizer(  # a factory named like the class it returns, as in Horovod
-    opt: keras.optimizers.Optimizer, alpha: float = 0.1, name: str | None = None
-) -> keras.optimizers.Optimizer:
+    opt: keras.optimizers.Optimizer | tf.compat.v1.train.Optimizer, alpha: float = 0.1, name: str | None = None
+) -> keras.optimizers.Optimizer | tf.compat.v1.train.Optimizer:
     """Wraps ``opt`` for synchronous model averaging: local step, then pull toward the workers' mean.
 
     Each step: ``v ← update(v, own gradient)``, then
@@ -88,7 +94,8 @@ def SynchronousAveragingOptimizer(  # a factory named like the class it returns,
     for how this differs from KungFu's pre-update average).
 
     Args:
-        opt: a Keras 3 optimizer (``keras.optimizers.Optimizer``).
+        opt: a Keras 3 optimizer (``keras.optimizers.Optimizer``) or a
+            ``tf.compat.v1.train.Optimizer``.
         alpha: how far each variable moves toward the average, in (0, 1];
             1.0 makes all workers identical after every step.
         name: prefix of the all-reduce's message key (default
@@ -99,10 +106,13 @@ def SynchronousAveragingOptimizer(  # a factory named like the class it returns,
         A new instance of a subclass of ``opt``'s class, rebuilt from
         ``opt.get_config()`` (state copied if ``opt`` was built); use it in
         place of ``opt``. Start all workers from identical weights
-        (``kungfu_tf.broadcast_variables``).
+        (``kungfu_tf.broadcast_variables``). v1: a
+        :class:`SynchronousAveragingOptimizerV1` delegating to ``opt``
+        (start from identical weights with
+        ``kungfu_tf.v1.BroadcastGlobalVariablesHook``).
 
     Raises:
-        TypeError: ``opt`` is not a Keras 3 optimizer.
+        TypeError: ``opt`` is neither a Keras 3 nor a ``tf.compat.v1.train`` optimizer.
         ValueError: ``opt`` is already wrapped by a kungfu_tf wrapper, or
             ``alpha`` is not in (0, 1].
 
@@ -117,9 +127,12 @@ def SynchronousAveragingOptimizer(  # a factory named like the class it returns,
         >>> opt = SynchronousAveragingOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), alpha=0.1)
         >>> model.compile(optimizer=opt, loss="mse", jit_compile=False)
     """
-    opt = require_keras(opt, "SynchronousAveragingOptimizer")
+    check_not_wrapped(opt)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
         raise ValueError(f"alpha must be a number in (0, 1], got {alpha!r}")
+    if isinstance(opt, tf.compat.v1.train.Optimizer):
+        return SynchronousAveragingOptimizerV1(opt, alpha, name)
+    opt = require_keras(opt, "SynchronousAveragingOptimizer", V1_TOO)
     return wrap_keras(
         opt,
         _methods,

@@ -18,11 +18,12 @@ from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
 )
+from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1
 
 DEFAULT_NAME = "kungfu_sync_sgd"
 
 
-class SynchronousSGDOptimizerV1(tf.compat.v1.train.Optimizer):
+class SynchronousSGDOptimizerV1(WrappedOptimizerV1):
     """Wraps a v1 optimizer so that gradients are averaged over all workers.
 
     Averaging happens in :meth:`compute_gradients` (as in Horovod), so
@@ -46,8 +47,6 @@ class SynchronousSGDOptimizerV1(tf.compat.v1.train.Optimizer):
         ...     train_op = opt.minimize(loss)
     """
 
-    _kungfu_wrapped = True
-
     def __init__(
         self,
         optimizer: tf.compat.v1.train.Optimizer,
@@ -56,11 +55,7 @@ class SynchronousSGDOptimizerV1(tf.compat.v1.train.Optimizer):
         name: str | None = None,
         strategy: Any = None,
     ) -> None:
-        name = name or DEFAULT_NAME
-        # use_locking only matters to _apply_dense & co., which the wrapped
-        # optimizer implements; ours are never called.
-        super().__init__(use_locking=False, name=name)
-        self._optimizer = optimizer
+        super().__init__(optimizer, name or DEFAULT_NAME)
         self._fusion_threshold_bytes = fusion_threshold_bytes
         self._sparse_as_dense = sparse_as_dense
         # With a strategy, synchronisation happens in apply_gradients (a PS
@@ -110,16 +105,3 @@ class SynchronousSGDOptimizerV1(tf.compat.v1.train.Optimizer):
             return global_step.assign_add(1) if global_step is not None else tf.no_op()
 
         return self._plan.step([g for g, _ in grads_and_vars], apply_fn)
-
-    def get_slot(self, *args: Any, **kwargs: Any) -> tf.Variable | None:
-        """The wrapped optimizer's slot, e.g. ``get_slot(var, "momentum")``."""
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args: Any, **kwargs: Any) -> list[str]:
-        """The wrapped optimizer's slot names, e.g. ``["momentum"]``."""
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self) -> list[tf.Variable]:
-        """The wrapped optimizer's variables (slots and e.g. Adam's beta powers)."""
-        return self._optimizer.variables()
-
