@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_cli import comma_choices
 from bench_load import CpuMeter
 from bench_meta import machine_metadata
 from bench_proc import run_group
@@ -116,31 +117,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
 
-    args.models = (
-        list(ALL_MODELS)
-        if args.models == "all"
-        else [m.strip() for m in args.models.split(",")]
+    args.models = comma_choices(p, "--models", args.models, ALL_MODELS)
+    args.builders = comma_choices(p, "--builders", args.builders, [DEFAULT, *BUILDERS])
+    args.settings = comma_choices(
+        p, "--settings", args.settings, SETTINGS, allow_all=False
     )
-    for m in args.models:
-        if m not in ALL_MODELS:
-            p.error(
-                f"--models: unknown {m!r}; choose from {','.join(ALL_MODELS)} or 'all'"
-            )
-    choices = [DEFAULT, *BUILDERS]
-    args.builders = (
-        choices
-        if args.builders == "all"
-        else [b.strip() for b in args.builders.split(",")]
-    )
-    for b in args.builders:
-        if b not in choices:
-            p.error(
-                f"--builders: unknown {b!r}; choose from {','.join(choices)} or 'all'"
-            )
-    args.settings = [s.strip() for s in args.settings.split(",")]
-    for s in args.settings:
-        if s not in SETTINGS:
-            p.error(f"--settings: unknown {s!r}; choose from {','.join(SETTINGS)}")
     if args.np < 2 or args.np % 2:
         p.error("--np must be even and at least 2 (half the workers on each host)")
     for name in ("warmup", "rounds"):

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_cli import comma_choices
 from bench_load import CpuMeter
 from bench_meta import machine_metadata
 from bench_proc import LOOPBACK, free_ports, run_group
@@ -115,26 +116,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
 
-    args.models = (
-        list(ALL_MODELS)
-        if args.models == "all"
-        else [m.strip() for m in args.models.split(",")]
-    )
-    for m in args.models:
-        if m not in ALL_MODELS:
-            p.error(
-                f"--models: unknown {m!r}; choose from {','.join(ALL_MODELS)} or 'all'"
-            )
+    args.models = comma_choices(p, "--models", args.models, ALL_MODELS)
     try:
         args.np = [int(v) for v in args.np.split(",")]
     except ValueError as e:
         p.error(str(e))
     if any(n < 1 for n in args.np):
         p.error("--np: worker counts must be at least 1")
-    args.only = [v.strip() for v in args.only.split(",")]
-    for impl in args.only:
-        if impl not in IMPLS:
-            p.error(f"--only: unknown {impl!r}; choose from {','.join(IMPLS)}")
+    args.only = comma_choices(p, "--only", args.only, IMPLS, allow_all=False)
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be at least 1")
     return args
@@ -153,7 +142,9 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """
     env = dict(os.environ, **WORKER_ENV)
     path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR), str(REPO)] + ([path] if path else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(BENCH_DIR), str(REPO)] + ([path] if path else [])
+    )
     env.update(extra or {})
     return env
 
