@@ -20,12 +20,20 @@ enum class FrameType : uint8_t {
   kPing = 5,         // latency probe; echoed back as kPong
   kPong = 6,
   kPush = 7,  // adds the payload into the receiver's accumulator; key = accumulator name
+  // Adds rows into the receiver's table accumulator; key = accumulator name,
+  // dims = {table rows, elements per row}, seq = n, payload = n int64 row
+  // indices then the n rows.
+  kPushRows = 8,
 };
 
 enum FrameFlags : uint8_t {
   kFlagNotFound = 1,  // p2p response: nothing saved under that name/version
   kFlagAtLeast = 2,   // p2p request: any version >= seq (the newest); wait for a save if none yet
   kFlagTimedOut = 4,  // p2p response: no version >= seq was saved within the timeout
+  // p2p request for a table's changed rows (with kFlagAtLeast): dims[0] = the
+  // version the requester holds. Response: n int64 row indices then the rows.
+  kFlagRows = 8,
+  kFlagAllRows = 16,  // rows response: the whole table instead (no indices)
 };
 
 struct FrameHeader {

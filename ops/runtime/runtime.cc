@@ -446,46 +446,216 @@ bool Runtime::receive_push(int src, const FrameHeader &header, const std::string
   return true;
 }
 
+void Runtime::push_rows(int peer, const std::string &name, const RowsDesc &desc, size_t n, const int64_t *rows,
+                        const void *values, DoneCallback done) {
+  std::string what = "push of " + std::to_string(n) + " rows into '" + name + "' to " + opt_.cluster.describe(peer);
+  if (peer < 0 || peer >= size()) {
+    return done(InvalidArgument(what + ": no such rank in a cluster of " + std::to_string(size())));
+  }
+  if (peer == rank()) {
+    accumulators_.add_rows(name, opt_.cluster.describe(peer), desc.dtype, desc.num_rows, desc.row_len, n, rows,
+                           values);
+    return done(Status::OK());
+  }
+  // One frame: the indices, then the rows (a copy of only the touched rows).
+  auto payload = std::make_shared<std::vector<char>>(n * (sizeof(int64_t) + desc.row_bytes()));
+  if (n > 0) {
+    std::memcpy(payload->data(), rows, n * sizeof(int64_t));
+    std::memcpy(payload->data() + n * sizeof(int64_t), values, n * desc.row_bytes());
+  }
+  std::string id = "push#" + std::to_string(rank()) + "#" + std::to_string(next_request_++);
+  auto op = std::make_shared<PeerOp>(peer, what, opt_.cluster.describe(peer), std::move(done));
+  Status s = registry_->add(id, op);
+  if (!s.ok()) return op->complete(s);
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kPushRows);
+  h.dtype = static_cast<uint8_t>(desc.dtype);
+  h.ndims = 2;
+  h.dims[0] = static_cast<int64_t>(desc.num_rows);
+  h.dims[1] = static_cast<int64_t>(desc.row_len);
+  h.seq = n;
+  auto registry = registry_.get();
+  transport_->send(peer, h, name, payload->data(), payload->size(), payload, [op, registry, id, what](const Status &st) {
+    registry->remove(id);
+    op->complete(st.ok() ? st : Status(st.code(), what + ": " + st.message()));
+  });
+}
+
+bool Runtime::receive_push_rows(int src, const FrameHeader &header, const std::string &name,
+                                const PartialReader &read) {
+  RowsDesc desc;
+  bool valid = dtype_valid(header.dtype) && header.ndims == 2 && header.dims[0] >= 0 && header.dims[1] >= 0;
+  if (valid) {
+    desc = RowsDesc{static_cast<DType>(header.dtype), static_cast<size_t>(header.dims[0]),
+                    static_cast<size_t>(header.dims[1])};
+    valid = header.payload_len == header.seq * (sizeof(int64_t) + desc.row_bytes());
+  }
+  if (!valid) {
+    // Not something a peer of this build sends; the transport skips the payload.
+    fprintf(stderr, "kungfu: dropped a malformed push of rows to '%s' from %s\n", name.c_str(),
+            opt_.cluster.describe(src).c_str());
+    return true;
+  }
+  // The whole payload first, then one add under the accumulator's lock.
+  PooledBuffer payload = BufferPool::global().get(header.payload_len);
+  if (!read(payload.data(), header.payload_len)) return false;
+  size_t n = header.seq;
+  std::vector<int64_t> rows(n);
+  if (n > 0) std::memcpy(rows.data(), payload.data(), n * sizeof(int64_t));  // aligned for the adds
+  accumulators_.add_rows(name, opt_.cluster.describe(src), desc.dtype, desc.num_rows, desc.row_len, n, rows.data(),
+                         payload.data() + n * sizeof(int64_t));
+  return true;
+}
+
+Status Runtime::take_rows(const std::string &name, const RowsDesc &desc, std::vector<int64_t> *rows,
+                          std::vector<char> *values, int64_t *pushes) {
+  return accumulators_.take_rows(name, desc.dtype, desc.num_rows, desc.row_len, rows, values, pushes);
+}
+
+Status Runtime::save_rows(const std::string &name, uint64_t version, const void *table, const RowsDesc &desc,
+                          const int64_t *rows, size_t n) {
+  return rows_.update(name, version, static_cast<const char *>(table), desc.num_rows, desc.row_bytes(), rows, n);
+}
+
+void Runtime::request_rows(int peer, const std::string &name, uint64_t min_version, RowsDoneCallback done) {
+  std::string what = "request for rows of '" + name + "' version >= " + std::to_string(min_version) + " from " +
+                     opt_.cluster.describe(peer);
+  if (peer < 0 || peer >= size()) return done(InvalidArgument(what + ": no such rank"), RowsReply{});
+  auto key = std::make_pair(peer, name);
+  uint64_t held;
+  {
+    std::lock_guard<std::mutex> lock(rows_held_mu_);
+    held = rows_held_[key];
+  }
+  // Both paths deliver the reply through this cell: PeerOp only carries a Status.
+  auto got = std::make_shared<RowsReply>();
+  auto finish = [this, key, got, done](const Status &s) {
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(rows_held_mu_);
+      rows_held_[key] = got->version;
+    }
+    done(s, *got);
+  };
+  std::string id = "rows#" + std::to_string(rank()) + "#" + std::to_string(next_request_++);
+  auto op = std::make_shared<PeerOp>(peer, what, opt_.cluster.describe(peer), finish);
+  Status s = registry_->add(id, op);
+  if (!s.ok()) return op->complete(s);
+  auto registry = registry_.get();
+  if (peer == rank()) {
+    uint64_t token = rows_.when_updated(name, peer, held, min_version, [op, registry, id, got](RowsReply r) {
+      registry->remove(id);
+      op->complete_with([&] {
+        *got = std::move(r);
+        return Status::OK();
+      });
+    });
+    if (token != 0) op->on_failure([this, name, token] { rows_.cancel(name, token); });
+    return;
+  }
+  mailbox_.expect(peer, id, nullptr, 0, [op, id, registry, what, got, min_version](const Status &st, Message &msg) {
+    registry->remove(id);
+    if (!st.ok()) return op->complete(Status(st.code(), what + ": " + st.message()));
+    if (msg.header.flags & kFlagTimedOut) {
+      return op->complete(DeadlineExceeded(what + ": no version >= " + std::to_string(min_version) +
+                                           " was saved there within the timeout (KUNGFU_TIMEOUT)"));
+    }
+    if (!(msg.header.flags & kFlagRows)) return op->complete(Internal(what + ": the answer is not a rows reply"));
+    op->complete_with([&] {
+      got->version = msg.header.seq;
+      got->all_rows = (msg.header.flags & kFlagAllRows) != 0;
+      got->payload = std::make_shared<const std::vector<char>>(msg.data(), msg.data() + msg.size());
+      return Status::OK();
+    });
+  });
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kP2PRequest);
+  h.flags = kFlagAtLeast | kFlagRows;
+  h.seq = min_version;
+  h.dims[0] = static_cast<int64_t>(held);
+  auto payload = std::make_shared<std::string>(id);
+  transport_->send(peer, h, name, payload->data(), payload->size(), payload, [op, registry, id](const Status &st) {
+    if (!st.ok()) {
+      registry->remove(id);
+      op->complete(st);
+    }
+  });
+}
+
+void Runtime::respond(int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob) {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kP2PResponse);
+  h.flags = flags;
+  h.seq = version;
+  const void *data = blob ? blob->data() : nullptr;
+  size_t len = blob ? blob->size() : 0;
+  transport_->send(src, h, id, data, len, std::move(blob), [](const Status &) {});
+}
+
 void Runtime::serve_request(int src, const FrameHeader &header, const std::string &name, const PartialReader &read) {
   if (header.payload_len > kMaxKeyLen) return;  // not a request id we could have sent
   std::string id(header.payload_len, '\0');
   if (!read(id.data(), id.size())) return;
-  auto respond = [this, src, id](uint8_t flags, uint64_t version, Blob blob) {
-    FrameHeader h;
-    h.type = static_cast<uint8_t>(FrameType::kP2PResponse);
-    h.flags = flags;
-    h.seq = version;
-    const void *data = blob ? blob->data() : nullptr;
-    size_t len = blob ? blob->size() : 0;
-    transport_->send(src, h, id, data, len, std::move(blob), [](const Status &) {});
-  };
+  if (header.flags & kFlagRows) return serve_rows(src, header, name, id);
   if (!(header.flags & kFlagAtLeast)) {
     uint64_t version = 0;
     Blob blob = store_.get(name, header.seq, &version);
-    if (!blob) return respond(kFlagNotFound, 0, nullptr);
-    return respond(0, version, std::move(blob));
+    if (!blob) return respond(src, id, kFlagNotFound, 0, nullptr);
+    return respond(src, id, 0, version, std::move(blob));
   }
   // At least a version: answer now if we hold one, else park the request
-  // until a save() brings one. Registered like any op, so that our timeout
-  // answers it with kFlagTimedOut (the requester's expectation is always
-  // consumed) and a requester that dies is forgotten.
-  std::string parked = "parked#" + std::to_string(src) + "#" + id;
+  // until a save() brings one.
   std::string what = "request '" + name + "' version >= " + std::to_string(header.seq) + " parked for " +
                      opt_.cluster.describe(src);
-  auto op = std::make_shared<PeerOp>(src, what, opt_.cluster.describe(src), [respond](const Status &s) {
-    if (s.code() == Code::kDeadlineExceeded) respond(kFlagTimedOut, 0, nullptr);
+  uint64_t min_version = header.seq;
+  park(
+      src, id, what,
+      [this, src, id, name, min_version](std::function<void(Respond)> ready) {
+        return store_.when_saved(name, min_version, [this, src, id, ready](uint64_t version, Blob blob) {
+          ready([this, src, id, version, blob] { respond(src, id, 0, version, blob); });
+        });
+      },
+      [this, name](uint64_t token) { store_.cancel(name, token); });
+}
+
+void Runtime::serve_rows(int src, const FrameHeader &header, const std::string &name, const std::string &id) {
+  std::string what = "request for rows of '" + name + "' version >= " + std::to_string(header.seq) +
+                     " parked for " + opt_.cluster.describe(src);
+  uint64_t min_version = header.seq;
+  auto held = static_cast<uint64_t>(header.dims[0]);
+  park(
+      src, id, what,
+      [this, src, id, name, min_version, held](std::function<void(Respond)> ready) {
+        return rows_.when_updated(name, src, held, min_version, [this, src, id, ready](RowsReply r) {
+          ready([this, src, id, r] {
+            respond(src, id, static_cast<uint8_t>(kFlagRows | (r.all_rows ? kFlagAllRows : 0)), r.version, r.payload);
+          });
+        });
+      },
+      [this, name](uint64_t token) { rows_.cancel(name, token); });
+}
+
+void Runtime::park(int src, const std::string &id, const std::string &what,
+                   const std::function<uint64_t(std::function<void(Respond)>)> &wait,
+                   std::function<void(uint64_t)> cancel) {
+  // Registered like any op, so that our timeout answers it with
+  // kFlagTimedOut (the requester's expectation is always consumed) and a
+  // requester that dies is forgotten.
+  std::string parked = "parked#" + std::to_string(src) + "#" + id;
+  auto timed_out = [this, src, id] { respond(src, id, kFlagTimedOut, 0, nullptr); };
+  auto op = std::make_shared<PeerOp>(src, what, opt_.cluster.describe(src), [timed_out](const Status &s) {
+    if (s.code() == Code::kDeadlineExceeded) timed_out();
   });
   Status s = registry_->add(parked, op);
-  if (!s.ok()) return respond(kFlagTimedOut, 0, nullptr);  // not reachable with unique ids; never leave it waiting
+  if (!s.ok()) return timed_out();  // not reachable with unique ids; never leave it waiting
   auto registry = registry_.get();
-  uint64_t token = store_.when_saved(name, header.seq, [op, registry, parked, respond](uint64_t version, Blob blob) {
+  uint64_t token = wait([op, registry, parked](Respond send) {
     registry->remove(parked);
     op->complete_with([&] {
-      respond(0, version, std::move(blob));
+      send();
       return Status::OK();
     });
   });
-  if (token != 0) op->on_failure([this, name, token] { store_.cancel(name, token); });
+  if (token != 0) op->on_failure([cancel, token] { cancel(token); });
 }
 
 bool Runtime::on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) {
@@ -507,6 +677,8 @@ bool Runtime::on_frame(int src, const FrameHeader &header, std::string key, cons
       return true;
     case FrameType::kPush:
       return receive_push(src, header, key, read);
+    case FrameType::kPushRows:
+      return receive_push_rows(src, header, key, read);
     default:
       return true;  // unknown frames are skipped: newer peers may send more kinds
   }

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include "op_registry.h"
 #include "p2p_store.h"
 #include "plan.h"
+#include "row_store.h"
 #include "topology.h"
 #include "transport.h"
 
@@ -49,6 +51,17 @@ struct Buffer {
 using ConsensusCallback = std::function<void(const Status &, bool agreed)>;
 // A p2p fetch's status and the version it got.
 using VersionCallback = std::function<void(const Status &, uint64_t version)>;
+// A fetch of a table's rows: its status and what came (see RowsReply).
+using RowsDoneCallback = std::function<void(const Status &, RowsReply reply)>;
+
+// Rows of a table: `n` row indices and the rows they name, `row_len`
+// elements of `dtype` each, in a table of `num_rows` rows.
+struct RowsDesc {
+  DType dtype = DType::kFloat32;
+  size_t num_rows = 0;
+  size_t row_len = 0;
+  size_t row_bytes() const { return row_len * dtype_size(dtype); }
+};
 
 class Runtime : public FrameHandler {
  public:
@@ -103,11 +116,33 @@ class Runtime : public FrameHandler {
   // (naming its sender and both sizes) or if desc does not match.
   Status take(const std::string &name, void *dst, const TensorDesc &desc, int64_t *pushes);
 
+  // Sparse push (asynchronous PS, sparse gradients): adds `n` rows into
+  // `peer`'s table accumulator `name`, row rows[i] getting values[i * row_len
+  // ...]. Only these rows travel (copied: the caller may reuse its buffers
+  // at once). Same ordering and completion as push().
+  void push_rows(int peer, const std::string &name, const RowsDesc &desc, size_t n, const int64_t *rows,
+                 const void *values, DoneCallback done);
+  // The rows pushed into table accumulator `name` since the last take
+  // (ascending) and their sums; see AccumulatorStore::take_rows.
+  Status take_rows(const std::string &name, const RowsDesc &desc, std::vector<int64_t> *rows,
+                   std::vector<char> *values, int64_t *pushes);
+
+  // Publishes `table` (desc.num_rows rows) as `version` of table `name`,
+  // changed since the previous version in `rows` only (see RowStore).
+  Status save_rows(const std::string &name, uint64_t version, const void *table, const RowsDesc &desc,
+                   const int64_t *rows, size_t n);
+  // Fetches from `peer` what this worker needs to bring its copy of table
+  // `name` to the newest version >= min_version, waiting there (no polling)
+  // until one is saved: the rows changed since the version we last received
+  // from it, or the whole table the first time. After the runtime timeout:
+  // DeadlineExceeded naming the peer, the table and min_version.
+  void request_rows(int peer, const std::string &name, uint64_t min_version, RowsDoneCallback done);
+
   const TrafficCounters &counters() const { return transport_->counters(); }
   uint64_t rejected_connections() const { return transport_->rejected_connections(); }
   size_t pending_messages() const { return mailbox_.pending_messages(); }
   // request_at_least()s (ours or peers') waiting here for a save (for tests and leak checks).
-  size_t parked_requests() const { return store_.waiting(); }
+  size_t parked_requests() const { return store_.waiting() + rows_.waiting(); }
 
   // FrameHandler
   bool on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) override;
@@ -124,6 +159,17 @@ class Runtime : public FrameHandler {
              std::shared_ptr<const void> keepalive, VersionCallback done);
   void serve_request(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);
   bool receive_push(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);
+  bool receive_push_rows(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);
+  void serve_rows(int src, const FrameHeader &header, const std::string &name, const std::string &id);
+  // Answers a request parked until `wait` calls back (or our timeout passes:
+  // then a kFlagTimedOut response). `wait` registers the callback and returns
+  // its token (0: it ran at once), `cancel` forgets a token.
+  using Respond = std::function<void()>;
+  void park(int src, const std::string &id, const std::string &what,
+            const std::function<uint64_t(std::function<void(Respond)>)> &wait,
+            std::function<void(uint64_t)> cancel);
+  // Sends a kP2PResponse to request `id` of `src`.
+  void respond(int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob);
 
   RuntimeOptions opt_;
   std::atomic<TopologyKind> topology_;
@@ -131,6 +177,10 @@ class Runtime : public FrameHandler {
   Mailbox mailbox_;
   P2PStore store_;
   AccumulatorStore accumulators_;
+  RowStore rows_;
+  std::mutex rows_held_mu_;
+  // The version of each (peer, table) we last received whole or in rows.
+  std::map<std::pair<int, std::string>, uint64_t> rows_held_;
   std::unique_ptr<OpRegistry> registry_;
   std::unique_ptr<Transport> transport_;  // destroyed first: its threads call into us
   std::atomic<uint64_t> next_request_{0};
