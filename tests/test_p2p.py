@@ -44,3 +44,9 @@ def test_request_at_least(tmp_path):
     found = [m for m in (re.match(r"^timeout after ([\d.]+)s: (.*)$", line) for line in lines) if m]
     assert len(found) == 1, describe(rc, out, err)
     assert timeout - 0.1 <= float(found[0].group(1)) <= timeout + 3, describe(rc, out, err)
+
+
+def test_rows():
+    rc, out, err = run_job(3, "push_rows.py", timeout=120, extra_launcher_args=["--timeout", "30"])
+    counts = assert_job_ok(rc, out, err, 3)
+    assert counts == {0: 3 + 1 + 1 + 1, 1: 2 + 2 + 1 + 1, 2: 0}, describe(rc, out, err)

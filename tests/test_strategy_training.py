@@ -13,8 +13,12 @@ Multi-worker, real ``kungfu-run`` jobs:
   never lets a worker start step s before every worker started step
   s - K - 1, and the fast workers do run ahead; an asynchronous PS keeps
   training while a worker stalls; K = 0 equals synchronous training.
+* tests/workers/strategy_stale_sparse.py: stale (K = 1) and asynchronous PS
+  with an embedding table (Keras + tf.function, and a v1 graph), whose rows travel as rows both ways, end at the
+  values numpy computes from every gradient every worker pushed.
 * tests/workers/strategy_sparse_bytes.py: sparse PS traffic per step is far
-  below the table size and does not grow with it.
+  below the table size and does not grow with it, synchronous, stale and
+  asynchronous.
 * tests/workers/strategy_mismatch.py: workers holding different strategies
   fail with StrategyError before the first step.
 """
@@ -64,10 +68,16 @@ def test_staleness_bound_async_and_k0():
     assert counts == dict.fromkeys(range(3), 3 + 3 + 4), out[-3000:]
 
 
+def test_stale_and_async_sparse_ps_apply_every_push():
+    rc, out, err = run_job(3, "strategy_stale_sparse.py", timeout=300)
+    counts = assert_job_ok(rc, out, err, 3)
+    assert counts == dict.fromkeys(range(3), 12), out[-3000:]
+
+
 def test_sparse_ps_bytes_scale_with_touched_rows():
     rc, out, err = run_job(2, "strategy_sparse_bytes.py", timeout=300)
     counts = assert_job_ok(rc, out, err, 2)
-    assert counts == {0: 0, 1: 2}, out[-3000:]
+    assert counts == {0: 0, 1: 6}, out[-3000:]
 
 
 def test_different_strategies_fail_clearly():

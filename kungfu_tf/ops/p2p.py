@@ -115,3 +115,89 @@ def take(name: str | tf.Tensor, like: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """
     total, count = library().kungfu_take(name, tf.convert_to_tensor(like))
     return total, count
+
+
+# ------------------------------------------------------------ tables by rows
+# Parameter servers with sparse gradients: only touched or changed rows travel.
+
+
+def push_rows(rank: int | tf.Tensor, name: str | tf.Tensor, slices: tf.IndexedSlices, num_rows: int) -> tf.Operation | None:
+    """Adds the rows of ``slices`` into worker ``rank``'s table accumulator ``name``.
+
+    The table has ``num_rows`` rows shaped like ``slices.values[0]``; row
+    ``slices.indices[i]`` gets ``slices.values[i]`` added (a repeated index
+    adds twice). Only these rows travel. Ordering, completion and errors as
+    :func:`push`; a row index outside the table drops the whole push there
+    and the receiver's :func:`take_rows` names this worker and the row.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from kungfu_tf.ops import p2p
+        >>> g = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([4, 1]), tf.constant([10, 3]))
+        >>> p2p.push_rows(0, "emb/grad", g, num_rows=10)
+        >>> rows, values, count = p2p.take_rows("emb/grad", shape=[10, 3], dtype=tf.float32)
+        >>> rows.numpy().tolist(), values.shape.as_list(), int(count)
+        ([1, 4], [2, 3], 1)
+    """
+    return library().kungfu_push_rows(
+        tf.cast(rank, tf.int32), name, slices.indices, slices.values, tf.constant(num_rows, tf.int64)
+    )
+
+
+def take_rows(
+    name: str | tf.Tensor, shape: list[int] | tf.TensorShape, dtype: tf.DType
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(rows, sums, count): the rows pushed into table accumulator ``name`` since the last take.
+
+    ``rows`` (int64, ascending) index a table of ``shape``; ``sums`` holds
+    their sums (``[len(rows)] + shape[1:]``); ``count`` is the number of
+    pushes. The rows start again from zero. Never waits. Errors as
+    :func:`take`.
+    """
+    return library().kungfu_take_rows(name, T=dtype, shape=tf.TensorShape(shape))
+
+
+def save_rows(
+    name: str | tf.Tensor, table: tf.Tensor, rows: tf.Tensor, version: int | tf.Tensor
+) -> tf.Operation | None:
+    """Publishes ``table`` as ``version`` (> 0) of table ``name``, changed in ``rows`` only.
+
+    Peers fetch it with :func:`request_rows`. The first save of a name keeps
+    the whole table; later ones copy only ``rows`` (the rows that differ from
+    the previous version). Raises InvalidArgumentError if the table's shape
+    changed or a row is outside it.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from kungfu_tf.ops import p2p
+        >>> p2p.save_rows("doc/table", tf.zeros([4, 2]), rows=tf.zeros([0], tf.int32), version=1)
+        >>> rows, values, version = p2p.request_rows(0, "doc/table", 1, shape=[4, 2], dtype=tf.float32)
+        >>> rows.numpy().tolist(), int(version)  # the first fetch: every row
+        ([0, 1, 2, 3], 1)
+    """
+    return library().kungfu_save_rows(name, table, rows, tf.cast(version, tf.int64))
+
+
+def request_rows(
+    rank: int | tf.Tensor,
+    name: str | tf.Tensor,
+    min_version: int | tf.Tensor,
+    shape: list[int] | tf.TensorShape,
+    dtype: tf.DType,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(rows, values, version): what this worker needs of worker ``rank``'s table ``name``.
+
+    Waits (on that worker, no polling) until it has saved a version >=
+    ``min_version``, then returns the rows that changed since the version
+    this worker last received from it, as of the newest version, and that
+    version. The first request (or one after a lost answer) returns every
+    row. Scattering ``values`` into ``rows`` of the copy from the previous
+    request gives the owner's table. Timeout and dead workers as
+    :func:`request_at_least`; a table of another shape raises
+    InvalidArgumentError.
+    """
+    if isinstance(min_version, int) and min_version < 0:
+        raise ValueError(f"min_version must be >= 0, got {min_version}")
+    return library().kungfu_request_rows(
+        tf.cast(rank, tf.int32), name, tf.cast(min_version, tf.int64), T=dtype, shape=tf.TensorShape(shape)
+    )

@@ -306,6 +306,16 @@ class StrategyPlan:
                     continue
                 owner = node.owner == self.rank
                 if unit.stale:
+                    if _rows_of(piece, plan):
+                        shape, dtype = unit.node.shape, tf.as_dtype(plan.variable.dtype)
+                        pushed = ps_stale.push_rows(piece, node.owner, f"{base}/grad", shape[0])
+                        sparse.add(key)
+                        if owner:
+                            with tf.control_dependencies([pushed] if pushed is not None else []):
+                                synced[key] = ps_stale.take_mean_rows(f"{base}/grad", shape, dtype, self.size)
+                        elif pushed is not None:
+                            must_run.append(pushed)
+                        continue
                     dense = tf.convert_to_tensor(piece)
                     pushed = ps_stale.push_gradient(dense, node.owner, f"{base}/grad")
                     if owner:
@@ -314,17 +324,14 @@ class StrategyPlan:
                     elif pushed is not None:
                         must_run.append(pushed)
                     continue
-                if isinstance(piece, tf.IndexedSlices):
-                    if plan.mode == "shards" and plan.axis != 0:
-                        piece = tf.convert_to_tensor(piece)
+                if _rows_of(piece, plan):
+                    avg = average_indexed_slices(piece, f"{base}/sparse")
+                    sparse.add(key)
+                    if owner:
+                        synced[key] = avg
                     else:
-                        avg = average_indexed_slices(piece, f"{base}/sparse")
-                        sparse.add(key)
-                        if owner:
-                            synced[key] = avg
-                        else:
-                            must_run.extend([avg.values, avg.indices])
-                        continue
+                        must_run.extend([avg.values, avg.indices])
+                    continue
                 reduced = ps_sync.reduce_to_owner(tf.convert_to_tensor(piece), node.owner, f"{base}/reduce")
                 if owner:
                     synced[key] = reduced
@@ -393,11 +400,16 @@ class StrategyPlan:
             like = slice_value(tf.convert_to_tensor(plan.variable), plan.axis, start, stop)
         if unit.stale:
             blob = f"{base}/value"
+            min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
+            if sparse and owner:
+                return ("rows", ps_stale.save_changed_rows(blob, snapshots[(vi, ui)], source, t + 1))
+            if sparse:
+                shape, dtype = node.shape, tf.as_dtype(plan.variable.dtype)
+                return ("rows", ps_stale.fetch_rows(node.owner, blob, min_version, shape, dtype))
             if owner:
                 saved = ps_stale.save_value(tf.convert_to_tensor(source), blob, t + 1)
                 with tf.control_dependencies([saved] if saved is not None else []):
                     return ("full", tf.convert_to_tensor(source))
-            min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
             return ("full", ps_stale.fetch_value(node.owner, blob, min_version, tf.convert_to_tensor(like)))
         if sparse:
             rows, values, count = ps_sync.publish_rows(
@@ -460,6 +472,11 @@ def _as_dependency(x: Any) -> list[tf.Operation]:
         return [x]
     op = getattr(x, "op", None)
     return [op] if isinstance(op, tf.Operation) else []
+
+
+def _rows_of(piece: Any, plan: _VariablePlan) -> bool:
+    """True if ``piece`` travels as rows: sparse, and not a shard cut across its rows (axis > 0)."""
+    return isinstance(piece, tf.IndexedSlices) and not (plan.mode == "shards" and plan.axis != 0)
 
 
 def _stitch_gradient(pieces: list[Any], plan: _VariablePlan) -> Any:

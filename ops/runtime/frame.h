@@ -31,7 +31,8 @@ enum FrameFlags : uint8_t {
   kFlagAtLeast = 2,   // p2p request: any version >= seq (the newest); wait for a save if none yet
   kFlagTimedOut = 4,  // p2p response: no version >= seq was saved within the timeout
   // p2p request for a table's changed rows (with kFlagAtLeast): dims[0] = the
-  // version the requester holds. Response: n int64 row indices then the rows.
+  // version the requester holds. Response: dims = {table rows, bytes per
+  // row}, payload = n int64 row indices then the rows.
   kFlagRows = 8,
   kFlagAllRows = 16,  // rows response: the whole table instead (no indices)
 };

@@ -67,6 +67,8 @@ Status RowStore::update(const std::string &name, uint64_t version, const char *d
 RowsReply RowStore::reply_for(Table &t, int peer, uint64_t held) {
   RowsReply reply;
   reply.version = t.version;
+  reply.num_rows = t.num_rows;
+  reply.row_bytes = t.row_bytes;
   auto it = t.peers.find(peer);
   if (it == t.peers.end() || held == 0 || held != it->second.sent) {
     // The peer's copy is not one we know: it gets everything.

@@ -20,10 +20,12 @@
 
 namespace kungfu {
 
-// What a fetch receives: the table's version, and either every row (the
-// whole table, all_rows) or `n` int64 row indices followed by those rows.
+// What a fetch receives: the table's version and size, and either every row
+// (the whole table, all_rows) or `n` int64 row indices followed by those rows.
 struct RowsReply {
   uint64_t version = 0;
+  size_t num_rows = 0;
+  size_t row_bytes = 0;
   bool all_rows = false;
   Blob payload;
 };

@@ -563,6 +563,8 @@ void Runtime::request_rows(int peer, const std::string &name, uint64_t min_versi
     op->complete_with([&] {
       got->version = msg.header.seq;
       got->all_rows = (msg.header.flags & kFlagAllRows) != 0;
+      got->num_rows = static_cast<size_t>(msg.header.dims[0]);
+      got->row_bytes = static_cast<size_t>(msg.header.dims[1]);
       got->payload = std::make_shared<const std::vector<char>>(msg.data(), msg.data() + msg.size());
       return Status::OK();
     });
@@ -627,7 +629,14 @@ void Runtime::serve_rows(int src, const FrameHeader &header, const std::string &
       [this, src, id, name, min_version, held](std::function<void(Respond)> ready) {
         return rows_.when_updated(name, src, held, min_version, [this, src, id, ready](RowsReply r) {
           ready([this, src, id, r] {
-            respond(src, id, static_cast<uint8_t>(kFlagRows | (r.all_rows ? kFlagAllRows : 0)), r.version, r.payload);
+            FrameHeader h;
+            h.type = static_cast<uint8_t>(FrameType::kP2PResponse);
+            h.flags = static_cast<uint8_t>(kFlagRows | (r.all_rows ? kFlagAllRows : 0));
+            h.seq = r.version;
+            h.ndims = 2;
+            h.dims[0] = static_cast<int64_t>(r.num_rows);
+            h.dims[1] = static_cast<int64_t>(r.row_bytes);
+            transport_->send(src, h, id, r.payload->data(), r.payload->size(), r.payload, [](const Status &) {});
           });
         });
       },

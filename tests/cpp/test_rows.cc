@@ -252,6 +252,7 @@ void test_request_rows_between_runtimes() {
   CHECK_OK(fetch(1, &r));
   saver.join();
   CHECK(r.version == 1 && r.all_rows && r.payload->size() == table_bytes);
+  CHECK(r.num_rows == num_rows && r.row_bytes == desc.row_bytes());
   CHECK(total_bytes(*rts[1]) - before >= table_bytes);
   // Then only changed rows travel, across however many versions.
   for (uint64_t v = 2; v <= 4; ++v) {

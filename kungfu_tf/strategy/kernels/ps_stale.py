@@ -16,7 +16,13 @@ owner's steps; so no worker is ever more than ``K`` steps ahead of the
 slowest. With ``sync = false`` nobody waits: a worker only needs some value
 of the owner's (the first one, at its first step).
 
-Sparse gradients are pushed as dense tensors on this path.
+Sparse gradients (``IndexedSlices``) move only rows, both ways: workers push
+the rows they touched, which the owner's runtime scatter-adds into a table
+accumulator; the owner applies the rows it took as an ``IndexedSlices``
+gradient and publishes the rows its update changed (found by comparing the
+table before and after, exact for every optimizer); each worker then fetches
+the rows changed since the version it last received, however many versions
+ago that was (the whole table on its first fetch).
 
 Example:
     >>> from kungfu_tf.strategy.kernels.ps_stale import clock_blob
@@ -29,6 +35,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from kungfu_tf.ops import p2p
+from kungfu_tf.strategy.kernels.ps_sync import changed_rows
 
 
 def clock_blob(prefix: str) -> str:
@@ -70,3 +77,33 @@ def wait_for_clocks(prefix: str, rank: int, size: int, min_clock: tf.Tensor) -> 
 def save_clock(prefix: str, clock: tf.Tensor) -> tf.Operation | None:
     """Publishes this worker's clock (steps completed) for the others to wait on."""
     return p2p.save(clock_blob(prefix), clock, version=clock)
+
+
+def push_rows(g: tf.IndexedSlices, owner: int, blob: str, num_rows: int) -> tf.Operation | None:
+    """Adds the rows of ``g`` to the owner's table accumulator ``blob`` (only these rows travel)."""
+    return p2p.push_rows(owner, blob, g, num_rows)
+
+
+def take_mean_rows(blob: str, shape: tuple[int, ...], dtype: tf.DType, size: int) -> tf.IndexedSlices:
+    """The rows pushed since the owner's last take, summed and divided by the cluster size."""
+    rows, total, _count = p2p.take_rows(blob, shape, dtype)
+    return tf.IndexedSlices(total / tf.cast(size, total.dtype), tf.cast(rows, tf.int32), tf.constant(shape, tf.int64))
+
+
+def save_changed_rows(
+    blob: str, before: tf.Tensor, table: tf.Tensor, version: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The owner publishes ``table`` as ``version``; returns (changed rows, their values, version once saved)."""
+    after = tf.convert_to_tensor(table)
+    rows = changed_rows(before, after)
+    saved = p2p.save_rows(blob, after, rows, version)
+    with tf.control_dependencies([saved] if saved is not None else []):
+        return rows, tf.gather(after, rows), tf.identity(version)
+
+
+def fetch_rows(
+    owner: int, blob: str, min_version: tf.Tensor, shape: tuple[int, ...], dtype: tf.DType
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(rows, values, version): what this worker's copy lacks of the owner's newest version >= ``min_version``."""
+    rows, values, version = p2p.request_rows(owner, blob, tf.maximum(min_version, 0), shape, dtype)
+    return tf.cast(rows, tf.int32), values, version
