@@ -5,7 +5,11 @@ For every selected model of models/registry.py and every np, on loopback:
     with ``python -m kungfu_tf.run -np N`` (training_worker_kungfu.py);
   * MWMS: the same model, per-worker batch, optimizer and thread settings
     in a custom ``strategy.run`` loop under MultiWorkerMirroredStrategy
-    (training_worker_mwms.py), N processes with TF_CONFIG on free ports.
+    (training_worker_mwms.py), N processes with TF_CONFIG on free ports;
+  * the no-communication ceiling (np ≥ 2): N independent one-worker runs of
+    our worker at the same time, samples/s summed. No data-parallel job of N
+    workers sharing this machine can beat it: it is what the cores (and
+    their shared memory bandwidth) compute when nothing is exchanged.
 Each run measures, after warm-up steps, the time of a fixed number of steps
 on rank 0; samples/s is the total over all workers (steps/s x batch x np).
 Prints a markdown table and the targets check, and writes JSON.
@@ -47,7 +51,7 @@ ALL_MODELS = (
     "comm-heavy-mlp",
 )
 DEFAULT_MODELS = "comm-heavy-mlp,digits-mlp,resnet20,bert-small"
-IMPLS = ("kungfu", "mwms")
+IMPLS = ("kungfu", "mwms", "ceiling")
 
 # Timed steps per model unless --steps is given: tiny models need many steps
 # for a measurable interval, big ones few to keep the run short.
@@ -80,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--np", default="1,2,4", help="comma-separated worker counts (default 1,2,4)"
     )
     p.add_argument(
-        "--only", default=",".join(IMPLS), help="subset of kungfu,mwms (default both)"
+        "--only", default=",".join(IMPLS), help="subset of kungfu,mwms,ceiling (default all)"
     )
     p.add_argument(
         "--batch-size", type=int, default=32, help="per-worker batch size (default 32)"
@@ -221,6 +225,30 @@ def run_mwms(
     return rec
 
 
+def run_ceiling(
+    model: str, n: int, args: argparse.Namespace, errors: list[str]
+) -> dict[str, Any] | None:
+    """n independent one-worker runs at once: the throughput with no communication."""
+    argv = [
+        sys.executable, str(BENCH_DIR / "training_worker_kungfu.py"), *worker_args(model, args),
+    ]  # fmt: skip
+    results = run_group([argv] * n, [worker_env()] * n, timeout_s=args.launch_timeout, cwd=str(REPO))
+    recs = [first_result(res.lines, "kungfu") for res in results]
+    for i, (res, rec) in enumerate(zip(results, recs)):
+        if not res.ok or rec is None:
+            errors.append(f"ceiling {model} np={n} run {i}: exit status {res.returncode}:\n{res.tail()}")
+    if any(rec is None for rec in recs):
+        return None
+    return {
+        **recs[0],
+        "impl": "ceiling",
+        "np": n,
+        "samples_per_s": sum(rec["samples_per_s"] for rec in recs),
+        "final_loss": max(rec["final_loss"] for rec in recs),
+        "loss_finite": all(rec["loss_finite"] for rec in recs),
+    }
+
+
 def timed_phase(
     name: str, fn: Callable[[], dict[str, Any] | None]
 ) -> dict[str, Any] | None:
@@ -251,22 +279,21 @@ def rows(
     out = []
     for model in args.models:
         for n in args.np:
-            ours, mwms = (
-                by_key.get(("kungfu", model, n)),
-                by_key.get(("mwms", model, n)),
-            )
+            ours, mwms, ceiling = (by_key.get((impl, model, n)) for impl in IMPLS)
             row: dict[str, Any] = {
                 "model": model,
                 "np": n,
-                "ours": None,
-                "mwms": None,
+                "ours": ours["samples_per_s"] if ours else None,
+                "mwms": mwms["samples_per_s"] if mwms else None,
+                "ceiling": ceiling["samples_per_s"] if ceiling else None,
                 "ratio": None,
+                "of_ceiling": None,
             }
-            row["ours"] = ours["samples_per_s"] if ours else None
-            row["mwms"] = mwms["samples_per_s"] if mwms else None
             if row["ours"] and row["mwms"]:
                 row["ratio"] = row["ours"] / row["mwms"]
-            row["loss_ok"] = all(p is None or p["loss_finite"] for p in (ours, mwms))
+            if row["ours"] and row["ceiling"]:
+                row["of_ceiling"] = row["ours"] / row["ceiling"]
+            row["loss_ok"] = all(p is None or p["loss_finite"] for p in (ours, mwms, ceiling))
             out.append(row)
     return out
 
@@ -296,11 +323,19 @@ def targets(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     heavy = [r for r in table if r["model"] == COMM_HEAVY and r["np"] == COMM_HEAVY_NP]
     ratio = heavy[0]["ratio"] if heavy else None
+    detail = "not measured" if ratio is None else f"ratio {ratio:.2f}"
+    if ratio is not None and heavy[0]["ceiling"]:
+        needed, ceiling = COMM_HEAVY_FACTOR * heavy[0]["mwms"], heavy[0]["ceiling"]
+        detail += (
+            f"; {COMM_HEAVY_FACTOR:g}× MWMS = {needed:,.0f} samples/s against a no-communication "
+            f"ceiling of {ceiling:,.0f} ({'reachable' if needed <= ceiling else 'not reachable on this machine'})"
+            f"; ours = {heavy[0]['of_ceiling']:.0%} of the ceiling"
+        )
     out.append(
         {
             "target": f"comm-heavy MLP at np={COMM_HEAVY_NP} ≥ {COMM_HEAVY_FACTOR:g}× MWMS",
             "met": ratio is not None and ratio >= COMM_HEAVY_FACTOR,
-            "detail": "not measured" if ratio is None else f"ratio {ratio:.2f}",
+            "detail": detail,
         }
     )
     return out
@@ -318,12 +353,14 @@ def print_report(
     print(
         f"### Training throughput (samples/s, all workers; batch {meta['batch_size']} per worker)\n"
     )
-    print("| model | np | ours | MWMS | ours/MWMS | final loss finite |")
-    print("|---|---:|---:|---:|---:|:---:|")
+    print("| model | np | ours | MWMS | ours/MWMS | no-comm ceiling | ours/ceiling | final loss finite |")
+    print("|---|---:|---:|---:|---:|---:|---:|:---:|")
     for r in table:
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        of_ceiling = "—" if r["of_ceiling"] is None else f"{r['of_ceiling']:.0%}"
         print(
-            f"| {r['model']} | {r['np']} | {fmt(r['ours'])} | {fmt(r['mwms'])} | {ratio} | {'yes' if r['loss_ok'] else 'NO'} |"
+            f"| {r['model']} | {r['np']} | {fmt(r['ours'])} | {fmt(r['mwms'])} | {ratio} | {fmt(r['ceiling'])} "
+            f"| {of_ceiling} | {'yes' if r['loss_ok'] else 'NO'} |"
         )
     print("\n### Targets\n")
     print("| target | status | detail |")
@@ -362,13 +399,15 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"warning: 1-min load average is {meta['loadavg_start'][0]:.2f}; numbers will be noisy"
         )
-    runners = {"kungfu": run_kungfu, "mwms": run_mwms}
+    runners = {"kungfu": run_kungfu, "mwms": run_mwms, "ceiling": run_ceiling}
     errors: list[str] = []
     points: list[dict[str, Any]] = []
     foreign: dict[str, float | None] = {}
     for model in args.models:
         for n in args.np:
             for impl in args.only:
+                if impl == "ceiling" and n < 2:
+                    continue  # one process is the kungfu row itself
                 name = f"{impl} {model} np={n}"
                 rec = timed_phase(
                     name,
