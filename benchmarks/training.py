@@ -58,9 +58,9 @@ IMPLS = ("kungfu", "mwms", "ceiling")
 DEFAULT_STEPS = {
     "teacher-mlp": 200,
     "digits-mlp": 200,
-    "resnet20": 10,
+    "resnet20": 20,
     "resnet56": 5,
-    "bert-small": 5,
+    "bert-small": 10,
 }
 FALLBACK_STEPS = 10
 

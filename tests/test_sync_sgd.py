@@ -120,7 +120,8 @@ def _grads():
     ("threshold", "sparse_as_dense", "expected"),
     [
         (64 << 20, False, {"KungfuGroupAllReduce": 1, "KungfuAllGather": 3}),  # one bucket; count/indices/values
-        (80, False, {"KungfuGroupAllReduce": 2, "KungfuAllGather": 3}),  # [10, 10] and the oversized [30]
+        # [10, 10] fused; the oversized [30] alone, in place (no fused copy)
+        (80, False, {"KungfuGroupAllReduce": 1, "KungfuAllReduce": 1, "KungfuAllGather": 3}),
         (0, False, {"KungfuAllReduce": 3, "KungfuAllGather": 3}),  # no fusion
         (0, True, {"KungfuAllReduce": 4}),  # the slices too, densified
         (64 << 20, True, {"KungfuGroupAllReduce": 1}),

@@ -129,6 +129,15 @@ kungfu::DoneCallback finish_reduce(OpKernelContext *ctx, tensorflow::AsyncOpKern
   };
 }
 
+// A cluster of one: every reduction (sum, mean, min, max, prod) of a single
+// contribution is that contribution, so inputs 0..n-1 become the outputs as
+// they are, without a copy. The size is read at run time (clusters resize).
+bool alone(OpKernelContext *ctx, kungfu::Runtime *rt, int n) {
+  if (rt->size() != 1) return false;
+  for (int i = 0; i < n; ++i) ctx->set_output(i, ctx->input(i));
+  return true;
+}
+
 // Allocates output 0 shaped like input 0 (reusing the input's buffer when TF
 // allows, else a cached one) and describes both to the runtime.
 bool same_shape_output(OpKernelContext *ctx, const CollectiveStart &st, OutputCache *cache, kungfu::Buffer *buf) {
@@ -166,7 +175,9 @@ class AllReduceOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     kungfu::Buffer buf;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &cache_, &buf)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
+    if (alone(ctx, st.rt, 1)) return done();
+    if (!same_shape_output(ctx, st, &cache_, &buf)) return done();
     topology_.all_reduce(st.rt, st.key, buf, spec_.op, finish_reduce(ctx, done, spec_, st.rt, buf));
   }
 
@@ -201,6 +212,7 @@ class GroupAllReduceOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     if (!begin(ctx, n_, ctx->input(0).dtype(), &st)) return done();
+    if (alone(ctx, st.rt, n_)) return done();
     int64_t total = 0;
     for (int i = 0; i < n_; ++i) total += ctx->input(i).NumElements();
     Tensor fused;
