@@ -6,6 +6,7 @@
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
 #   make demo      4-worker training demo (models/train.py)
 #   make bench     allreduce benchmark
+#   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
@@ -71,7 +72,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install sysdeps test cpp-test sanitize demo bench bench-strategies lint clean distclean
+.PHONY: install sysdeps test cpp-test sanitize demo bench bench-training bench-strategies lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -123,6 +124,9 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/allreduce.py
+
+bench-training: install
+	$(PY) benchmarks/training.py
 
 bench-strategies: install
 	$(PY) benchmarks/strategies.py

@@ -71,7 +71,7 @@ def test_staleness_bound_async_and_k0():
 def test_stale_and_async_sparse_ps_apply_every_push():
     rc, out, err = run_job(3, "strategy_stale_sparse.py", timeout=300)
     counts = assert_job_ok(rc, out, err, 3)
-    assert counts == dict.fromkeys(range(3), 12), out[-3000:]
+    assert counts == dict.fromkeys(range(3), 15), out[-3000:]
 
 
 def test_sparse_ps_bytes_scale_with_touched_rows():

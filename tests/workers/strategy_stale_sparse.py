@@ -1,6 +1,7 @@
 """Worker for tests/test_strategy_training.py: stale and asynchronous PS with sparse gradients.
 
-Usage: strategy_stale_sparse.py   (np = 3; rank 0 owns every variable)
+Usage: strategy_stale_sparse.py   (np = 3; rank 0 owns every variable, except
+in the partitioned run, where the table's row shards have different owners)
 
 An embedding table and a dense layer under ``PS(staleness=1)`` and
 ``PS(sync=False)``, as Keras layers in a ``tf.function`` and as a
@@ -121,6 +122,9 @@ def main() -> None:
     chk = Checker(rank)
     run_keras("ssp", builders.PS(owner=0, staleness=1), rank, size, chk)
     run_keras("async", builders.PS(owner=0, sync=False), rank, size, chk)
+    # The table cut into row shards owned by different ranks: every rank owns
+    # some rows and fetches the others' (shard offsets undone on the way back).
+    run_keras("partitioned-ssp", builders.PartitionedPS(min_partition_bytes=1024, staleness=1), rank, size, chk)
     run_v1("v1-ssp", builders.PS(owner=0, staleness=1), rank, size, chk)
     run_v1("v1-async", builders.PS(owner=0, sync=False), rank, size, chk)
     chk.done()
