@@ -13,21 +13,9 @@ void P2PStore::save(const std::string &name, uint64_t version, Blob blob) {
     while (versions.size() > kVersionsKept) versions.erase(versions.begin());
     newest = versions.rbegin()->first;
     newest_blob = versions.rbegin()->second;
-    auto w = waiters_.find(name);
-    if (w != waiters_.end()) {
-      // Every waiter wanted more than the newest version before this save, so
-      // the newest one now is the one to hand out.
-      std::vector<Waiter> &list = w->second;
-      for (auto it = list.begin(); it != list.end();) {
-        if (it->min_version <= newest) {
-          ready.push_back(std::move(*it));
-          it = list.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      if (list.empty()) waiters_.erase(w);
-    }
+    // Every waiter wanted more than the newest version before this save, so
+    // the newest one now is the one to hand out.
+    ready = waiters_.take_if(name, [newest](const Waiter &w) { return w.min_version <= newest; });
   }
   // Outside the lock: a callback sends to the network, and may save or wait again.
   for (Waiter &r : ready) r.ready(newest, newest_blob);
@@ -53,31 +41,17 @@ uint64_t P2PStore::when_saved(const std::string &name, uint64_t min_version, Blo
     ready(version, std::move(blob));
     return 0;
   }
-  uint64_t token = next_token_++;
-  waiters_[name].push_back(Waiter{token, min_version, std::move(ready)});
-  return token;
+  return waiters_.add(name, Waiter{0, min_version, std::move(ready)});
 }
 
 bool P2PStore::cancel(const std::string &name, uint64_t token) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto w = waiters_.find(name);
-  if (w == waiters_.end()) return false;
-  std::vector<Waiter> &list = w->second;
-  for (auto it = list.begin(); it != list.end(); ++it) {
-    if (it->token == token) {
-      list.erase(it);
-      if (list.empty()) waiters_.erase(w);
-      return true;
-    }
-  }
-  return false;
+  return waiters_.cancel(name, token);
 }
 
 size_t P2PStore::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t n = 0;
-  for (const auto &kv : waiters_) n += kv.second.size();
-  return n;
+  return waiters_.size();
 }
 
 }  // namespace kungfu

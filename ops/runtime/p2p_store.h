@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "waiter_lists.h"
+
 namespace kungfu {
 
 using Blob = std::shared_ptr<const std::vector<char>>;
@@ -40,15 +42,14 @@ class P2PStore {
 
  private:
   struct Waiter {
-    uint64_t token;
+    uint64_t token = 0;
     uint64_t min_version;
     BlobCallback ready;
   };
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::map<uint64_t, Blob>> blobs_;
-  std::unordered_map<std::string, std::vector<Waiter>> waiters_;
-  uint64_t next_token_ = 1;
+  WaiterLists<Waiter> waiters_;
 };
 
 }  // namespace kungfu

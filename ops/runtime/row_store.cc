@@ -44,19 +44,9 @@ Status RowStore::update(const std::string &name, uint64_t version, const char *d
       }
       t.version = version;
     }
-    auto w = waiters_.find(name);
-    if (w != waiters_.end()) {
-      std::vector<Waiter> &list = w->second;
-      for (auto wi = list.begin(); wi != list.end();) {
-        if (wi->min_version <= version) {
-          RowsReply reply = reply_for(it->second, wi->peer, wi->held);
-          ready.emplace_back(std::move(*wi), std::move(reply));
-          wi = list.erase(wi);
-        } else {
-          ++wi;
-        }
-      }
-      if (list.empty()) waiters_.erase(w);
+    for (Waiter &w : waiters_.take_if(name, [version](const Waiter &w) { return w.min_version <= version; })) {
+      RowsReply reply = reply_for(it->second, w.peer, w.held);
+      ready.emplace_back(std::move(w), std::move(reply));
     }
   }
   // Outside the lock: a callback sends to the network.
@@ -107,31 +97,17 @@ uint64_t RowStore::when_updated(const std::string &name, int peer, uint64_t held
     ready(std::move(reply));
     return 0;
   }
-  uint64_t token = next_token_++;
-  waiters_[name].push_back(Waiter{token, peer, held, min_version, std::move(ready)});
-  return token;
+  return waiters_.add(name, Waiter{0, peer, held, min_version, std::move(ready)});
 }
 
 bool RowStore::cancel(const std::string &name, uint64_t token) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto w = waiters_.find(name);
-  if (w == waiters_.end()) return false;
-  std::vector<Waiter> &list = w->second;
-  for (auto it = list.begin(); it != list.end(); ++it) {
-    if (it->token == token) {
-      list.erase(it);
-      if (list.empty()) waiters_.erase(w);
-      return true;
-    }
-  }
-  return false;
+  return waiters_.cancel(name, token);
 }
 
 size_t RowStore::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t n = 0;
-  for (const auto &kv : waiters_) n += kv.second.size();
-  return n;
+  return waiters_.size();
 }
 
 }  // namespace kungfu

@@ -17,6 +17,7 @@
 
 #include "p2p_store.h"
 #include "status.h"
+#include "waiter_lists.h"
 
 namespace kungfu {
 
@@ -64,7 +65,7 @@ class RowStore {
     std::unordered_map<int, PeerView> peers;
   };
   struct Waiter {
-    uint64_t token;
+    uint64_t token = 0;
     int peer;
     uint64_t held;
     uint64_t min_version;
@@ -75,8 +76,7 @@ class RowStore {
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, Table> tables_;
-  std::unordered_map<std::string, std::vector<Waiter>> waiters_;
-  uint64_t next_token_ = 1;
+  WaiterLists<Waiter> waiters_;
 };
 
 }  // namespace kungfu

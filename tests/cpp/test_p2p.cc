@@ -12,18 +12,14 @@
 #include "test_util.h"
 
 using namespace kungfu;
+using kftest::contains;
 using kftest::make_cluster;
+using kftest::seconds_since;
 using kftest::wait_for;
 
 namespace {
 
 using Cluster_ = std::vector<std::unique_ptr<Runtime>>;
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-bool contains(const std::string &text, const std::string &needle) { return text.find(needle) != std::string::npos; }
 
 TensorDesc desc_of(DType dt, size_t count) { return TensorDesc{dt, {static_cast<int64_t>(count)}, count}; }
 
@@ -447,10 +443,7 @@ void test_request_at_least_dead_peers() {
 }  // namespace
 
 int main() {
-  struct {
-    const char *name;
-    void (*fn)();
-  } tests[] = {
+  return kftest::run_tests({
       {"accumulator sums every dtype", test_accumulator_sums_every_dtype},
       {"accumulator mismatches", test_accumulator_mismatches},
       {"accumulator push/take race", test_accumulator_concurrent},
@@ -461,12 +454,5 @@ int main() {
       {"request at least a version", test_request_at_least},
       {"request at least: timeout", test_request_at_least_times_out},
       {"request at least: dead peers", test_request_at_least_dead_peers},
-  };
-  for (auto &t : tests) {
-    int before = kftest::failures();
-    auto start = std::chrono::steady_clock::now();
-    t.fn();
-    std::printf("%-36s %s (%.1fs)\n", t.name, kftest::failures() == before ? "ok" : "FAILED", seconds_since(start));
-  }
-  return kftest::report();
+  });
 }

@@ -9,18 +9,14 @@
 #include "test_util.h"
 
 using namespace kungfu;
+using kftest::contains;
 using kftest::make_cluster;
+using kftest::seconds_since;
 using kftest::wait_for;
 
 namespace {
 
 using Cluster_ = std::vector<std::unique_ptr<Runtime>>;
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-bool contains(const std::string &text, const std::string &needle) { return text.find(needle) != std::string::npos; }
 
 std::vector<float> floats(const std::vector<char> &bytes) {
   std::vector<float> out(bytes.size() / sizeof(float));
@@ -284,21 +280,11 @@ void test_request_rows_between_runtimes() {
 }  // namespace
 
 int main() {
-  struct {
-    const char *name;
-    void (*fn)();
-  } tests[] = {
+  return kftest::run_tests({
       {"table accumulator: scatter-add", test_rows_scatter_add},
       {"table accumulator: mismatches", test_rows_mismatches},
       {"row store: deltas per peer", test_row_store_deltas},
       {"push rows between runtimes", test_push_rows_between_runtimes},
       {"request rows between runtimes", test_request_rows_between_runtimes},
-  };
-  for (auto &t : tests) {
-    int before = kftest::failures();
-    auto start = std::chrono::steady_clock::now();
-    t.fn();
-    std::printf("%-36s %s (%.1fs)\n", t.name, kftest::failures() == before ? "ok" : "FAILED", seconds_since(start));
-  }
-  return kftest::report();
+  });
 }

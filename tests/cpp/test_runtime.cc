@@ -13,7 +13,9 @@
 #include "test_util.h"
 
 using namespace kungfu;
+using kftest::contains;
 using kftest::make_cluster;
+using kftest::seconds_since;
 using kftest::wait_for;
 
 namespace {
@@ -508,10 +510,7 @@ void test_scale_for_mean() {
 }  // namespace
 
 int main() {
-  struct {
-    const char *name;
-    void (*fn)();
-  } tests[] = {
+  return kftest::run_tests({
       {"all_reduce matrix", test_all_reduce_matrix},
       {"many concurrent in random order", test_many_concurrent_in_random_order},
       {"per-call topology", test_per_call_topology},
@@ -524,13 +523,5 @@ int main() {
       {"intruders rejected", test_intruders_are_rejected},
       {"half precision", test_half_precision},
       {"scale for mean", test_scale_for_mean},
-  };
-  for (auto &t : tests) {
-    int before = kftest::failures();
-    auto start = std::chrono::steady_clock::now();
-    t.fn();
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%-36s %s (%.1fs)\n", t.name, kftest::failures() == before ? "ok" : "FAILED", secs);
-  }
-  return kftest::report();
+  });
 }

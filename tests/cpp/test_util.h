@@ -6,9 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +50,30 @@ inline int &checks() {
 inline int report() {
   std::printf("%d passed, %d failed\n", checks() - failures(), failures());
   return failures() == 0 ? 0 : 1;
+}
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+inline bool contains(const std::string &text, const std::string &needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+struct NamedTest {
+  const char *name;
+  void (*fn)();
+};
+
+// Runs every test, printing one line each (name, ok/FAILED, seconds); the exit status.
+inline int run_tests(std::initializer_list<NamedTest> tests) {
+  for (const NamedTest &t : tests) {
+    int before = failures();
+    auto start = std::chrono::steady_clock::now();
+    t.fn();
+    std::printf("%-36s %s (%.1fs)\n", t.name, failures() == before ? "ok" : "FAILED", seconds_since(start));
+  }
+  return report();
 }
 
 // A loopback port that was free a moment ago.
