@@ -386,7 +386,7 @@ class StrategyPlan:
         prefix: str,
         t: tf.Tensor | None,
     ) -> tuple[str, Any]:
-        """("keep", None) | ("full", value) | ("rows", (indices, values)) for one unit."""
+        """("full", value) | ("rows", (indices, values, a tensor to depend on)) for one unit."""
         node = unit.node
         base = f"{prefix}/v{vi}/s{ui}"
         source = unit.target if unit.target is not None else plan.variable
@@ -400,16 +400,16 @@ class StrategyPlan:
             like = slice_value(tf.convert_to_tensor(plan.variable), plan.axis, start, stop)
         if unit.stale:
             blob = f"{base}/value"
-            min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
-            if sparse and owner:
+            if owner and sparse:
                 return ("rows", ps_stale.save_changed_rows(blob, snapshots[(vi, ui)], source, t + 1))
-            if sparse:
-                shape, dtype = node.shape, tf.as_dtype(plan.variable.dtype)
-                return ("rows", ps_stale.fetch_rows(node.owner, blob, min_version, shape, dtype))
             if owner:
                 saved = ps_stale.save_value(tf.convert_to_tensor(source), blob, t + 1)
                 with tf.control_dependencies([saved] if saved is not None else []):
                     return ("full", tf.convert_to_tensor(source))
+            min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
+            if sparse:
+                shape, dtype = node.shape, tf.as_dtype(plan.variable.dtype)
+                return ("rows", ps_stale.fetch_rows(node.owner, blob, min_version, shape, dtype))
             return ("full", ps_stale.fetch_value(node.owner, blob, min_version, tf.convert_to_tensor(like)))
         if sparse:
             rows, values, count = ps_sync.publish_rows(

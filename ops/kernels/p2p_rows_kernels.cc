@@ -59,7 +59,7 @@ absl::Status allocate_rows(OpKernelContext *ctx, int indices_at, const TensorSha
   return ctx->allocate_output(indices_at + 1, shape, values);
 }
 
-// Outputs: indices [n] (int64), values [n] + the table's row shape.
+// Outputs: indices [n] (int64), values [n] + the table's row shape, and a scalar.
 absl::Status rows_outputs(tensorflow::shape_inference::InferenceContext *c) {
   PartialTensorShape table;
   TF_RETURN_IF_ERROR(c->GetAttr("shape", &table));
@@ -68,7 +68,21 @@ absl::Status rows_outputs(tensorflow::shape_inference::InferenceContext *c) {
   TF_RETURN_IF_ERROR(c->ReplaceDim(row, 0, c->UnknownDim(), &values));
   c->set_output(0, c->Vector(c->UnknownDim()));
   c->set_output(1, values);
+  c->set_output(2, c->Scalar());
   return absl::OkStatus();
+}
+
+// The table an op that returns rows works on: its `shape` and `T` attrs, read once.
+struct TableAttrs {
+  TensorShape shape;
+  kungfu::RowsDesc desc;
+};
+
+absl::Status read_table_attrs(OpKernelConstruction *ctx, TableAttrs *out) {
+  tensorflow::DataType dtype;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("shape", &out->shape));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("T", &dtype));
+  return rows_desc(dtype, out->shape, &out->desc);
 }
 
 }  // namespace
@@ -123,36 +137,27 @@ REGISTER_OP("KungfuTakeRows")
     .Attr(KUNGFU_ROWS_TYPES)
     .Attr("shape: shape")
     .SetIsStateful()
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext *c) {
-      TF_RETURN_IF_ERROR(rows_outputs(c));
-      c->set_output(2, c->Scalar());
-      return absl::OkStatus();
-    })
+    .SetShapeFn(rows_outputs)
     .Doc("Moves the rows pushed into this worker's table accumulator `blob_name` (a table of `shape`) since "
          "the last take out of it: their indices (ascending), their sums, and the number of pushes. Never "
          "waits.");
 
 class TakeRowsOp : public OpKernel {
  public:
-  explicit TakeRowsOp(OpKernelConstruction *ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shape", &shape_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
-  }
+  explicit TakeRowsOp(OpKernelConstruction *ctx) : OpKernel(ctx) { OP_REQUIRES_OK(ctx, read_table_attrs(ctx, &table_)); }
   void Compute(OpKernelContext *ctx) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
     std::string name;
     OP_REQUIRES_OK(ctx, scalar_string(ctx, 0, &name));
-    kungfu::RowsDesc desc;
-    OP_REQUIRES_OK(ctx, rows_desc(dtype_, shape_, &desc));
     std::vector<int64_t> rows;
     std::vector<char> values;
     int64_t pushes = 0;
-    kungfu::Status s = rt->take_rows(name, desc, &rows, &values, &pushes);
+    kungfu::Status s = rt->take_rows(name, table_.desc, &rows, &values, &pushes);
     OP_REQUIRES(ctx, s.ok(), to_tf_status(s));
     Tensor *indices_out = nullptr, *values_out = nullptr, *count = nullptr;
     auto n = static_cast<int64_t>(rows.size());
-    OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, shape_, n, &indices_out, &values_out));
+    OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, table_.shape, n, &indices_out, &values_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &count));
     std::copy(rows.begin(), rows.end(), indices_out->flat<int64_t>().data());
     if (!values.empty()) std::memcpy(const_cast<char *>(values_out->tensor_data().data()), values.data(), values.size());
@@ -160,8 +165,7 @@ class TakeRowsOp : public OpKernel {
   }
 
  private:
-  TensorShape shape_;
-  tensorflow::DataType dtype_;
+  TableAttrs table_;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuTakeRows").Device(tensorflow::DEVICE_CPU), TakeRowsOp);
 
@@ -210,11 +214,7 @@ REGISTER_OP("KungfuRequestRows")
     .Attr(KUNGFU_ROWS_TYPES)
     .Attr("shape: shape")
     .SetIsStateful()
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext *c) {
-      TF_RETURN_IF_ERROR(rows_outputs(c));
-      c->set_output(2, c->Scalar());
-      return absl::OkStatus();
-    })
+    .SetShapeFn(rows_outputs)
     .Doc("Fetches from worker `rank` the rows of table `blob_name` (of `shape`) that changed since the version "
          "this worker last received, as of its newest version >= `min_version` (waiting there until one is "
          "saved, at most the runtime timeout); the first fetch returns every row. Writing `values` into rows "
@@ -223,8 +223,7 @@ REGISTER_OP("KungfuRequestRows")
 class RequestRowsOp : public AsyncOpKernel {
  public:
   explicit RequestRowsOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shape", &shape_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+    OP_REQUIRES_OK(ctx, read_table_attrs(ctx, &table_));
   }
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     kungfu::Runtime *rt;
@@ -237,15 +236,12 @@ class RequestRowsOp : public AsyncOpKernel {
                       absl::InvalidArgumentError("request_rows '" + name + "': min_version must be >= 0, got " +
                                                  std::to_string(min_version)),
                       done);
-    kungfu::RowsDesc desc;
-    OP_REQUIRES_OK_ASYNC(ctx, rows_desc(dtype_, shape_, &desc), done);
-    TensorShape shape = shape_;
     rt->request_rows(rank, name, static_cast<uint64_t>(min_version),
-                     [ctx, done, desc, shape, name](const kungfu::Status &s, kungfu::RowsReply reply) {
+                     [ctx, done, table = table_, name](const kungfu::Status &s, kungfu::RowsReply reply) {
                        if (!s.ok()) {
                          ctx->SetStatus(to_tf_status(s));
                        } else {
-                         ctx->SetStatus(unpack(ctx, name, desc, shape, reply));
+                         ctx->SetStatus(unpack(ctx, name, table.desc, table.shape, reply));
                        }
                        done();
                      });
@@ -295,8 +291,7 @@ class RequestRowsOp : public AsyncOpKernel {
     return absl::OkStatus();
   }
 
-  TensorShape shape_;
-  tensorflow::DataType dtype_;
+  TableAttrs table_;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuRequestRows").Device(tensorflow::DEVICE_CPU), RequestRowsOp);
 

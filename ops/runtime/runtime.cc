@@ -317,6 +317,19 @@ class PeerOp : public PendingOp {
   std::function<void()> cleanup_;
 };
 
+// Sends request frame `h` about `name`, carrying the request id `id`; the
+// answer comes through the mailbox, a failed send fails `op` at once.
+void send_request(Transport &transport, OpRegistry *registry, int peer, FrameHeader h, const std::string &name,
+                  const std::string &id, std::shared_ptr<PeerOp> op) {
+  auto payload = std::make_shared<std::string>(id);
+  transport.send(peer, h, name, payload->data(), payload->size(), payload, [op, registry, id](const Status &st) {
+    if (!st.ok()) {
+      registry->remove(id);
+      op->complete(st);
+    }
+  });
+}
+
 }  // namespace
 
 void Runtime::request(int peer, const std::string &name, uint64_t version, void *dst, size_t len,
@@ -391,13 +404,7 @@ void Runtime::fetch(int peer, const std::string &name, uint64_t version, bool at
   h.type = static_cast<uint8_t>(FrameType::kP2PRequest);
   h.flags = at_least ? kFlagAtLeast : 0;
   h.seq = version;
-  auto payload = std::make_shared<std::string>(id);
-  transport_->send(peer, h, name, payload->data(), payload->size(), payload, [op, registry, id](const Status &st) {
-    if (!st.ok()) {
-      registry->remove(id);
-      op->complete(st);
-    }
-  });
+  send_request(*transport_, registry, peer, h, name, id, op);
 }
 
 void Runtime::push(int peer, const std::string &name, Buffer buf, DoneCallback done) {
@@ -574,20 +581,17 @@ void Runtime::request_rows(int peer, const std::string &name, uint64_t min_versi
   h.flags = kFlagAtLeast | kFlagRows;
   h.seq = min_version;
   h.dims[0] = static_cast<int64_t>(held);
-  auto payload = std::make_shared<std::string>(id);
-  transport_->send(peer, h, name, payload->data(), payload->size(), payload, [op, registry, id](const Status &st) {
-    if (!st.ok()) {
-      registry->remove(id);
-      op->complete(st);
-    }
-  });
+  send_request(*transport_, registry, peer, h, name, id, op);
 }
 
-void Runtime::respond(int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob) {
+void Runtime::respond(int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob,
+                      const std::vector<int64_t> &dims) {
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::kP2PResponse);
   h.flags = flags;
   h.seq = version;
+  h.ndims = static_cast<uint32_t>(std::min<size_t>(dims.size(), kMaxDims));
+  for (uint32_t i = 0; i < h.ndims; ++i) h.dims[i] = dims[i];
   const void *data = blob ? blob->data() : nullptr;
   size_t len = blob ? blob->size() : 0;
   transport_->send(src, h, id, data, len, std::move(blob), [](const Status &) {});
@@ -629,14 +633,8 @@ void Runtime::serve_rows(int src, const FrameHeader &header, const std::string &
       [this, src, id, name, min_version, held](std::function<void(Respond)> ready) {
         return rows_.when_updated(name, src, held, min_version, [this, src, id, ready](RowsReply r) {
           ready([this, src, id, r] {
-            FrameHeader h;
-            h.type = static_cast<uint8_t>(FrameType::kP2PResponse);
-            h.flags = static_cast<uint8_t>(kFlagRows | (r.all_rows ? kFlagAllRows : 0));
-            h.seq = r.version;
-            h.ndims = 2;
-            h.dims[0] = static_cast<int64_t>(r.num_rows);
-            h.dims[1] = static_cast<int64_t>(r.row_bytes);
-            transport_->send(src, h, id, r.payload->data(), r.payload->size(), r.payload, [](const Status &) {});
+            respond(src, id, static_cast<uint8_t>(kFlagRows | (r.all_rows ? kFlagAllRows : 0)), r.version, r.payload,
+                    {static_cast<int64_t>(r.num_rows), static_cast<int64_t>(r.row_bytes)});
           });
         });
       },

@@ -168,8 +168,9 @@ class Runtime : public FrameHandler {
   void park(int src, const std::string &id, const std::string &what,
             const std::function<uint64_t(std::function<void(Respond)>)> &wait,
             std::function<void(uint64_t)> cancel);
-  // Sends a kP2PResponse to request `id` of `src`.
-  void respond(int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob);
+  // Sends a kP2PResponse to request `id` of `src` (`dims`: the header's, for rows replies).
+  void respond(int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob,
+               const std::vector<int64_t> &dims = {});
 
   RuntimeOptions opt_;
   std::atomic<TopologyKind> topology_;
