@@ -1,16 +1,28 @@
 #include "runtime_access.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 namespace kungfu_tf {
 
 using tensorflow::DataType;
 
+namespace {
+
+kungfu::Runtime *instance = nullptr;
+
+// At process exit the worker leaves in order (queued frames flushed, peers
+// told goodbye), so a peer still finishing its last step does not take our
+// exit for a crash. The object itself is never destroyed: TF may run kernels
+// from its own threads during exit; after shutdown() they fail cleanly.
+void leave_at_exit() {
+  if (instance) instance->shutdown();
+}
+
+}  // namespace
+
 kungfu::Runtime *runtime(absl::Status *error) {
-  // Never destroyed: TF may run kernels from its own threads during process
-  // exit, and peers learn of our exit from the closed sockets anyway.
-  static kungfu::Runtime *instance = nullptr;
   static absl::Status init_error;
   static std::once_flag once;
   std::call_once(once, [] {
@@ -23,6 +35,7 @@ kungfu::Runtime *runtime(absl::Status *error) {
       return;
     }
     instance = rt.release();
+    std::atexit(leave_at_exit);
   });
   if (!instance) *error = init_error;
   return instance;

@@ -49,8 +49,12 @@ std::string CollectiveOp::piece_key(size_t piece, char phase) const {
   k.push_back('#');
   k += std::to_string(piece);
   k.push_back(phase);
+  k.push_back('@');
+  k += std::to_string(instance_);
   return k;
 }
+
+void CollectiveOp::retire_instance() { ctx_.mailbox.retire(name_, instance_); }
 
 char *CollectiveOp::piece_data(size_t piece) const { return out_ + tasks_[piece].offset * elem_size_; }
 const char *CollectiveOp::piece_input(size_t piece) const { return in_ + tasks_[piece].offset * elem_size_; }
@@ -72,12 +76,13 @@ void CollectiveOp::reduce_block(size_t piece, size_t offset, const char *data, s
 size_t CollectiveOp::piece_bytes(size_t piece) const { return tasks_[piece].count * elem_size_; }
 
 void CollectiveOp::start() {
-  Status s = ctx_.registry.add(name_, shared_from_this());
+  Status s = ctx_.registry.add_collective(name_, shared_from_this(), &instance_);
   if (!s.ok()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       finished_ = true;
     }
+    if (instance_ != 0) retire_instance();  // peers may have sent pieces of it already
     done_(s);
     return;
   }
@@ -237,6 +242,7 @@ void CollectiveOp::send_to(int dst, size_t piece, char phase, const char *src) {
   h.topology = static_cast<uint8_t>(topology_);
   h.ndims = static_cast<uint32_t>(std::min<size_t>(desc_.shape.size(), kMaxDims));
   for (uint32_t i = 0; i < h.ndims; ++i) h.dims[i] = desc_.shape[i];
+  h.seq = instance_;
   outstanding_.fetch_add(1);
   auto self = shared_from_this();
   ctx_.transport.send(dst, h, piece_key(piece, phase), src, piece_bytes(piece), self,
@@ -255,7 +261,7 @@ void CollectiveOp::finish_one() {
     if (finished_) return;
     finished_ = true;
   }
-  ctx_.registry.remove(name_);
+  ctx_.registry.remove(name_, instance_);
   done_(Status::OK());
 }
 
@@ -268,12 +274,14 @@ void CollectiveOp::fail(const Status &why, bool tell_peers) {
     waiting.swap(waiting_);
   }
   for (const Waiting &w : waiting) ctx_.mailbox.cancel(w.src, w.key, w.token);
-  ctx_.registry.remove_failed(name_);
+  ctx_.registry.remove(name_, instance_);
+  retire_instance();
   if (tell_peers) {
     auto reason = std::make_shared<std::string>(why.message());
     FrameHeader h;
     h.type = static_cast<uint8_t>(FrameType::kAbort);
     h.flags = static_cast<uint8_t>(why.code());
+    h.seq = instance_;
     for (int r = 0; r < ctx_.cluster.size(); ++r) {
       if (r != ctx_.self) {
         ctx_.transport.send(r, h, name_, reason->data(), reason->size(), reason, [](const Status &) {});

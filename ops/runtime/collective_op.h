@@ -68,7 +68,11 @@ class CollectiveOp : public PendingOp, public std::enable_shared_from_this<Colle
   std::string describe() const override { return kind_ + " '" + name_ + "'"; }
 
  private:
+  // The message key of one piece: name, piece, phase and instance, so pieces
+  // of another instance of the same name can never be taken for ours.
   std::string piece_key(size_t piece, char phase) const;
+  // Drops what arrived or will arrive for this instance (it failed).
+  void retire_instance();
   char *piece_data(size_t piece) const;
   const char *piece_input(size_t piece) const;
   // Reduces `len` bytes at `offset` within the piece (caller holds the piece lock).
@@ -95,6 +99,7 @@ class CollectiveOp : public PendingOp, public std::enable_shared_from_this<Colle
   const size_t elem_size_;
   const std::shared_ptr<const void> keepalive_;
   DoneCallback done_;
+  uint64_t instance_ = 0;  // which call of this name on this worker (OpRegistry::add_collective)
 
   std::atomic<int64_t> outstanding_{0};  // pieces not finished + sends not completed
   std::unique_ptr<std::mutex[]> piece_mu_;

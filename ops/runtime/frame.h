@@ -14,7 +14,7 @@ constexpr uint32_t kMaxKeyLen = 4096;
 
 enum class FrameType : uint8_t {
   kCollective = 1,   // a piece of a collective; key = op name + piece + phase
-  kAbort = 2,        // the op named by key failed on the sender; payload = reason
+  kAbort = 2,        // the op named by key (instance seq) failed on the sender; payload = reason
   kP2PRequest = 3,   // asks for a saved blob; key = blob name, seq = version
   kP2PResponse = 4,  // answers a request; key = request id
   kPing = 5,         // latency probe; echoed back as kPong
@@ -24,6 +24,9 @@ enum class FrameType : uint8_t {
   // dims = {table rows, elements per row}, seq = n, payload = n int64 row
   // indices then the n rows.
   kPushRows = 8,
+  // The sender is leaving the cluster in order: every frame it sent before
+  // this one is complete and it sends nothing after (no key, no payload).
+  kGoodbye = 9,
 };
 
 enum FrameFlags : uint8_t {
@@ -46,7 +49,9 @@ struct FrameHeader {
   uint32_t cluster_version = 0;
   uint32_t key_len = 0;
   uint64_t payload_len = 0;
-  uint64_t seq = 0;  // p2p request: version (UINT64_MAX = latest); response: version served; ping: probe id
+  // p2p request: version (UINT64_MAX = latest); response: version served;
+  // ping: probe id; collective piece and abort: the op's instance (OpRegistry).
+  uint64_t seq = 0;
   // Shape of the sender's whole tensor, so a mismatch error can show both shapes.
   uint32_t ndims = 0;
   uint32_t reserved = 0;

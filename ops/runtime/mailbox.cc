@@ -1,5 +1,8 @@
 #include "mailbox.h"
 
+#include <algorithm>
+#include <iterator>
+
 namespace kungfu {
 
 std::string Mailbox::slot_key(int src, const std::string &key) {
@@ -74,6 +77,39 @@ bool stream_into(const PartialReader &read, size_t total, const BlockSink &sink)
 
 }  // namespace
 
+namespace {
+
+// The op name of a collective piece key "<op_name>#<piece><phase>@<instance>".
+std::string op_name_of(const std::string &key) {
+  size_t hash = key.rfind('#');
+  return hash == std::string::npos ? key : key.substr(0, hash);
+}
+
+}  // namespace
+
+bool Mailbox::is_retired(const FrameHeader &header, const std::string &key) const {
+  if (retired_.empty() || header.type != static_cast<uint8_t>(FrameType::kCollective)) return false;
+  auto it = retired_.find(op_name_of(key));
+  return it != retired_.end() && header.seq <= it->second;
+}
+
+void Mailbox::retire(const std::string &op_name, uint64_t instance) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t &newest = retired_[op_name];
+  newest = std::max(newest, instance);
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    auto &messages = it->second.messages;
+    for (auto m = messages.begin(); m != messages.end();) {
+      m = is_retired(m->header, m->key) ? messages.erase(m) : std::next(m);
+    }
+    if (messages.empty() && it->second.waiters.empty()) {
+      it = slots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const PartialReader &read) {
   std::string sk = slot_key(src, key);
   Message msg;
@@ -82,6 +118,9 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
   msg.key = std::move(key);
   {
     std::unique_lock<std::mutex> lock(mu_);
+    // A late piece of a failed instance: nobody will ever want it (the
+    // transport skips its payload).
+    if (is_retired(header, msg.key)) return true;
     auto it = slots_.find(sk);
     if (it != slots_.end() && !it->second.waiters.empty() && it->second.messages.empty()) {
       Waiter w = std::move(it->second.waiters.front());
@@ -114,6 +153,7 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
   msg.owned = BufferPool::global().get(header.payload_len);
   if (!read(msg.owned.data(), header.payload_len)) return false;
   std::unique_lock<std::mutex> lock(mu_);
+  if (is_retired(header, msg.key)) return true;  // retired while we read it
   Slot &slot = slots_[sk];
   if (!slot.waiters.empty() && slot.messages.empty()) {
     Waiter w = std::move(slot.waiters.front());

@@ -69,6 +69,13 @@ class Mailbox {
   // hands the message over. Returns false if the read failed (connection lost).
   bool deliver(int src, const FrameHeader &header, std::string key, const PartialReader &read);
 
+  // Instance `instance` (and every earlier one) of collective `op_name`
+  // failed here: its pieces already queued are dropped, and so are those that
+  // arrive later, so the next instance of the name never consumes them. A
+  // collective piece's key is "<op_name>#<piece><phase>@<instance>" and its
+  // header.seq the instance.
+  void retire(const std::string &op_name, uint64_t instance);
+
   // Fails every current and future expectation from `src` (peer died).
   void fail_peer(int src, const Status &why);
   // Forgets that `src` failed (a new incarnation connected after a resize).
@@ -90,10 +97,14 @@ class Mailbox {
     std::deque<Message> messages;
   };
   static std::string slot_key(int src, const std::string &key);
+  // Whether `key`/`header` is a piece of a retired collective instance (mu_ held).
+  bool is_retired(const FrameHeader &header, const std::string &key) const;
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, Slot> slots_;
   std::unordered_map<int, Status> failed_peers_;
+  // Per collective name that ever failed here: the newest failed instance.
+  std::unordered_map<std::string, uint64_t> retired_;
   uint64_t next_token_ = 1;
 };
 

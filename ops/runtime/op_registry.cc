@@ -17,44 +17,66 @@ OpRegistry::~OpRegistry() {
   watchdog_.join();
 }
 
-Status OpRegistry::add(const std::string &name, std::weak_ptr<PendingOp> op) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto aborted = early_aborts_.find(name);
-  if (aborted != early_aborts_.end()) {
-    Status why = aborted->second;
-    early_aborts_.erase(aborted);
-    return why;
-  }
+Status OpRegistry::check_addable(const std::string &name) const {
+  if (!closed_.ok()) return closed_;
   auto it = ops_.find(name);
   if (it != ops_.end() && !it->second.op.expired()) {
     return InvalidArgument("two collective operations named '" + name +
                            "' are in flight at once on this worker; give them distinct names");
   }
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(timeout_seconds_));
-  ops_[name] = Entry{std::move(op), deadline};
   return Status::OK();
 }
 
-void OpRegistry::remove(const std::string &name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ops_.erase(name);
+std::chrono::steady_clock::time_point OpRegistry::deadline() const {
+  return std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                std::chrono::duration<double>(timeout_seconds_));
 }
 
-void OpRegistry::remove_failed(const std::string &name) {
+Status OpRegistry::add(const std::string &name, std::weak_ptr<PendingOp> op) {
   std::lock_guard<std::mutex> lock(mu_);
-  ops_.erase(name);
-  recently_failed_[name] = std::chrono::steady_clock::now();
+  Status s = check_addable(name);
+  if (!s.ok()) return s;
+  ops_[name] = Entry{std::move(op), deadline(), 0};
+  return Status::OK();
 }
 
-void OpRegistry::abort(const std::string &name, const Status &why) {
+Status OpRegistry::add_collective(const std::string &name, std::weak_ptr<PendingOp> op, uint64_t *instance) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = check_addable(name);
+  if (!s.ok()) return s;
+  uint64_t inst = ++instances_[name];
+  *instance = inst;
+  auto aborted = early_aborts_.find(name);
+  if (aborted != early_aborts_.end()) {
+    std::map<uint64_t, Status> &pending = aborted->second;
+    pending.erase(pending.begin(), pending.lower_bound(inst));  // instances that ended without us
+    auto mine = pending.find(inst);
+    Status why = mine != pending.end() ? mine->second : Status::OK();
+    if (mine != pending.end()) pending.erase(mine);
+    if (pending.empty()) early_aborts_.erase(aborted);
+    if (!why.ok()) return why;
+  }
+  ops_[name] = Entry{std::move(op), deadline(), inst};
+  return Status::OK();
+}
+
+void OpRegistry::remove(const std::string &name, uint64_t instance) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ops_.find(name);
+  if (it != ops_.end() && it->second.instance == instance) ops_.erase(it);
+}
+
+void OpRegistry::abort(const std::string &name, uint64_t instance, const Status &why) {
   std::shared_ptr<PendingOp> op;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ops_.find(name);
-    if (it != ops_.end()) op = it->second.op.lock();
-    if (!op && recently_failed_.count(name) == 0) early_aborts_[name] = why;
+    if (it != ops_.end() && it->second.instance == instance) op = it->second.op.lock();
+    if (!op) {
+      auto started = instances_.find(name);
+      uint64_t last = started == instances_.end() ? 0 : started->second;
+      if (instance > last) early_aborts_[name][instance] = why;
+    }
   }
   if (op) op->fail(why, false);
 }
@@ -71,18 +93,35 @@ void OpRegistry::peer_lost(int rank, const Status &why) {
   for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), true);
 }
 
+void OpRegistry::peer_left(int rank, const Status &why) {
+  std::vector<std::shared_ptr<PendingOp>> doomed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto &kv : ops_) {
+      auto op = kv.second.op.lock();
+      if (op && op->only_with(rank)) doomed.push_back(std::move(op));
+    }
+  }
+  for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), false);
+}
+
+void OpRegistry::close(const Status &why) {
+  std::vector<std::shared_ptr<PendingOp>> doomed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = why;
+    for (auto &kv : ops_) {
+      if (auto op = kv.second.op.lock()) doomed.push_back(std::move(op));
+    }
+  }
+  for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), false);
+}
+
 void OpRegistry::watch() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(50));
     auto now = std::chrono::steady_clock::now();
-    for (auto it = recently_failed_.begin(); it != recently_failed_.end();) {
-      if (now - it->second > std::chrono::duration<double>(timeout_seconds_)) {
-        it = recently_failed_.erase(it);
-      } else {
-        ++it;
-      }
-    }
     std::vector<std::pair<std::string, std::shared_ptr<PendingOp>>> expired;
     for (auto it = ops_.begin(); it != ops_.end();) {
       auto op = it->second.op.lock();

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,6 +28,10 @@ class PendingOp {
   virtual std::string describe() const = 0;
   // Whether the op still needs messages from `rank`.
   virtual bool needs(int rank) const = 0;
+  // Whether the op concerns `rank` alone (a point-to-point exchange), so it
+  // ends when that peer leaves in order. Collectives learn of a leaver through
+  // the mailbox instead, and only if they still wait for data from it.
+  virtual bool only_with(int) const { return false; }
 };
 
 class OpRegistry {
@@ -34,33 +39,51 @@ class OpRegistry {
   explicit OpRegistry(double timeout_seconds);
   ~OpRegistry();
 
-  // Registers an op under a name unique among ops in flight. Fails if the name
-  // is taken, or if a peer already aborted an op of that name.
+  // Registers an op under a name unique among ops in flight (point-to-point
+  // ops use fresh names). Fails if the name is taken.
   Status add(const std::string &name, std::weak_ptr<PendingOp> op);
-  void remove(const std::string &name);
-  // Like remove(), and aborts for `name` arriving soon after are ignored: they
-  // are other workers' echoes of the same failure, not news about a later op.
-  void remove_failed(const std::string &name);
-  // An abort arrived from a peer for `name`.
-  void abort(const std::string &name, const Status &why);
+  // Registers a collective. Every worker numbers the collectives of one name
+  // in call order (1, 2, ...) and their pieces and aborts carry that
+  // *instance*, so a piece or abort of one instance never touches another.
+  // The number is counted even when the op fails at once: here because a
+  // peer already aborted this instance (its reason is returned).
+  Status add_collective(const std::string &name, std::weak_ptr<PendingOp> op, uint64_t *instance);
+  // Forgets `name` (for a collective: only if `instance` is the one registered).
+  void remove(const std::string &name, uint64_t instance = 0);
+  // An abort arrived from a peer for instance `instance` of `name`: fails it
+  // if in flight here, remembers it if not started yet, ignores it if over
+  // (an echo of a failure we already know).
+  void abort(const std::string &name, uint64_t instance, const Status &why);
   // Fails every op that still needs `rank`.
   void peer_lost(int rank, const Status &why);
+  // Fails every op that concerns `rank` alone (it left in order).
+  void peer_left(int rank, const Status &why);
+  // Fails every op in flight with `why` (not told to peers) and refuses new
+  // ones with it: the runtime is shutting down.
+  void close(const Status &why);
   double timeout_seconds() const { return timeout_seconds_; }
 
  private:
   struct Entry {
     std::weak_ptr<PendingOp> op;
     std::chrono::steady_clock::time_point deadline;
+    uint64_t instance = 0;  // collectives only
   };
   void watch();
+  Status check_addable(const std::string &name) const;  // mu_ held
+  std::chrono::steady_clock::time_point deadline() const;
 
   const double timeout_seconds_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::string, Entry> ops_;
-  std::unordered_map<std::string, Status> early_aborts_;  // aborts that beat their op here
-  std::unordered_map<std::string, std::chrono::steady_clock::time_point> recently_failed_;
+  // Per collective name: the last instance started here (one counter per
+  // distinct name, kept for the life of the runtime) and aborts of instances
+  // not started yet.
+  std::unordered_map<std::string, uint64_t> instances_;
+  std::unordered_map<std::string, std::map<uint64_t, Status>> early_aborts_;
   bool stopping_ = false;
+  Status closed_;  // set by close()
   std::thread watchdog_;
 };
 

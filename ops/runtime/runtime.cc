@@ -1,5 +1,8 @@
 #include "runtime.h"
 
+#include "env_values.h"
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,9 +39,13 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
   PeerID self;
   s = parse_peer(self_text, &self);
   if (!s.ok()) return InvalidArgument("KUNGFU_SELF: " + s.message());
-  std::string version = env("KUNGFU_CLUSTER_VERSION");
-  o.cluster = Cluster(version.empty() ? 0 : static_cast<uint32_t>(std::strtoul(version.c_str(), nullptr, 10)),
-                      list);
+  uint32_t version = 0;
+  std::string version_text = env("KUNGFU_CLUSTER_VERSION");
+  if (!version_text.empty()) {
+    s = parse_uint32("KUNGFU_CLUSTER_VERSION", version_text, &version);
+    if (!s.ok()) return s;
+  }
+  o.cluster = Cluster(version, list);
   o.self_rank = o.cluster.rank_of(self);
   if (o.self_rank < 0) {
     return InvalidArgument("KUNGFU_SELF=" + self_text + " is not in KUNGFU_PEERS=" + peers);
@@ -50,14 +57,16 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
   }
   std::string timeout = env("KUNGFU_TIMEOUT");
   if (!timeout.empty()) {
-    char *end = nullptr;
-    double t = std::strtod(timeout.c_str(), &end);
-    if (*end != '\0' || t <= 0) return InvalidArgument("KUNGFU_TIMEOUT must be a positive number of seconds, got '" + timeout + "'");
-    o.timeout_seconds = t;
+    s = parse_timeout_seconds("KUNGFU_TIMEOUT", timeout, &o.timeout_seconds);
+    if (!s.ok()) return s;
   }
   o.secret = env("KUNGFU_JOB_SECRET");
   if (o.secret.empty() && o.cluster.size() > 1) {
     return PermissionDenied("KUNGFU_JOB_SECRET is not set: start the workers with kungfu-run, which generates it");
+  }
+  if (!o.secret.empty()) {
+    s = check_job_secret("KUNGFU_JOB_SECRET", o.secret);
+    if (!s.ok()) return s;
   }
   *out = o;
   return Status::OK();
@@ -72,7 +81,22 @@ Runtime::Runtime(RuntimeOptions options) : opt_(std::move(options)), topology_(o
   registry_ = std::make_unique<OpRegistry>(opt_.timeout_seconds);
 }
 
-Runtime::~Runtime() { transport_.reset(); }
+Runtime::~Runtime() {
+  shutdown();
+  transport_.reset();
+}
+
+void Runtime::shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    if (transport_) {
+      auto deadline = std::chrono::steady_clock::now() +
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(std::min(opt_.timeout_seconds, kMaxLeaveSeconds)));
+      transport_->leave(deadline);
+    }
+    registry_->close(Unavailable("the kungfu runtime of " + opt_.cluster.describe(rank()) + " has shut down"));
+  });
+}
 
 Status Runtime::create(RuntimeOptions options, std::unique_ptr<Runtime> *out) {
   if (options.self_rank < 0 || options.self_rank >= options.cluster.size()) {
@@ -305,6 +329,7 @@ class PeerOp : public PendingOp {
   std::string waiting_for() const override { return "waiting for " + describe_; }
   std::string describe() const override { return what_; }
   bool needs(int rank) const override { return rank == rank_; }
+  bool only_with(int rank) const override { return rank == rank_; }
 
  private:
   const int rank_;
@@ -676,7 +701,7 @@ bool Runtime::on_frame(int src, const FrameHeader &header, std::string key, cons
       Code code = header.flags >= 1 && header.flags <= static_cast<uint8_t>(Code::kInternal)
                       ? static_cast<Code>(header.flags)
                       : Code::kInternal;
-      registry_->abort(key, Status(code, reason + " (reported by " + opt_.cluster.describe(src) + ")"));
+      registry_->abort(key, header.seq, Status(code, reason + " (reported by " + opt_.cluster.describe(src) + ")"));
       return true;
     }
     case FrameType::kP2PRequest:
@@ -694,6 +719,12 @@ bool Runtime::on_frame(int src, const FrameHeader &header, std::string key, cons
 void Runtime::on_peer_lost(int peer, const Status &why) {
   mailbox_.fail_peer(peer, why);
   registry_->peer_lost(peer, why);
+}
+
+void Runtime::on_peer_left(int peer, const Status &why) {
+  // What it sent before leaving stays deliverable; only waits for more fail.
+  mailbox_.fail_peer(peer, why);
+  registry_->peer_left(peer, why);
 }
 
 }  // namespace kungfu

@@ -66,7 +66,17 @@ struct RowsDesc {
 class Runtime : public FrameHandler {
  public:
   static Status create(RuntimeOptions options, std::unique_ptr<Runtime> *out);
+  // Shuts down (see shutdown()) and closes every connection.
   ~Runtime() override;
+
+  // Leaves the cluster in order, once: frames already queued are written,
+  // peers are told goodbye (they fail only what still waits for data from
+  // us, instead of treating our exit as a crash), then operations still in
+  // flight here fail and new ones are refused. Waits at most
+  // min(timeout, kMaxLeaveSeconds). Safe to call from any thread while
+  // kernels still run; the object stays usable (every op fails).
+  void shutdown();
+  static constexpr double kMaxLeaveSeconds = 10;
 
   int rank() const { return opt_.self_rank; }
   int size() const { return opt_.cluster.size(); }
@@ -147,6 +157,7 @@ class Runtime : public FrameHandler {
   // FrameHandler
   bool on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) override;
   void on_peer_lost(int peer, const Status &why) override;
+  void on_peer_left(int peer, const Status &why) override;
 
  private:
   explicit Runtime(RuntimeOptions options);
@@ -185,6 +196,7 @@ class Runtime : public FrameHandler {
   std::unique_ptr<OpRegistry> registry_;
   std::unique_ptr<Transport> transport_;  // destroyed first: its threads call into us
   std::atomic<uint64_t> next_request_{0};
+  std::once_flag shutdown_once_;
 };
 
 }  // namespace kungfu

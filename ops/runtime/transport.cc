@@ -177,6 +177,7 @@ void Transport::serve_connection(Fd fd, bool is_unix) {
 
   std::vector<char> scratch;
   std::string why;
+  bool said_goodbye = false;
   while (true) {
     FrameHeader h;
     if (!recv_all(fd.get(), &h, sizeof(h), &why)) break;
@@ -200,7 +201,13 @@ void Transport::serve_connection(Fd fd, bool is_unix) {
       read_ok = recv_all(fd.get(), dst, len, &why);
       return read_ok;
     };
-    if (h.cluster_version != opt_.cluster.version()) {
+    if (h.type == static_cast<uint8_t>(FrameType::kGoodbye)) {
+      // Everything the peer sent is in; what follows is the end of its stream.
+      said_goodbye = true;
+      Status left = Unavailable(opt_.cluster.describe(src) + " left the cluster");
+      peer_departed(src, left);
+      handler_->on_peer_left(src, left);
+    } else if (h.cluster_version != opt_.cluster.version()) {
       fprintf(stderr, "kungfu: dropped '%s' from %s: cluster version %u, ours is %u\n", key.c_str(),
               opt_.cluster.describe(src).c_str(), h.cluster_version, opt_.cluster.version());
     } else if (!handler_->on_frame(src, h, std::move(key), read)) {
@@ -216,7 +223,9 @@ void Transport::serve_connection(Fd fd, bool is_unix) {
     if (!read_ok) break;
   }
   forget();
-  if (!stopping_) {
+  // After a goodbye the end of the stream is expected; while we leave, so is
+  // a peer closing on us. Anything else is a crash.
+  if (!stopping_ && !leaving_ && !said_goodbye) {
     handler_->on_peer_lost(src, Unavailable("lost connection from " + opt_.cluster.describe(src) + ": " + why));
   }
 }
@@ -291,6 +300,11 @@ void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mut
   Status s = write_frame(dst, fd, item);
   lock.lock();
   link.busy = false;
+  if (s.ok() && item.header.type == static_cast<uint8_t>(FrameType::kGoodbye)) {
+    // Nothing follows a goodbye: end our stream so the peer reads EOF.
+    link.goodbye_written = true;
+    ::shutdown(fd, SHUT_WR);
+  }
   lock.unlock();
   link.cv.notify_all();
   if (!s.ok()) break_link(dst, s);
@@ -302,8 +316,9 @@ void Transport::send(int dst, FrameHeader header, std::string key, const void *d
   Link &link = *links_[dst];
   SendItem item{header, std::move(key), data, len, std::move(keepalive), std::move(on_sent)};
   std::unique_lock<std::mutex> lock(link.mu);
-  if (!link.broken.ok()) {
-    Status s = link.broken;
+  if (!link.broken.ok() || link.closing) {
+    Status s = link.broken.ok() ? Unavailable(opt_.cluster.describe(opt_.self_rank) + " is leaving the cluster")
+                                : link.broken;
     lock.unlock();
     item.on_sent(s);
     return;
@@ -364,7 +379,46 @@ void Transport::break_link(int dst, const Status &why) {
     failed.swap(links_[dst]->queue);
   }
   for (SendItem &item : failed) item.on_sent(why);
-  if (!stopping_) handler_->on_peer_lost(dst, why);
+  links_[dst]->cv.notify_all();
+  if (!stopping_ && !leaving_) handler_->on_peer_lost(dst, why);
+}
+
+void Transport::peer_departed(int dst, const Status &why) {
+  Link &link = *links_[dst];
+  std::deque<SendItem> failed;
+  {
+    std::lock_guard<std::mutex> lock(link.mu);
+    if (link.broken.ok()) link.broken = why;
+    failed.swap(link.queue);
+    // A write in progress finishes on its own; nothing is written after it.
+    if (!link.busy && link.fd.valid()) ::shutdown(link.fd.get(), SHUT_WR);
+  }
+  link.cv.notify_all();
+  for (SendItem &item : failed) item.on_sent(why);
+}
+
+void Transport::leave(std::chrono::steady_clock::time_point deadline) {
+  leaving_ = true;
+  for (int r = 0; r < opt_.cluster.size(); ++r) {
+    if (r == opt_.self_rank) continue;
+    Link &link = *links_[r];
+    std::unique_lock<std::mutex> lock(link.mu);
+    // Peers we never opened a stream to are waiting for nothing from us.
+    bool connected = link.fd.valid() || !link.queue.empty();
+    if (link.closing || !link.broken.ok() || !connected) continue;
+    link.closing = true;
+    FrameHeader h;
+    h.type = static_cast<uint8_t>(FrameType::kGoodbye);
+    link.queue.push_back(SendItem{h, std::string(), nullptr, 0, nullptr, [](const Status &) {}});
+    lock.unlock();
+    link.cv.notify_all();
+  }
+  for (int r = 0; r < opt_.cluster.size(); ++r) {
+    if (r == opt_.self_rank) continue;
+    Link &link = *links_[r];
+    std::unique_lock<std::mutex> lock(link.mu);
+    link.cv.wait_until(lock, deadline, [&] { return !link.closing || link.goodbye_written || !link.broken.ok(); });
+  }
 }
 
 }  // namespace kungfu

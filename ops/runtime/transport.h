@@ -8,6 +8,7 @@
 // without disturbing the job.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -36,6 +37,9 @@ class FrameHandler {
   virtual bool on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) = 0;
   // The connection from or to `peer` broke; pending work that needs it must fail.
   virtual void on_peer_lost(int peer, const Status &why) = 0;
+  // `peer` said goodbye: it has sent everything it will ever send us. Only
+  // work that still waits for data from it must fail.
+  virtual void on_peer_left(int peer, const Status &why) = 0;
 };
 
 using SendCallback = std::function<void(const Status &)>;
@@ -57,6 +61,12 @@ class Transport {
 
   // Binds the listeners and starts accepting. Fails if the port is taken.
   Status start();
+
+  // Orderly leave: every frame already handed to send() is written, then each
+  // peer we are connected to gets a goodbye and the end of our stream, so it
+  // can tell this from a crash. Waits until then or `deadline`, whichever
+  // comes first; later sends fail. The destructor then closes everything.
+  void leave(std::chrono::steady_clock::time_point deadline);
 
   // Sends header + key + payload to `dst` (never self). `data` must stay valid
   // until `on_sent` runs; `keepalive` is released after that. Frames to one
@@ -87,6 +97,8 @@ class Transport {
     Fd fd;
     bool busy = false;  // a frame is being written right now
     Status broken;      // once set, every send fails with it
+    bool closing = false;        // we are leaving: our goodbye is queued, nothing may follow it
+    bool goodbye_written = false;
     std::thread sender;
   };
 
@@ -98,6 +110,8 @@ class Transport {
   // Writes `item` with the link marked busy; `lock` (held on entry) is released.
   void write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item);
   void break_link(int dst, const Status &why);
+  // The peer said goodbye: sends to it fail from now on, and our stream to it ends.
+  void peer_departed(int dst, const Status &why);
 
   TransportOptions opt_;
   FrameHandler *handler_;
@@ -111,6 +125,7 @@ class Transport {
   std::vector<std::thread> receivers_;
   std::vector<int> open_incoming_;  // fds to shut down on stop
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> leaving_{false};  // leave() began: peers closing on us is expected
   std::atomic<uint64_t> rejected_{0};
 };
 

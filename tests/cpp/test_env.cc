@@ -1,0 +1,71 @@
+// RuntimeOptions::from_env rejects malformed KUNGFU_* values at start-up,
+// naming the variable, instead of reading them as 0, NaN or an overflow.
+#include <cstdlib>
+
+#include "env_values.h"
+#include "test_util.h"
+
+using namespace kungfu;
+using kftest::contains;
+
+namespace {
+
+const char *kSecret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+void set_good_env() {
+  setenv("KUNGFU_PEERS", "127.0.0.1:10001,127.0.0.1:10002", 1);
+  setenv("KUNGFU_SELF", "127.0.0.1:10002", 1);
+  setenv("KUNGFU_JOB_SECRET", kSecret, 1);
+  unsetenv("KUNGFU_TIMEOUT");
+  unsetenv("KUNGFU_CLUSTER_VERSION");
+  unsetenv("KUNGFU_TOPOLOGY");
+}
+
+// from_env with `variable` set to `value` fails, naming the variable.
+void expect_rejected(const char *variable, const char *value) {
+  set_good_env();
+  setenv(variable, value, 1);
+  RuntimeOptions o;
+  Status s = RuntimeOptions::from_env(&o);
+  if (s.ok()) std::fprintf(stderr, "  %s=%s was accepted\n", variable, value);
+  CHECK(s.code() == Code::kInvalidArgument);
+  CHECK(contains(s.message(), variable));
+}
+
+void test_good_values() {
+  set_good_env();
+  setenv("KUNGFU_TIMEOUT", "2.5", 1);
+  setenv("KUNGFU_CLUSTER_VERSION", "4294967295", 1);
+  RuntimeOptions o;
+  CHECK_OK(RuntimeOptions::from_env(&o));
+  CHECK(o.self_rank == 1);
+  CHECK(o.timeout_seconds == 2.5);
+  CHECK(o.cluster.version() == 4294967295u);
+}
+
+void test_bad_values() {
+  for (const char *v : {"nan", "inf", "-inf", "0", "-1", "1e300", "1e7", "10s", "", " 5", "0x10"}) {
+    if (*v) expect_rejected("KUNGFU_TIMEOUT", v);
+  }
+  for (const char *v : {"abc", "-1", "4294967296", "1.5", "99999999999", "12a"}) expect_rejected("KUNGFU_CLUSTER_VERSION", v);
+  for (const char *v : {"x", "short", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdeg"}) {
+    expect_rejected("KUNGFU_JOB_SECRET", v);
+  }
+  // The secret is never echoed, even when it is malformed.
+  set_good_env();
+  setenv("KUNGFU_JOB_SECRET", "my-precious-password", 1);
+  RuntimeOptions o;
+  Status s = RuntimeOptions::from_env(&o);
+  CHECK(!s.ok() && !contains(s.message(), "precious"));
+  expect_rejected("KUNGFU_SELF", "127.0.0.1:10009");
+  expect_rejected("KUNGFU_SELF", "nonsense");
+}
+
+}  // namespace
+
+int main() {
+  return kftest::run_tests({
+      {"good_values", test_good_values},
+      {"bad_values", test_bad_values},
+  });
+}
