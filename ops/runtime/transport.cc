@@ -46,6 +46,39 @@ void tune_socket(int fd, bool is_unix) {
 
 std::string errno_text(const char *what) { return std::string(what) + ": " + strerror(errno); }
 
+// connect() that gives up at `deadline`: a blocking connect to a host that
+// does not answer can take minutes, far past KUNGFU_TIMEOUT.
+bool connect_until(int fd, const struct sockaddr *addr, socklen_t len, std::chrono::steady_clock::time_point deadline,
+                   std::string *err) {
+  int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  int rc = ::connect(fd, addr, len);
+  if (rc != 0 && errno == EINPROGRESS) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    struct pollfd p = {fd, POLLOUT, 0};
+    int n;
+    do {
+      n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) {
+      *err = "connect timed out";
+      return false;
+    }
+    int soerr = 0;
+    socklen_t soerr_len = sizeof(soerr);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &soerr_len);
+    if (n < 0 || soerr != 0) {
+      *err = strerror(n < 0 ? errno : soerr);
+      return false;
+    }
+  } else if (rc != 0) {
+    *err = strerror(errno);
+    return false;
+  }
+  ::fcntl(fd, F_SETFL, flags);  // blocking again: the handshake and sends set their own timeouts
+  return true;
+}
+
 }  // namespace
 
 Transport::Transport(TransportOptions options, FrameHandler *handler)
@@ -63,10 +96,15 @@ Status Transport::start() {
   struct sockaddr_in addr = {};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(self.port);
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  // Listen only on the address the cluster names us by (peers reach us
+  // there; other interfaces have no business here). A host name may resolve
+  // differently here and on the peers (Debian maps its own name to
+  // 127.0.1.1), so only a literal address narrows the listener.
+  bool literal = ::inet_pton(AF_INET, self.host.c_str(), &addr.sin_addr) == 1;
+  if (!literal) addr.sin_addr.s_addr = htonl(INADDR_ANY);
   if (::bind(tcp, reinterpret_cast<struct sockaddr *>(&addr), sizeof(addr)) != 0) {
-    return Unavailable("cannot listen on port " + std::to_string(self.port) + " for " + self.str() + ": " +
-                       strerror(errno));
+    return Unavailable("cannot listen on " + (literal ? self.str() : "port " + std::to_string(self.port)) + " for " +
+                       opt_.cluster.describe(opt_.self_rank) + ": " + strerror(errno));
   }
   if (::listen(tcp, 128) != 0) return Internal(errno_text("listen"));
 
@@ -108,13 +146,15 @@ Transport::~Transport() {
     link->cv.notify_all();
     if (link->sender.joinable()) link->sender.join();
   }
-  std::vector<std::thread> receivers;
+  std::list<std::unique_ptr<Connection>> connections;
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
-    for (int fd : open_incoming_) ::shutdown(fd, SHUT_RDWR);
-    receivers.swap(receivers_);
+    for (auto &c : connections_) {
+      if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
+    }
+    connections.swap(connections_);
   }
-  for (auto &t : receivers) t.join();
+  for (auto &c : connections) c->thread.join();
 }
 
 // ---------------------------------------------------------------- receiving
@@ -126,52 +166,94 @@ void Transport::accept_loop() {
   fds[nfds++] = {tcp_listener_.get(), POLLIN, 0};
   if (unix_listener_.valid()) fds[nfds++] = {unix_listener_.get(), POLLIN, 0};
   while (!stopping_) {
-    int n = ::poll(fds, nfds, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
+    // Wakes at least once a second to reap finished connection threads.
+    int n = ::poll(fds, nfds, 1000);
+    if (n < 0 && errno != EINTR) break;
+    reap_connections();
+    if (n <= 0) continue;
     if (fds[0].revents) break;
     for (int i = 1; i < nfds; ++i) {
-      if (!(fds[i].revents & POLLIN)) continue;
-      int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      bool is_unix = (i == 2);
-      tune_socket(fd, is_unix);
-      std::lock_guard<std::mutex> lock(conn_mu_);
-      if (stopping_) {
-        ::close(fd);
-        break;
-      }
-      open_incoming_.push_back(fd);
-      receivers_.emplace_back([this, fd, is_unix] { serve_connection(Fd(fd), is_unix); });
+      if (fds[i].revents & POLLIN) accept_one(fds[i].fd, i == 2);
     }
   }
 }
 
-void Transport::serve_connection(Fd fd, bool is_unix) {
-  (void)is_unix;
-  auto forget = [this, &fd] {
-    std::lock_guard<std::mutex> lock(conn_mu_);
-    for (size_t i = 0; i < open_incoming_.size(); ++i) {
-      if (open_incoming_[i] == fd.get()) {
-        open_incoming_.erase(open_incoming_.begin() + i);
-        break;
-      }
-    }
-  };
-  std::string client_id, err;
-  if (!server_handshake(fd.get(), opt_.secret, &client_id, &err)) {
+void Transport::accept_one(int listener, bool is_unix) {
+  int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    // Out of descriptors: back off instead of spinning on a listener that stays readable.
+    if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return;
+  }
+  Fd owned(fd);
+  std::lock_guard<std::mutex> lock(conn_mu_);
+  if (stopping_) return;
+  if (handshaking_ >= kMaxHandshakes) {
     ++rejected_;
-    if (!stopping_) fprintf(stderr, "kungfu: rejected a connection: %s\n", err.c_str());
-    forget();
+    rejections_log_.print("dropped a connection: " + std::to_string(handshaking_) +
+                          " connections are already in their handshake");
+    return;
+  }
+  tune_socket(fd, is_unix);
+  auto conn = std::make_unique<Connection>();
+  conn->fd = fd;
+  Connection *c = conn.get();
+  try {
+    conn->thread = std::thread([this, fd, c] { serve_connection(Fd(fd), c); });
+  } catch (const std::system_error &e) {
+    // No thread to be had (resource limits): drop this connection, keep the worker.
+    ++rejected_;
+    rejections_log_.print(std::string("dropped a connection: cannot start a thread: ") + e.what());
+    return;
+  }
+  owned.release();  // the thread owns it now
+  ++handshaking_;
+  connections_.push_back(std::move(conn));
+}
+
+void Transport::reap_connections() {
+  std::list<std::unique_ptr<Connection>> finished;
+  {
+    std::lock_guard<std::mutex> lock(conn_mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if ((*it)->done) finished.splice(finished.end(), connections_, it);
+      it = next;
+    }
+  }
+  for (auto &c : finished) c->thread.join();
+}
+
+void Transport::serve_connection(Fd fd, Connection *conn) {
+  // Runs last, whatever the way out: closes the socket (under the lock, so
+  // the destructor never shuts down a number the kernel already reused) and
+  // lets the acceptor join this thread.
+  struct CloseWhenDone {
+    Transport *t;
+    Fd &fd;
+    Connection *c;
+    ~CloseWhenDone() {
+      std::lock_guard<std::mutex> lock(t->conn_mu_);
+      fd.reset();
+      c->fd = -1;
+      c->done = true;
+    }
+  } close_when_done{this, fd, conn};
+  std::string client_id, err;
+  bool proven = server_handshake(fd.get(), opt_.secret, &client_id, &err);
+  {
+    std::lock_guard<std::mutex> lock(conn_mu_);
+    --handshaking_;
+  }
+  if (!proven) {
+    ++rejected_;
+    if (!stopping_) rejections_log_.print("rejected a connection: " + err);
     return;
   }
   int src = opt_.cluster.rank_of(client_id);
   if (src < 0 || src == opt_.self_rank) {
     ++rejected_;
-    fprintf(stderr, "kungfu: rejected a connection from '%s': not a peer of this cluster\n", client_id.c_str());
-    forget();
+    rejections_log_.print("rejected a connection from '" + client_id + "': not a peer of this cluster");
     return;
   }
 
@@ -222,7 +304,6 @@ void Transport::serve_connection(Fd fd, bool is_unix) {
     }
     if (!read_ok) break;
   }
-  forget();
   // After a goodbye the end of the stream is expected; while we leave, so is
   // a peer closing on us. Anything else is a crash.
   if (!stopping_ && !leaving_ && !said_goodbye) {
@@ -236,27 +317,31 @@ Status Transport::connect_to(int dst, Fd *out) {
   const PeerID &peer = opt_.cluster.peer(dst);
   const PeerID &self = opt_.cluster.peer(opt_.self_rank);
   bool use_unix = opt_.same_host_unix_sockets && peer.host == self.host;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(opt_.timeout_seconds);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                        std::chrono::duration<double>(opt_.timeout_seconds));
   std::string last_error;
   int backoff_ms = 5;
   while (!stopping_) {
     Fd fd(::socket(use_unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    int rc;
+    bool connected;
     if (use_unix) {
       struct sockaddr_un addr;
       socklen_t len = unix_address(peer.port, &addr);
-      rc = ::connect(fd.get(), reinterpret_cast<struct sockaddr *>(&addr), len);
+      connected = connect_until(fd.get(), reinterpret_cast<struct sockaddr *>(&addr), len, deadline, &last_error);
     } else {
       struct addrinfo hints = {}, *res = nullptr;
       hints.ai_family = AF_INET;
       hints.ai_socktype = SOCK_STREAM;
       int gai = ::getaddrinfo(peer.host.c_str(), std::to_string(peer.port).c_str(), &hints, &res);
       if (gai != 0) return Unavailable("cannot resolve " + peer.str() + ": " + gai_strerror(gai));
-      rc = ::connect(fd.get(), res->ai_addr, res->ai_addrlen);
+      connected = connect_until(fd.get(), res->ai_addr, res->ai_addrlen, deadline, &last_error);
       freeaddrinfo(res);
     }
-    if (rc == 0) {
+    if (connected) {
       tune_socket(fd.get(), use_unix);
+      // A peer that stops reading fails our sends after the timeout instead
+      // of blocking a sender thread forever.
+      set_io_timeout(fd.get(), opt_.timeout_seconds);
       std::string err;
       if (!client_handshake(fd.get(), opt_.secret, self.str(), &err)) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
@@ -264,7 +349,6 @@ Status Transport::connect_to(int dst, Fd *out) {
       *out = std::move(fd);
       return Status::OK();
     }
-    last_error = strerror(errno);
     if (std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
     backoff_ms = std::min(backoff_ms * 2, 200);
@@ -273,33 +357,59 @@ Status Transport::connect_to(int dst, Fd *out) {
                      std::to_string(static_cast<int>(opt_.timeout_seconds)) + "s: " + last_error);
 }
 
-Status Transport::write_frame(int dst, int fd, SendItem &item) {
-  item.header.key_len = static_cast<uint32_t>(item.key.size());
-  item.header.payload_len = item.len;
-  item.header.cluster_version = opt_.cluster.version();
-  struct iovec iov[3];
-  iov[0] = {&item.header, sizeof(item.header)};
-  iov[1] = {const_cast<char *>(item.key.data()), item.key.size()};
-  iov[2] = {const_cast<void *>(item.data), item.len};
-  std::string err;
-  if (!sendv_all(fd, iov, 3, &err)) {
-    // No key here: the link keeps this status for every later send, and each
-    // op that fails on it adds its own name.
-    return Unavailable("connection to " + opt_.cluster.describe(dst) + " broke: " + err);
+Status Transport::write_frame(int dst, int fd, SendItem &item, bool wait) {
+  const size_t total = sizeof(item.header) + item.key.size() + item.len;
+  while (item.written < total) {
+    struct iovec iov[3];
+    iov[0] = {&item.header, sizeof(item.header)};
+    iov[1] = {const_cast<char *>(item.key.data()), item.key.size()};
+    iov[2] = {const_cast<void *>(item.data), item.len};
+    // Skip what an earlier, partial write already sent.
+    int first = 0;
+    size_t skip = item.written;
+    while (skip >= iov[first].iov_len) skip -= iov[first++].iov_len;
+    iov[first].iov_base = static_cast<char *>(iov[first].iov_base) + skip;
+    iov[first].iov_len -= skip;
+    struct msghdr msg = {};
+    msg.msg_iov = iov + first;
+    msg.msg_iovlen = 3 - first;
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!wait) return Status::OK();  // the rest goes from the sender thread
+        // The send timeout (KUNGFU_TIMEOUT) passed with no progress at all.
+        return DeadlineExceeded(opt_.cluster.describe(dst) + " read nothing we sent for " +
+                                std::to_string(static_cast<int>(opt_.timeout_seconds)) + "s (KUNGFU_TIMEOUT)");
+      }
+      // No key here: the link keeps this status for every later send, and
+      // each op that fails on it adds its own name.
+      return Unavailable("connection to " + opt_.cluster.describe(dst) + " broke: send failed: " + strerror(errno));
+    }
+    item.written += static_cast<size_t>(n);
   }
-  counters_.add_sent(dst, sizeof(item.header) + item.key.size() + item.len);
+  counters_.add_sent(dst, total);
   return Status::OK();
 }
 
-void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item) {
+void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item,
+                                  bool wait) {
   // `busy` keeps frames in order: nobody else writes until we are done, and the
   // lock is not held during the (possibly long) write.
   link.busy = true;
   int fd = link.fd.get();
   lock.unlock();
-  Status s = write_frame(dst, fd, item);
+  Status s = write_frame(dst, fd, item, wait);
   lock.lock();
   link.busy = false;
+  if (s.ok() && item.written < sizeof(item.header) + item.key.size() + item.len) {
+    // The socket is full and the caller may not wait (a TF kernel thread):
+    // the sender thread writes the rest, before anything queued after it.
+    link.queue.push_front(std::move(item));
+    lock.unlock();
+    link.cv.notify_all();
+    return;
+  }
   if (s.ok() && item.header.type == static_cast<uint8_t>(FrameType::kGoodbye)) {
     // Nothing follows a goodbye: end our stream so the peer reads EOF.
     link.goodbye_written = true;
@@ -314,6 +424,9 @@ void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mut
 void Transport::send(int dst, FrameHeader header, std::string key, const void *data, size_t len,
                      std::shared_ptr<const void> keepalive, SendCallback on_sent) {
   Link &link = *links_[dst];
+  header.key_len = static_cast<uint32_t>(key.size());
+  header.payload_len = len;
+  header.cluster_version = opt_.cluster.version();
   SendItem item{header, std::move(key), data, len, std::move(keepalive), std::move(on_sent)};
   std::unique_lock<std::mutex> lock(link.mu);
   if (!link.broken.ok() || link.closing) {
@@ -324,7 +437,9 @@ void Transport::send(int dst, FrameHeader header, std::string key, const void *d
     return;
   }
   if (len <= kInlineSendLimit && link.queue.empty() && !link.busy && link.fd.valid()) {
-    write_exclusively(dst, link, lock, item);
+    // Written by the caller without ever blocking it: what does not fit in
+    // the socket now is left to the sender thread.
+    write_exclusively(dst, link, lock, item, false);
     return;
   }
   link.queue.push_back(std::move(item));
@@ -360,7 +475,7 @@ void Transport::sender_loop(int dst) {
       item.on_sent(s);
       continue;
     }
-    write_exclusively(dst, link, lock, item);
+    write_exclusively(dst, link, lock, item, true);
   }
   // Shutting down: whatever is still queued fails.
   std::deque<SendItem> left;
@@ -409,6 +524,7 @@ void Transport::leave(std::chrono::steady_clock::time_point deadline) {
     link.closing = true;
     FrameHeader h;
     h.type = static_cast<uint8_t>(FrameType::kGoodbye);
+    h.cluster_version = opt_.cluster.version();
     link.queue.push_back(SendItem{h, std::string(), nullptr, 0, nullptr, [](const Status &) {}});
     lock.unlock();
     link.cv.notify_all();

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +22,7 @@
 #include "cluster.h"
 #include "frame.h"
 #include "mailbox.h"
+#include "rate_limited_log.h"
 #include "socket_io.h"
 #include "status.h"
 #include "traffic_counters.h"
@@ -71,15 +73,23 @@ class Transport {
   // Sends header + key + payload to `dst` (never self). `data` must stay valid
   // until `on_sent` runs; `keepalive` is released after that. Frames to one
   // peer are written in call order. Small frames on an idle link are written
-  // inline by the calling thread (lower latency); others by the peer's sender thread.
+  // inline by the calling thread (lower latency) as far as the socket takes
+  // them without blocking; everything else by the peer's sender thread, so
+  // the caller never waits on the network.
   void send(int dst, FrameHeader header, std::string key, const void *data, size_t len,
             std::shared_ptr<const void> keepalive, SendCallback on_sent);
 
   const TrafficCounters &counters() const { return counters_; }
   const Cluster &cluster() const { return opt_.cluster; }
   int self_rank() const { return opt_.self_rank; }
-  // Rejected connection attempts (bad secret, garbage, unknown peer).
+  // Rejected connection attempts (bad secret, garbage, unknown peer, or
+  // dropped because too many were already in their handshake).
   uint64_t rejected_connections() const { return rejected_.load(); }
+
+  // At most this many accepted connections may be in their handshake at
+  // once; more are closed at once. A cluster's own peers connect once each
+  // (and retry), so only a flood of strangers ever reaches it.
+  static constexpr size_t kMaxHandshakes = 64;
 
  private:
   struct SendItem {
@@ -89,6 +99,7 @@ class Transport {
     size_t len;
     std::shared_ptr<const void> keepalive;
     SendCallback on_sent;
+    size_t written = 0;  // bytes of header + key + payload already sent
   };
   struct Link {  // our outgoing connection to one peer
     std::mutex mu;
@@ -102,13 +113,31 @@ class Transport {
     std::thread sender;
   };
 
+  // An accepted connection and the thread serving it; reaped (joined) by
+  // the acceptor once `done`, so finished threads never pile up.
+  struct Connection {
+    std::thread thread;
+    int fd = -1;  // owned by the thread; shut down from outside on stop
+    std::atomic<bool> done{false};
+  };
+
   void accept_loop();
-  void serve_connection(Fd fd, bool is_unix);
+  // Accepts one pending connection from `listener`, or drops it when too
+  // many are still proving themselves.
+  void accept_one(int listener, bool is_unix);
+  // Joins the threads of finished connections.
+  void reap_connections();
+  void serve_connection(Fd fd, Connection *conn);
   void sender_loop(int dst);
   Status connect_to(int dst, Fd *out);
-  Status write_frame(int dst, int fd, SendItem &item);
-  // Writes `item` with the link marked busy; `lock` (held on entry) is released.
-  void write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item);
+  // Writes what is left of `item`. `wait`: until all is written (or the
+  // send timeout passes with no progress); otherwise only what fits in the
+  // socket now, never blocking.
+  Status write_frame(int dst, int fd, SendItem &item, bool wait);
+  // Writes `item` with the link marked busy; `lock` (held on entry) is
+  // released. An item not written whole (only when !wait) goes back to the
+  // front of the queue.
+  void write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item, bool wait);
   void break_link(int dst, const Status &why);
   // The peer said goodbye: sends to it fail from now on, and our stream to it ends.
   void peer_departed(int dst, const Status &why);
@@ -121,9 +150,10 @@ class Transport {
   Fd unix_listener_;
   Fd wake_read_, wake_write_;
   std::thread acceptor_;
-  std::mutex conn_mu_;
-  std::vector<std::thread> receivers_;
-  std::vector<int> open_incoming_;  // fds to shut down on stop
+  std::mutex conn_mu_;  // guards the two below
+  std::list<std::unique_ptr<Connection>> connections_;
+  size_t handshaking_ = 0;  // accepted connections not yet authenticated
+  RateLimitedLog rejections_log_{std::chrono::seconds(10)};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> leaving_{false};  // leave() began: peers closing on us is expected
   std::atomic<uint64_t> rejected_{0};
