@@ -402,6 +402,24 @@ REGISTER_OP("KungfuConsensus")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("True iff every worker passed byte-identical tensors (KungFu Alg. 1).");
 
+// What consensus compares: dtype, rank, dimensions, then the data. The
+// fixed-size fields come first, so the encoding of one tensor is never a
+// prefix of, or equal to, the encoding of a tensor of another dtype or shape
+// (float32 zeros and int32 zeros of one shape have the same data bytes).
+std::vector<char> consensus_bytes(const Tensor &in) {
+  std::vector<char> bytes;
+  auto append = [&bytes](auto value) {
+    const char *p = reinterpret_cast<const char *>(&value);
+    bytes.insert(bytes.end(), p, p + sizeof(value));
+  };
+  append(static_cast<int32_t>(in.dtype()));
+  append(static_cast<int32_t>(in.dims()));
+  for (int i = 0; i < in.dims(); ++i) append(static_cast<int64_t>(in.dim_size(i)));
+  auto data = in.tensor_data();
+  bytes.insert(bytes.end(), data.data(), data.data() + data.size());
+  return bytes;
+}
+
 class ConsensusOp : public AsyncOpKernel {
  public:
   explicit ConsensusOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {}
@@ -410,16 +428,7 @@ class ConsensusOp : public AsyncOpKernel {
     if (!check_runtime(ctx, &rt)) return done();
     std::string key;
     OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "key", &key), done);
-    const Tensor &in = ctx->input(0);
-    // The shape is part of what must agree, so it goes into the bytes too.
-    std::vector<char> bytes;
-    for (int i = 0; i < in.dims(); ++i) {
-      int64_t d = in.dim_size(i);
-      bytes.insert(bytes.end(), reinterpret_cast<char *>(&d), reinterpret_cast<char *>(&d) + sizeof(d));
-    }
-    bytes.push_back(static_cast<char>(in.dims()));
-    auto data = in.tensor_data();
-    bytes.insert(bytes.end(), data.data(), data.data() + data.size());
+    std::vector<char> bytes = consensus_bytes(ctx->input(0));
     Tensor *out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
     Tensor result = *out;
