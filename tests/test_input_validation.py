@@ -160,6 +160,16 @@ def test_eight_dims_and_fused_nine_dims_work():
     np.testing.assert_array_equal(ops.group_all_reduce([nine])[0].numpy(), nine.numpy())
 
 
+def test_integer_mean_is_rejected_by_the_kernels():
+    # ops.all_reduce refuses it in Python; the kernels used to return the sum.
+    lib, ints, key = library(), tf.constant([1, 2]), tf.constant("int_mean")
+    needle = "attr 'op': 'mean' needs a floating-point dtype, got int32"
+    _invalid(lambda: lib.kungfu_all_reduce(ints, key, op="mean"), "KungfuAllReduce: " + needle)
+    _invalid(lambda: lib.kungfu_group_all_reduce([ints], key, op="mean"), "KungfuGroupAllReduce: " + needle)
+    _invalid(lambda: lib.kungfu_reduce(ints, key, op="mean"), "KungfuReduce: " + needle)
+    _still_works()
+
+
 def test_rows_inputs_are_checked():
     _invalid(
         lambda: p2p.save_rows("t", tf.zeros([4, 2]), tf.zeros([1, 1], tf.int32), 1),

@@ -93,6 +93,13 @@ absl::Status parse_reduce_spec(OpKernelConstruction *ctx, ReduceSpec *spec) {
   TF_RETURN_IF_ERROR(ctx->GetAttr("op", &op));
   spec->mean = op == "mean";
   if (!spec->mean && !kungfu::parse_reduce_op(op, &spec->op)) return absl::InvalidArgumentError("bad reduce op " + op);
+  tensorflow::DataType dtype;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("T", &dtype));
+  // The runtime divides floating types only; an integer 'mean' would silently be the sum.
+  if (spec->mean && !tensorflow::DataTypeIsFloating(dtype)) {
+    return absl::InvalidArgumentError(ctx->def().op() + ": attr 'op': 'mean' needs a floating-point dtype, got " +
+                                      tensorflow::DataTypeString(dtype) + "; use 'sum'");
+  }
   return absl::OkStatus();
 }
 
