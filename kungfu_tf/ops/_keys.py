@@ -52,10 +52,10 @@ def check_name(name: object, what: str = "name") -> str:
     Example:
         >>> check_name("grads/dense")
         'grads/dense'
-        >>> check_name("a\x01b")
+        >>> check_name("a\\x01b")
         Traceback (most recent call last):
         ...
-        ValueError: name 'a\x01b' contains '\x01' (reserved for internal sub-keys) at offset 1
+        ValueError: name 'a\\x01b' contains '\\x01' (reserved for internal sub-keys) at offset 1
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what} must be a non-empty string, got {name!r}")
