@@ -10,6 +10,10 @@ its own shard of the training split.
   >= 0.90 on the digits test split (measured 0.96 with N=1, pair averaging
   0.964-0.972 at N=3; the threshold leaves margin for the asynchronous pair
   averaging's nondeterminism).
+* SMA's averaging step against numpy: a linear model from different
+  weights per worker, 3 steps of SGD+momentum with alpha=0.1 (tf.function
+  loop and Model.fit), equals numpy's replay of every worker's local step
+  and the pull toward the mean (rtol 1e-5).
 * SMA with alpha=1.0: after each of 4 steps every worker holds identical
   weights (consensus), and the weights changed.
 * Pair averaging, N=2, different initial weights: after one Model.fit step the
@@ -50,15 +54,16 @@ from kungfu_tf.optimizers import (
 
 WRAPPERS = [SynchronousAveragingOptimizer, PairAveragingOptimizer]
 
-# Keep in step with tests/workers/model_averaging.py: sma_fit 1, sma_alpha1
-# 4 steps + "changed" 1, pair_function 1, pair_closer 2 (N=2 only).
+# Keep in step with tests/workers/model_averaging.py: sma_fit 1, sma_step 2
+# (tf.function, fit), sma_alpha1 4 steps + "changed" 1, pair_function 1,
+# pair_closer 2 (N=2 only).
 def expected_checks(np_: int) -> int:
-    return 1 + 5 + 1 + (2 if np_ == 2 else 0)
+    return 1 + 2 + 5 + 1 + (2 if np_ == 2 else 0)
 
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_training_on_digits(np_):
-    rc, out, err = run_job(np_, "model_averaging.py", np_, timeout=120)
+    rc, out, err = run_job(np_, "model_averaging.py", np_, timeout=180)
     counts = assert_job_ok(rc, out, err, np_)
     assert counts == {r: expected_checks(np_) for r in range(np_)}, out[-4000:]
     assert "MISMATCH" not in err

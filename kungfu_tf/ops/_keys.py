@@ -11,6 +11,10 @@ must therefore be computed identically on every worker:
   worker yields the same keys.
 * eager code without ``name=``: the n-th unnamed call of a kind on one worker
   matches the n-th such call on every other worker.
+
+A name is at most :data:`MAX_NAME_BYTES` bytes (UTF-8) and contains neither
+``'\\x00'`` nor ``'\\x01'`` (the runtime's separator of internal sub-keys);
+the kernels check the same rules for keys that do not come through here.
 """
 
 from __future__ import annotations
@@ -36,10 +40,39 @@ def _graph_prefix(graph: tf.Graph) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
+# Mirrors kMaxUserKeyBytes in ops/kernels/runtime_access.h: the runtime adds
+# suffixes to a key and a frame carries at most 4096 bytes of it.
+MAX_NAME_BYTES = 1024
+_RESERVED = {"\x00": "'\\x00'", "\x01": "'\\x01' (reserved for internal sub-keys)"}
+
+
+def check_name(name: object, what: str = "name") -> str:
+    """``name`` if it can be a message key or p2p name, else ValueError naming ``what``.
+
+    Example:
+        >>> check_name("grads/dense")
+        'grads/dense'
+        >>> check_name("a\\x01b")
+        Traceback (most recent call last):
+        ...
+        ValueError: name 'a\\x01b' contains '\\x01' (reserved for internal sub-keys) at offset 1
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} must be a non-empty string, got {name!r}")
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{what} {name[:64]!r}... is {size} bytes in UTF-8; names may be at most {MAX_NAME_BYTES} bytes")
+    for char, label in _RESERVED.items():
+        at = name.find(char)
+        if at >= 0:
+            raise ValueError(f"{what} {name!r} contains {label} at offset {at}")
+    return name
+
+
 def message_key(kind: str, name: str | None) -> tf.Tensor:
     """A scalar string tensor holding the key for one collective of ``kind``."""
-    if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if name is not None:
+        check_name(name)
     if tf.executing_eagerly():
         if name is None:
             with _eager_lock:

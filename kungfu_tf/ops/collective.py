@@ -4,6 +4,13 @@ Every function works eagerly, inside ``tf.function`` and in ``tf.compat.v1``
 graphs. ``name`` is the message key that matches this call across workers (see
 :mod:`kungfu_tf.ops._keys`).
 
+Limits: ``all_reduce``, ``broadcast``, ``reduce`` and ``all_gather`` take
+tensors of at most 8 dimensions (the message header carries the shape so
+that peers can compare it; reshape first), ``group_all_reduce`` any (it
+sends one fused 1-D buffer). Names are at most 1024 bytes (UTF-8) without
+``'\\x00'`` or ``'\\x01'``. A violation raises ValueError in Python or
+InvalidArgumentError from the kernel, before anything is sent.
+
 Unused results: the data collectives are stateless ops (so that TF does not
 serialise them), and Grappler turns a stateless op whose outputs feed only
 control edges into a NoOp. A collective whose result one worker does not use

@@ -21,6 +21,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from kungfu_tf._native import library
+from kungfu_tf.ops._keys import check_name
+
+
+def _name(name: str | tf.Tensor) -> str | tf.Tensor:
+    # A tensor is checked by the kernel when it runs.
+    return check_name(name) if isinstance(name, str) else name
 
 
 def _version(version: int | tf.Tensor | None) -> tf.Tensor:
@@ -29,7 +35,7 @@ def _version(version: int | tf.Tensor | None) -> tf.Tensor:
 
 def save(name: str, x: tf.Tensor, version: int | tf.Tensor | None = None) -> tf.Operation | None:
     """Keeps a copy of ``x`` under ``name`` (and ``version``; None: just the latest)."""
-    return library().kungfu_save(name, tf.convert_to_tensor(x), _version(version))
+    return library().kungfu_save(_name(name), tf.convert_to_tensor(x), _version(version))
 
 
 def request(rank: int | tf.Tensor, name: str, like: tf.Tensor, version: int | tf.Tensor | None = None) -> tf.Tensor:
@@ -38,7 +44,7 @@ def request(rank: int | tf.Tensor, name: str, like: tf.Tensor, version: int | tf
     Raises NotFoundError if nothing was saved there, InvalidArgumentError if the
     saved tensor has a different size.
     """
-    return library().kungfu_request(tf.cast(rank, tf.int32), name, _version(version), tf.convert_to_tensor(like))
+    return library().kungfu_request(tf.cast(rank, tf.int32), _name(name), _version(version), tf.convert_to_tensor(like))
 
 
 def request_at_least(
@@ -67,7 +73,7 @@ def request_at_least(
     if isinstance(min_version, int) and min_version < 0:
         raise ValueError(f"min_version must be >= 0, got {min_version}")
     out, version = library().kungfu_request_at_least(
-        tf.cast(rank, tf.int32), name, tf.cast(min_version, tf.int64), tf.convert_to_tensor(like)
+        tf.cast(rank, tf.int32), _name(name), tf.cast(min_version, tf.int64), tf.convert_to_tensor(like)
     )
     return out, version
 
@@ -93,7 +99,7 @@ def push(rank: int | tf.Tensor, name: str | tf.Tensor, x: tf.Tensor) -> tf.Opera
         >>> from kungfu_tf.ops import p2p
         >>> p2p.push(0, "grad/w", tf.constant([1.0, 2.0]))  # to worker 0 (here: ourselves)
     """
-    return library().kungfu_push(tf.cast(rank, tf.int32), name, tf.convert_to_tensor(x))
+    return library().kungfu_push(tf.cast(rank, tf.int32), _name(name), tf.convert_to_tensor(x))
 
 
 def take(name: str | tf.Tensor, like: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -113,7 +119,7 @@ def take(name: str | tf.Tensor, like: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         >>> total.numpy(), int(count)
         (array([0, 0, 0]), 0)
     """
-    total, count = library().kungfu_take(name, tf.convert_to_tensor(like))
+    total, count = library().kungfu_take(_name(name), tf.convert_to_tensor(like))
     return total, count
 
 
@@ -140,7 +146,7 @@ def push_rows(rank: int | tf.Tensor, name: str | tf.Tensor, slices: tf.IndexedSl
         ([1, 4], [2, 3], 1)
     """
     return library().kungfu_push_rows(
-        tf.cast(rank, tf.int32), name, slices.indices, slices.values, tf.constant(num_rows, tf.int64)
+        tf.cast(rank, tf.int32), _name(name), slices.indices, slices.values, tf.constant(num_rows, tf.int64)
     )
 
 
@@ -154,7 +160,7 @@ def take_rows(
     pushes. The rows start again from zero. Never waits. Errors as
     :func:`take`.
     """
-    return library().kungfu_take_rows(name, T=dtype, shape=tf.TensorShape(shape))
+    return library().kungfu_take_rows(_name(name), T=dtype, shape=tf.TensorShape(shape))
 
 
 def save_rows(
@@ -175,7 +181,7 @@ def save_rows(
         >>> rows.numpy().tolist(), int(version)  # the first fetch: every row
         ([0, 1, 2, 3], 1)
     """
-    return library().kungfu_save_rows(name, table, rows, tf.cast(version, tf.int64))
+    return library().kungfu_save_rows(_name(name), table, rows, tf.cast(version, tf.int64))
 
 
 def request_rows(
@@ -199,5 +205,5 @@ def request_rows(
     if isinstance(min_version, int) and min_version < 0:
         raise ValueError(f"min_version must be >= 0, got {min_version}")
     return library().kungfu_request_rows(
-        tf.cast(rank, tf.int32), name, tf.cast(min_version, tf.int64), T=dtype, shape=tf.TensorShape(shape)
+        tf.cast(rank, tf.int32), _name(name), tf.cast(min_version, tf.int64), T=dtype, shape=tf.TensorShape(shape)
     )

@@ -186,7 +186,7 @@ class StrategyPlan:
                 residual = None
                 if n.error_feedback:
                     residual = make_variable(tf.zeros(n.shape, variable.dtype), f"{_safe(n.name)}_residual")
-                unit.compressor = Compressor(n.wire_dtype, residual)
+                unit.compressor = Compressor(n.wire_dtype, residual, name=n.name)
         return plan
 
     def _check_identical_eagerly(self) -> bool:
@@ -302,7 +302,8 @@ class StrategyPlan:
                     else:
                         piece = tf.convert_to_tensor(piece)
                         dtypes[key] = piece.dtype
-                        grouped.add(key, unit.compressor.encode(piece), node.group, node.topology)
+                        compressor = unit.compressor
+                        grouped.add(key, compressor.encode(piece), node.group, node.topology, compressor.reduce_op)
                     continue
                 owner = node.owner == self.rank
                 if unit.stale:

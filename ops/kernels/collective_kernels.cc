@@ -40,6 +40,7 @@ class CollectiveKeyOp : public OpKernel {
  public:
   explicit CollectiveKeyOp(OpKernelConstruction *ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("key_name", &name_));
+    OP_REQUIRES_OK(ctx, validate_user_key(name_, "KungfuCollectiveKey: attr 'key_name'"));
   }
   void Compute(OpKernelContext *ctx) override {
     Tensor *out = nullptr;
@@ -59,10 +60,19 @@ struct CollectiveStart {
   kungfu::DType dtype;
 };
 
-bool begin(OpKernelContext *ctx, int key_index, tensorflow::DataType dt, CollectiveStart *out) {
+// How the runtime will see the data of a collective: as input 0's own shape
+// (whose rank must fit a frame header, checked here, before the one-worker
+// shortcut, so a program that runs at np=1 runs at any np), or as one fused
+// 1-D buffer.
+enum class Described { kAsInput0, kFused };
+
+bool begin(OpKernelContext *ctx, int key_index, tensorflow::DataType dt, Described described, CollectiveStart *out) {
   if (!check_runtime(ctx, &out->rt)) return false;
-  absl::Status s = scalar_string(ctx, key_index, &out->key);
+  absl::Status s = read_key(ctx, key_index, "key", &out->key);
   if (s.ok()) s = to_kungfu_dtype(dt, &out->dtype);
+  if (s.ok() && described == Described::kAsInput0) {
+    s = check_rank_fits(ctx->input(0), ctx->op_kernel().type_string() + " '" + out->key + "'");
+  }
   if (!s.ok()) {
     ctx->SetStatus(s);
     return false;
@@ -83,6 +93,13 @@ absl::Status parse_reduce_spec(OpKernelConstruction *ctx, ReduceSpec *spec) {
   TF_RETURN_IF_ERROR(ctx->GetAttr("op", &op));
   spec->mean = op == "mean";
   if (!spec->mean && !kungfu::parse_reduce_op(op, &spec->op)) return absl::InvalidArgumentError("bad reduce op " + op);
+  tensorflow::DataType dtype;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("T", &dtype));
+  // The runtime divides floating types only; an integer 'mean' would silently be the sum.
+  if (spec->mean && !tensorflow::DataTypeIsFloating(dtype)) {
+    return absl::InvalidArgumentError(ctx->def().op() + ": attr 'op': 'mean' needs a floating-point dtype, got " +
+                                      tensorflow::DataTypeString(dtype) + "; use 'sum'");
+  }
   return absl::OkStatus();
 }
 
@@ -175,7 +192,7 @@ class AllReduceOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     kungfu::Buffer buf;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), Described::kAsInput0, &st)) return done();
     if (alone(ctx, st.rt, 1)) return done();
     if (!same_shape_output(ctx, st, &cache_, &buf)) return done();
     topology_.all_reduce(st.rt, st.key, buf, spec_.op, finish_reduce(ctx, done, spec_, st.rt, buf));
@@ -211,7 +228,7 @@ class GroupAllReduceOp : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
-    if (!begin(ctx, n_, ctx->input(0).dtype(), &st)) return done();
+    if (!begin(ctx, n_, ctx->input(0).dtype(), Described::kFused, &st)) return done();
     if (alone(ctx, st.rt, n_)) return done();
     int64_t total = 0;
     for (int i = 0; i < n_; ++i) total += ctx->input(i).NumElements();
@@ -274,7 +291,7 @@ class BroadcastOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     kungfu::Buffer buf;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st) || !same_shape_output(ctx, st, &cache_, &buf)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), Described::kAsInput0, &st) || !same_shape_output(ctx, st, &cache_, &buf)) return done();
     st.rt->broadcast(st.key, buf, root_, finish(ctx, done));
   }
 
@@ -304,7 +321,7 @@ class ReduceToRootOp : public AsyncOpKernel {
   }
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), Described::kAsInput0, &st)) return done();
     kungfu::Buffer buf;
     if (st.rt->rank() == root_) {
       if (!same_shape_output(ctx, st, &cache_, &buf)) return done();
@@ -348,7 +365,7 @@ class AllGatherOp : public AsyncOpKernel {
   explicit AllGatherOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {}
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), &st)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), Described::kAsInput0, &st)) return done();
     const Tensor &in = ctx->input(0);
     TensorShape shape = in.shape();
     shape.InsertDim(0, st.rt->size());
@@ -377,7 +394,7 @@ class BarrierOp : public AsyncOpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
     std::string key;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 0, &key), done);
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 0, "key", &key), done);
     rt->barrier(key, finish(ctx, done));
   }
 };
@@ -392,6 +409,24 @@ REGISTER_OP("KungfuConsensus")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("True iff every worker passed byte-identical tensors (KungFu Alg. 1).");
 
+// What consensus compares: dtype, rank, dimensions, then the data. The
+// fixed-size fields come first, so the encoding of one tensor is never a
+// prefix of, or equal to, the encoding of a tensor of another dtype or shape
+// (float32 zeros and int32 zeros of one shape have the same data bytes).
+std::vector<char> consensus_bytes(const Tensor &in) {
+  std::vector<char> bytes;
+  auto append = [&bytes](auto value) {
+    const char *p = reinterpret_cast<const char *>(&value);
+    bytes.insert(bytes.end(), p, p + sizeof(value));
+  };
+  append(static_cast<int32_t>(in.dtype()));
+  append(static_cast<int32_t>(in.dims()));
+  for (int i = 0; i < in.dims(); ++i) append(static_cast<int64_t>(in.dim_size(i)));
+  auto data = in.tensor_data();
+  bytes.insert(bytes.end(), data.data(), data.data() + data.size());
+  return bytes;
+}
+
 class ConsensusOp : public AsyncOpKernel {
  public:
   explicit ConsensusOp(OpKernelConstruction *ctx) : AsyncOpKernel(ctx) {}
@@ -399,17 +434,8 @@ class ConsensusOp : public AsyncOpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
     std::string key;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &key), done);
-    const Tensor &in = ctx->input(0);
-    // The shape is part of what must agree, so it goes into the bytes too.
-    std::vector<char> bytes;
-    for (int i = 0; i < in.dims(); ++i) {
-      int64_t d = in.dim_size(i);
-      bytes.insert(bytes.end(), reinterpret_cast<char *>(&d), reinterpret_cast<char *>(&d) + sizeof(d));
-    }
-    bytes.push_back(static_cast<char>(in.dims()));
-    auto data = in.tensor_data();
-    bytes.insert(bytes.end(), data.data(), data.data() + data.size());
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "key", &key), done);
+    std::vector<char> bytes = consensus_bytes(ctx->input(0));
     Tensor *out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
     Tensor result = *out;

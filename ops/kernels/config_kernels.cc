@@ -80,8 +80,8 @@ class SetTopologyOp : public AsyncOpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
     std::string name, key;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 0, &name), done);
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &key), done);
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 0, "topology", &name), done);
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "key", &key), done);
     kungfu::TopologyKind kind;
     kungfu::Status parsed = kungfu::parse_topology(name, &kind);
     OP_REQUIRES_ASYNC(ctx, parsed.ok(), to_tf_status(parsed), done);

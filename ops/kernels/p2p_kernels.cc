@@ -39,9 +39,10 @@ class SaveOp : public OpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
     std::string name;
-    OP_REQUIRES_OK(ctx, scalar_string(ctx, 0, &name));
+    OP_REQUIRES_OK(ctx, read_key(ctx, 0, "blob_name", &name));
     const Tensor &in = ctx->input(1);
-    int64_t version = ctx->input(2).scalar<int64_t>()();
+    int64_t version;
+    OP_REQUIRES_OK(ctx, scalar_input(ctx, 2, "version", &version));
     auto data = in.tensor_data();
     rt->save(name, to_version(version), data.data(), data.size());
   }
@@ -68,10 +69,12 @@ class RequestOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
-    int rank = ctx->input(0).scalar<int32_t>()();
+    int32_t rank;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 0, "rank", &rank), done);
     std::string name;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &name), done);
-    int64_t version = ctx->input(2).scalar<int64_t>()();
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "blob_name", &name), done);
+    int64_t version;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 2, "version", &version), done);
     const Tensor &like = ctx->input(3);
     Tensor *out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, like.shape(), &out), done);
@@ -106,10 +109,12 @@ class RequestAtLeastOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
-    int rank = ctx->input(0).scalar<int32_t>()();
+    int32_t rank;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 0, "rank", &rank), done);
     std::string name;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &name), done);
-    int64_t min_version = ctx->input(2).scalar<int64_t>()();
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "blob_name", &name), done);
+    int64_t min_version;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 2, "min_version", &min_version), done);
     // Unlike KungfuRequest, no "latest" here: a negative bound is a mistake.
     OP_REQUIRES_ASYNC(ctx, min_version >= 0,
                       absl::InvalidArgumentError("request_at_least '" + name + "': min_version must be >= 0, got " +
@@ -154,9 +159,10 @@ class PushOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
-    int rank = ctx->input(0).scalar<int32_t>()();
+    int32_t rank;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 0, "rank", &rank), done);
     std::string name;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &name), done);
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "blob_name", &name), done);
     const Tensor &in = ctx->input(2);
     kungfu::DType dtype;
     OP_REQUIRES_OK_ASYNC(ctx, to_kungfu_dtype(in.dtype(), &dtype), done);
@@ -192,7 +198,7 @@ class TakeOp : public OpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
     std::string name;
-    OP_REQUIRES_OK(ctx, scalar_string(ctx, 0, &name));
+    OP_REQUIRES_OK(ctx, read_key(ctx, 0, "blob_name", &name));
     const Tensor &like = ctx->input(1);
     kungfu::DType dtype;
     OP_REQUIRES_OK(ctx, to_kungfu_dtype(like.dtype(), &dtype));

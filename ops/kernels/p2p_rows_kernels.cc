@@ -26,9 +26,14 @@ using tensorflow::TensorShape;
 
 namespace {
 
-// Rows of a table of `shape` (rank >= 1): dim 0 counts rows.
-absl::Status rows_desc(tensorflow::DataType dt, const TensorShape &shape, kungfu::RowsDesc *out) {
-  if (shape.dims() < 1) return absl::InvalidArgumentError("a table needs at least one dimension (rows)");
+// Rows of a table of `shape` (rank >= 1): dim 0 counts rows. `what` names
+// where the shape came from in the error.
+absl::Status rows_desc(tensorflow::DataType dt, const TensorShape &shape, const std::string &what,
+                       kungfu::RowsDesc *out) {
+  if (shape.dims() < 1) {
+    return absl::InvalidArgumentError(what + ": a table needs at least one dimension (rows), got shape " +
+                                      shape.DebugString());
+  }
   kungfu::DType dtype;
   TF_RETURN_IF_ERROR(to_kungfu_dtype(dt, &dtype));
   size_t row_len = 1;
@@ -63,6 +68,10 @@ absl::Status allocate_rows(OpKernelContext *ctx, int indices_at, const TensorSha
 absl::Status rows_outputs(tensorflow::shape_inference::InferenceContext *c) {
   PartialTensorShape table;
   TF_RETURN_IF_ERROR(c->GetAttr("shape", &table));
+  if (table.dims() < 1) {  // also unknown rank: the kernel needs the whole shape
+    return absl::InvalidArgumentError("attr 'shape': a table needs at least one dimension (rows), "
+                                      "got shape " + table.DebugString());
+  }
   tensorflow::shape_inference::ShapeHandle row, values;
   TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(table, &row));
   TF_RETURN_IF_ERROR(c->ReplaceDim(row, 0, c->UnknownDim(), &values));
@@ -82,7 +91,7 @@ absl::Status read_table_attrs(OpKernelConstruction *ctx, TableAttrs *out) {
   tensorflow::DataType dtype;
   TF_RETURN_IF_ERROR(ctx->GetAttr("shape", &out->shape));
   TF_RETURN_IF_ERROR(ctx->GetAttr("T", &dtype));
-  return rows_desc(dtype, out->shape, &out->desc);
+  return rows_desc(dtype, out->shape, ctx->def().op() + ": attr 'shape'", &out->desc);
 }
 
 }  // namespace
@@ -107,21 +116,25 @@ class PushRowsOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
-    int rank = ctx->input(0).scalar<int32_t>()();
+    int32_t rank;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 0, "rank", &rank), done);
     std::string name;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &name), done);
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "blob_name", &name), done);
     const Tensor &indices = ctx->input(2), &values = ctx->input(3);
-    int64_t num_rows = ctx->input(4).scalar<int64_t>()();
+    int64_t num_rows;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 4, "num_rows", &num_rows), done);
     OP_REQUIRES_ASYNC(ctx, values.dims() >= 1 && indices.dims() == 1 && indices.dim_size(0) == values.dim_size(0),
                       absl::InvalidArgumentError("push_rows '" + name + "': indices " + indices.shape().DebugString() +
                                                  " do not match values " + values.shape().DebugString()),
                       done);
     OP_REQUIRES_ASYNC(ctx, num_rows >= 0,
-                      absl::InvalidArgumentError("push_rows '" + name + "': num_rows must be >= 0"), done);
+                      absl::InvalidArgumentError("push_rows '" + name + "': num_rows must be >= 0, got " +
+                                                 std::to_string(num_rows)),
+                      done);
     TensorShape table = values.shape();
     table.set_dim(0, num_rows);
     kungfu::RowsDesc desc;
-    OP_REQUIRES_OK_ASYNC(ctx, rows_desc(values.dtype(), table, &desc), done);
+    OP_REQUIRES_OK_ASYNC(ctx, rows_desc(values.dtype(), table, input_label(ctx, "values"), &desc), done);
     std::vector<int64_t> rows = as_int64(indices);
     // The runtime copies what it sends before returning: no tensor to hold.
     rt->push_rows(rank, name, desc, rows.size(), rows.data(), values.tensor_data().data(), finish(ctx, done));
@@ -149,7 +162,7 @@ class TakeRowsOp : public OpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
     std::string name;
-    OP_REQUIRES_OK(ctx, scalar_string(ctx, 0, &name));
+    OP_REQUIRES_OK(ctx, read_key(ctx, 0, "blob_name", &name));
     std::vector<int64_t> rows;
     std::vector<char> values;
     int64_t pushes = 0;
@@ -188,15 +201,20 @@ class SaveRowsOp : public OpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
     std::string name;
-    OP_REQUIRES_OK(ctx, scalar_string(ctx, 0, &name));
+    OP_REQUIRES_OK(ctx, read_key(ctx, 0, "blob_name", &name));
     const Tensor &table = ctx->input(1);
-    int64_t version = ctx->input(3).scalar<int64_t>()();
+    const Tensor &rows_in = ctx->input(2);
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsVector(rows_in.shape()),
+                absl::InvalidArgumentError(input_label(ctx, "rows") + " must be a vector of row indices, got shape " +
+                                           rows_in.shape().DebugString()));
+    int64_t version;
+    OP_REQUIRES_OK(ctx, scalar_input(ctx, 3, "version", &version));
     OP_REQUIRES(ctx, version > 0,
                 absl::InvalidArgumentError("save_rows '" + name + "': version must be > 0, got " +
                                            std::to_string(version)));
     kungfu::RowsDesc desc;
-    OP_REQUIRES_OK(ctx, rows_desc(table.dtype(), table.shape(), &desc));
-    std::vector<int64_t> rows = as_int64(ctx->input(2));
+    OP_REQUIRES_OK(ctx, rows_desc(table.dtype(), table.shape(), input_label(ctx, "table"), &desc));
+    std::vector<int64_t> rows = as_int64(rows_in);
     kungfu::Status s = rt->save_rows(name, static_cast<uint64_t>(version), table.tensor_data().data(), desc,
                                      rows.data(), rows.size());
     OP_REQUIRES(ctx, s.ok(), to_tf_status(s));
@@ -228,10 +246,12 @@ class RequestRowsOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return done();
-    int rank = ctx->input(0).scalar<int32_t>()();
+    int32_t rank;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 0, "rank", &rank), done);
     std::string name;
-    OP_REQUIRES_OK_ASYNC(ctx, scalar_string(ctx, 1, &name), done);
-    int64_t min_version = ctx->input(2).scalar<int64_t>()();
+    OP_REQUIRES_OK_ASYNC(ctx, read_key(ctx, 1, "blob_name", &name), done);
+    int64_t min_version;
+    OP_REQUIRES_OK_ASYNC(ctx, scalar_input(ctx, 2, "min_version", &min_version), done);
     OP_REQUIRES_ASYNC(ctx, min_version >= 0,
                       absl::InvalidArgumentError("request_rows '" + name + "': min_version must be >= 0, got " +
                                                  std::to_string(min_version)),

@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "frame.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
 namespace kungfu_tf {
 
 using tensorflow::DataType;
@@ -96,12 +99,71 @@ std::shared_ptr<const void> hold(std::vector<tensorflow::Tensor> tensors) {
   return h;
 }
 
-absl::Status scalar_string(tensorflow::OpKernelContext *ctx, int index, std::string *out) {
+std::string input_label(tensorflow::OpKernelContext *ctx, const char *input) {
+  return ctx->op_kernel().type_string() + ": input '" + input + "'";
+}
+
+absl::Status scalar_string(tensorflow::OpKernelContext *ctx, int index, const char *input, std::string *out) {
   const tensorflow::Tensor &t = ctx->input(index);
-  if (t.dtype() != tensorflow::DT_STRING || t.NumElements() != 1) {
-    return absl::InvalidArgumentError("expected a scalar string input at position " + std::to_string(index));
+  if (t.dtype() != tensorflow::DT_STRING || !tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
+    return absl::InvalidArgumentError(input_label(ctx, input) + " must be a scalar string, got " +
+                                      tensorflow::DataTypeString(t.dtype()) + " of shape " + t.shape().DebugString());
   }
-  *out = std::string(t.flat<tensorflow::tstring>()(0));
+  *out = std::string(t.scalar<tensorflow::tstring>()());
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The key as printable text for an error message: control bytes escaped,
+// long keys cut (the length is reported separately).
+std::string printable(const std::string &key) {
+  constexpr size_t kShown = 64;
+  std::string out;
+  for (size_t i = 0; i < key.size() && i < kShown; ++i) {
+    auto c = static_cast<unsigned char>(key[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (key.size() > kShown) out += "...";
+  return out;
+}
+
+}  // namespace
+
+absl::Status validate_user_key(const std::string &key, const std::string &what) {
+  if (key.empty()) return absl::InvalidArgumentError(what + ": a name must not be empty");
+  if (key.size() > kMaxUserKeyBytes) {
+    return absl::InvalidArgumentError(what + ": name '" + printable(key) + "' is " + std::to_string(key.size()) +
+                                      " bytes; names may be at most " + std::to_string(kMaxUserKeyBytes) + " bytes");
+  }
+  for (char reserved : {'\x00', '\x01'}) {
+    size_t at = key.find(reserved);
+    if (at != std::string::npos) {
+      return absl::InvalidArgumentError(what + ": name '" + printable(key) + "' contains byte " +
+                                        (reserved == '\x00' ? "'\\x00'" : "'\\x01' (reserved for internal sub-keys)") +
+                                        " at offset " + std::to_string(at));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status read_key(tensorflow::OpKernelContext *ctx, int index, const char *input, std::string *out) {
+  TF_RETURN_IF_ERROR(scalar_string(ctx, index, input, out));
+  return validate_user_key(*out, input_label(ctx, input));
+}
+
+absl::Status check_rank_fits(const tensorflow::Tensor &t, const std::string &what) {
+  if (t.dims() > kungfu::kMaxDims) {
+    return absl::InvalidArgumentError("kungfu collectives support at most " + std::to_string(kungfu::kMaxDims) +
+                                      " dimensions, got " + std::to_string(t.dims()) + " for " + what + " (shape " +
+                                      t.shape().DebugString() + "); reshape it first, e.g. to 1-D");
+  }
   return absl::OkStatus();
 }
 

@@ -8,6 +8,13 @@ training split (rows rank, rank+NP, ...) and checks:
 * sma_fit: SynchronousAveragingOptimizer(SGD+momentum, alpha=0.1) in
   Model.fit from identical (broadcast) weights reaches held-out accuracy
   >= ACCURACY on the digits test split;
+* sma_step: the averaging step itself, against numpy. A linear model (one
+  Dense layer, MSE loss: gradients in closed form) starts from *different*
+  weights on every worker and takes SMA_STEPS steps of SGD+momentum with
+  alpha=0.1 on its own data, in a tf.function loop and in Model.fit; numpy
+  replays every worker's local step and the pull
+  v += alpha * (mean_over_workers(v) - v) and must give this worker's weights
+  (float32 rounding only);
 * sma_alpha1: with alpha=1.0 in a tf.function loop calling apply_gradients,
   after every step all workers hold identical weights (consensus), and the
   weights did change;
@@ -73,6 +80,70 @@ def start_model(rank: int, broadcast: bool) -> keras.Model:
     return model
 
 
+# sma_step: a linear model small enough to replay in numpy.
+SMA_ALPHA, SMA_STEPS, SMA_FEATURES, SMA_OUTPUTS, SMA_BATCH = 0.1, 3, 5, 2, 8
+SMA_RTOL, SMA_ATOL = 1e-5, 1e-6  # float32 arithmetic in TF, float64 in numpy
+
+
+def sma_case(rank: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Worker ``rank``'s initial [kernel, bias] (different per rank) and its SMA_STEPS batches."""
+    rng = np.random.default_rng(seed=[7, rank])
+    init = [
+        rng.normal(size=(SMA_FEATURES, SMA_OUTPUTS)).astype(np.float32),
+        rng.normal(size=(SMA_OUTPUTS,)).astype(np.float32),
+    ]
+    x = rng.normal(size=(SMA_STEPS * SMA_BATCH, SMA_FEATURES)).astype(np.float32)
+    y = rng.normal(size=(SMA_STEPS * SMA_BATCH, SMA_OUTPUTS)).astype(np.float32)
+    return init, x, y
+
+
+def sma_reference(size: int) -> list[list[np.ndarray]]:
+    """Every worker's [kernel, bias] after SMA_STEPS steps of SGD+momentum + the SMA pull, in float64."""
+    cases = [sma_case(r) for r in range(size)]
+    weights = [[w.astype(np.float64) for w in init] for init, _, _ in cases]
+    velocity = [[np.zeros_like(w) for w in ws] for ws in weights]
+    for s in range(SMA_STEPS):
+        rows = slice(s * SMA_BATCH, (s + 1) * SMA_BATCH)
+        for r, (_, x, y) in enumerate(cases):
+            xb, yb = x[rows].astype(np.float64), y[rows].astype(np.float64)
+            kernel, bias = weights[r]
+            # Keras MSE: mean over outputs, then over the batch.
+            residual = 2.0 * (xb @ kernel + bias - yb) / (SMA_BATCH * SMA_OUTPUTS)
+            for i, g in enumerate((xb.T @ residual, residual.sum(axis=0))):
+                velocity[r][i] = MOMENTUM * velocity[r][i] - LR * g  # keras SGD, nesterov=False
+                weights[r][i] = weights[r][i] + velocity[r][i]
+        means = [np.mean([weights[r][i] for r in range(size)], axis=0) for i in range(2)]
+        weights = [[w + SMA_ALPHA * (m - w) for w, m in zip(ws, means)] for ws in weights]
+    return weights
+
+
+def check_sma_step(chk: Checker, rank: int, size: int) -> None:
+    want = sma_reference(size)[rank]
+    init, x, y = sma_case(rank)
+    for api in ("function", "fit"):
+        model = keras.Sequential([keras.Input((SMA_FEATURES,)), keras.layers.Dense(SMA_OUTPUTS)])
+        model.set_weights(init)
+        opt = SynchronousAveragingOptimizer(sgd(), alpha=SMA_ALPHA, name=f"sma_step_{api}")
+        if api == "function":
+
+            @tf.function
+            def step(xb, yb, model=model, opt=opt):
+                with tf.GradientTape() as tape:
+                    loss = keras.losses.mean_squared_error(yb, model(xb, training=True))
+                    loss = tf.reduce_mean(loss)
+                opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+            for s in range(SMA_STEPS):
+                step(x[s * SMA_BATCH : (s + 1) * SMA_BATCH], y[s * SMA_BATCH : (s + 1) * SMA_BATCH])
+        else:
+            model.compile(optimizer=opt, loss="mse", jit_compile=False)
+            model.fit(x, y, batch_size=SMA_BATCH, epochs=1, shuffle=False, verbose=0)
+        got = model.get_weights()
+        ok = all(np.allclose(g, w, rtol=SMA_RTOL, atol=SMA_ATOL) for g, w in zip(got, want))
+        err = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
+        chk.true(ok, f"sma_step ({api}): weights differ from numpy's SMA by up to {err:.3g}")
+
+
 def loss_fn(y, logits):
     return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
 
@@ -114,6 +185,10 @@ def main() -> None:
     print(f"sma_fit accuracy {acc:.4f}", flush=True)
     chk.true(acc >= ACCURACY, f"sma_fit: accuracy {acc:.4f} < {ACCURACY}")
     times["sma_fit"] = time.time() - t0
+
+    t0 = time.time()
+    check_sma_step(chk, rank, size)
+    times["sma_step"] = time.time() - t0
 
     t0 = time.time()
     model = start_model(rank, broadcast=True)

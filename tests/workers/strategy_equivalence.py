@@ -22,8 +22,9 @@ statistics (as in Horovod without SyncBatchNorm), so its reference is one
 process averaging the gradients of the N shards — what data parallelism
 computes — rather than one process on the union.
 
-Also here: slots of PS variables exist only on their owners; a bf16 run stays
-within a stated tolerance of the reference; error feedback keeps the
+Also here: slots of PS variables exist only on their owners; a bf16/fp16 run
+changes every variable as the reference does, within a relative bound on the
+change (not on the weights, which barely move in two steps); error feedback keeps the
 accumulated rounding error of a compressed all-reduce bounded where plain
 bf16 grows it every step.
 """
@@ -51,7 +52,14 @@ from kungfu_tf.strategy import builders
 STEPS, B = 2, 4
 LR, MOMENTUM = 0.05, 0.9
 RTOL, ATOL = 1e-4, 1e-5
-BF16_ATOL = 2e-2  # bf16 keeps 8 bits of mantissa: ~0.4% per gradient, 3 steps
+# The change of each variable (w_after - w_before) relative to the reference
+# change (L2 norms): each averaged gradient element carries at most about
+# two unit roundoffs (the share's cast, the sum of shares: 2^-8 bf16, 2^-11
+# fp16), the change is a momentum-weighted sum of two steps' gradients, and
+# the second gradient is taken at slightly different weights. Measured at
+# np=2: at most 3.4e-3 (bf16) and 3.5e-4 (fp16), against bounds of 1.2e-2
+# and 1.5e-3; the "change error" lines the worker prints show them.
+COMPRESSED_CHANGE_RTOL = {"bf16": 3 * 2.0**-8, "fp16": 3 * 2.0**-11}
 SMALL = 64  # partition threshold (bytes): every non-trivial variable is cut
 
 
@@ -261,14 +269,36 @@ def run_v1(chk: Checker, rank: int, size: int) -> None:
         print(f"ran {what}", flush=True)
 
 
+def change_errors(got: list, reference: list, initial: list) -> list[float]:
+    """Per variable: |change - reference change| / |reference change| (L2 norms over the variable)."""
+    out = []
+    for g, r, w0 in zip(got, reference, initial):
+        want = np.asarray(r, np.float64) - np.asarray(w0, np.float64)
+        diff = (np.asarray(g, np.float64) - np.asarray(w0, np.float64)) - want
+        out.append(float(np.linalg.norm(diff) / np.linalg.norm(want)))
+    return out
+
+
 def run_compressed(chk: Checker, rank: int, size: int) -> None:
-    """bf16 within BF16_ATOL of the reference; error feedback bounds the accumulated error."""
+    """Compressed training changes the weights as the reference does, within the wire dtype's rounding.
+
+    The weights move by about 1e-2 in two steps, so a bound on the weights
+    themselves says little; the bound is on the change w_after - w_before
+    relative to the reference's change, per variable (COMPRESSED_CHANGE_RTOL).
+    Error feedback bounds the accumulated rounding error.
+    """
     x, y = MODELS["mlp"][2](STEPS * size * B, 9)
+    initial = [v.numpy() for v in fresh_model("mlp").trainable_variables]
     reference = [v.numpy() for v in train_function("mlp", sgd(), x, y, size * B).trainable_variables]
     for compressor in ("bf16", "fp16", "bf16-ef"):
         opt = SynchronousSGDOptimizer(sgd(), strategy=builders.AllReduce(compressor=compressor), name=compressor)
         got = [v.numpy() for v in train_function("mlp", opt, shard(x, rank, size), shard(y, rank, size), B).trainable_variables]
-        close(chk, got, reference, f"compressed/{compressor}", atol=BF16_ATOL, rtol=0.0)
+        errors = change_errors(got, reference, initial)
+        bound = COMPRESSED_CHANGE_RTOL[compressor.split("-")[0]]
+        largest = max(float(np.max(np.abs(r - w0))) for r, w0 in zip(reference, initial))
+        shown = [f"{e:.2e}" for e in errors]
+        print(f"compressed/{compressor}: change error per variable {shown}, largest change {largest:.2e}", flush=True)
+        chk.true(max(errors) <= bound, f"compressed/{compressor}: relative change errors {errors} > {bound}")
         print(f"ran compressed/{compressor}", flush=True)
 
     # A constant gradient not representable in bf16 (1 + 2^-9 rounds to 1),

@@ -1,7 +1,8 @@
 """All-reduce synchronizer kernel with the merge-group fuser.
 
 Dense gradients of one merge group become one ``group_all_reduce`` over one
-fused buffer (one collective per group and wire dtype), on the group's
+fused buffer (one collective per group, reduction and wire dtype: compressed
+shares are summed, other gradients averaged), on the group's
 topology; sparse gradients are all-gathered (indices and values of every
 worker), so that only touched rows travel.
 
@@ -38,27 +39,34 @@ class GroupedAllReduce:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self._groups: dict[int, list[tuple[Hashable, tf.Tensor]]] = {}
+        # (merge group, reduction) -> queued (key, tensor)
+        self._groups: dict[tuple[int, str], list[tuple[Hashable, tf.Tensor]]] = {}
         self._topology: dict[int, str] = {}
 
-    def add(self, key: Hashable, tensor: tf.Tensor, group: int, topology: str) -> None:
-        """Queues ``tensor`` (already encoded for the wire) in merge group ``group``."""
-        self._groups.setdefault(group, []).append((key, tensor))
+    def add(self, key: Hashable, tensor: tf.Tensor, group: int, topology: str, op: str = "mean") -> None:
+        """Queues ``tensor`` (already encoded for the wire) in merge group ``group``.
+
+        ``op``: "mean" for a gradient, "sum" for a share that is already
+        divided by the cluster size (see :class:`~kungfu_tf.strategy.kernels.compressor.Compressor`);
+        each reduction of a group is its own collective.
+        """
+        if op not in ("mean", "sum"):
+            raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
+        self._groups.setdefault((group, op), []).append((key, tensor))
         # Validation guarantees one topology per group.
         self._topology[group] = topology
 
     def run(self) -> dict[Hashable, tf.Tensor]:
-        """Averages every queued tensor over all workers; returns key → average."""
+        """Reduces every queued tensor over all workers; returns key -> average (or sum of shares)."""
         out: dict[Hashable, tf.Tensor] = {}
-        for group in sorted(self._groups):
-            items = self._groups[group]
+        for group, op in sorted(self._groups):
+            items = self._groups[(group, op)]
             topology = self._topology[group]
-            averaged = ops.group_all_reduce(
+            reduced = ops.group_all_reduce(
                 [t for _, t in items],
-                op="mean",
-                name=f"{self.prefix}/group{group}",
+                op=op,
+                name=f"{self.prefix}/group{group}" + ("" if op == "mean" else f"/{op}"),
                 topology=None if topology in ("", "AUTO") else topology,
             )
-            out.update((key, avg) for (key, _), avg in zip(items, averaged))
+            out.update((key, r) for (key, _), r in zip(items, reduced))
         return out
-
