@@ -1,7 +1,9 @@
 # kungfu_tf developer Makefile.
 #
-#   make install   .venv with the pinned requirements + editable install that
-#                  builds kungfu_tf/libkungfu_tf.so and kungfu_tf/proto stubs
+#   make install   .venv with requirements.txt at the versions of constraints.txt
+#                  + editable install that builds kungfu_tf/libkungfu_tf.so and
+#                  kungfu_tf/proto stubs
+#   make constraints  re-pin constraints.txt to what .venv holds
 #   make test      C++ runtime tests (tests/cpp/test_*.cc) then pytest
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
 #   make demo      4-worker training demo (models/train.py)
@@ -11,7 +13,7 @@
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
-# Dependencies are installed only when requirements.txt changes and the package
+# Dependencies are installed only when requirements.txt or constraints.txt changes and the package
 # is reinstalled only when setup.py/pyproject.toml change (stamp files in
 # .venv/). Editing a .cc/.h/.proto makes the next `make test` (or `make
 # install`) run `setup.py build_ext --inplace`, which recompiles only the
@@ -72,7 +74,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install sysdeps test cpp-test sanitize demo bench bench-training bench-strategies lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize demo bench bench-training bench-strategies lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -92,9 +94,17 @@ sysdeps:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(DEPS_STAMP): requirements.txt | $(PY)
-	$(PIP) install -r requirements.txt
+# constraints.txt pins every package (transitive ones too) to the version CI
+# tested; requirements.txt says which packages we need.
+$(DEPS_STAMP): requirements.txt constraints.txt | $(PY)
+	$(PIP) install -r requirements.txt -c constraints.txt
 	touch $@
+
+# Re-pin constraints.txt to what .venv holds now (after a deliberate upgrade).
+constraints: $(DEPS_STAMP)
+	{ sed -n '/^#/p' constraints.txt; \
+	  $(PIP) freeze --all --exclude-editable | grep -v -i -E '^(pip|kungfu[-_]tf)=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 # Editable install against .venv's TensorFlow (pyproject.toml explains
 # --no-build-isolation). The .so is built by the next rule, not by pip, so

@@ -334,12 +334,26 @@ def _write_text(path, text):
     os.replace(tmp, path)
 
 
+# models/ (the example models kungfu-strategy builds strategies for) is a
+# directory of scripts importing each other by bare name, not a package; an
+# installed kungfu_tf carries a copy as kungfu_tf/example_models/.
+MODELS_DIR = "models"
+INSTALLED_MODELS_DIR = os.path.join("kungfu_tf", "example_models")
+
+
 class BuildPy(build_py):
-    """Generates the proto stubs before the package's modules are collected."""
+    """Generates the proto stubs before the package's modules are collected,
+    and copies models/*.py into the built package."""
 
     def run(self):
         generate_protos()
         super().run()
+        if getattr(self, "editable_mode", False):
+            return  # an editable install reads models/ from the source tree
+        target = os.path.join(self.build_lib, INSTALLED_MODELS_DIR)
+        self.mkpath(target)
+        for src in _rel(os.path.join(MODELS_DIR, "*.py")):
+            self.copy_file(os.path.join(ROOT, src), os.path.join(target, os.path.basename(src)))
 
 
 class Sdist(sdist):
@@ -348,7 +362,9 @@ class Sdist(sdist):
     def make_release_tree(self, base_dir, files):
         generated = re.compile(r"_pb2(_grpc)?\.pyi?$")
         files = [f for f in files if not generated.search(f)]
-        extra = _rel("proto/*.proto", "ops/*/*.h", "requirements.txt", "pyproject.toml")
+        extra = _rel(
+            "proto/*.proto", "ops/*/*.h", "models/*.py", "requirements.txt", "constraints.txt", "pyproject.toml"
+        )
         super().make_release_tree(base_dir, sorted(set(files) | set(extra)))
 
 

@@ -325,6 +325,27 @@ def test_missing_program_is_reported():
     assert "cannot start './no-such-program-here'" in res.stderr
 
 
+def test_unwritable_log_file_is_reported_as_such(tmp_path):
+    """A --logdir whose rank file cannot be opened (here: it is a directory,
+    which stops root too) is a --logdir error, not "cannot start 'sh'", and
+    no worker starts."""
+    logdir = tmp_path / "logs"
+    (logdir / "rank-1.log").mkdir(parents=True)
+    marker = tmp_path / "started"
+    res = run_launcher("-np", "2", "--logdir", str(logdir), "sh", "-c", f"touch {marker}-$KUNGFU_RANK")
+    assert res.returncode == 2, res.stderr
+    assert f"cannot write log file {logdir / 'rank-1.log'} in --logdir {logdir}: Is a directory" in res.stderr
+    assert "cannot start" not in res.stderr
+    assert not list(tmp_path.glob("started-*")), "a worker started"
+
+
+def test_logdir_under_a_file_is_reported(tmp_path):
+    (tmp_path / "file").write_text("")
+    res = run_launcher("-np", "1", "--logdir", str(tmp_path / "file" / "logs"), "true")
+    assert res.returncode == 2
+    assert f"cannot create --logdir {tmp_path / 'file' / 'logs'}: Not a directory" in res.stderr
+
+
 # ------------------------------------------------------------------- failures
 
 SLEEPER = """

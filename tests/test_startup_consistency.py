@@ -19,8 +19,9 @@ worker starts from rank-seeded values (checked to differ) and verifies:
 * ``LearningRateWarmupCallback``: the learning rate before every batch
   follows initial·(1 + (size-1)·progress/warmup) per batch and per epoch, and
   is initial·size afterwards and at the end of training;
-* ``kungfu_tf.data.shard``: rank r sees r, r+size, ... of range(101), and the
-  shards are disjoint and cover everything;
+* ``kungfu_tf.data.shard``: rank r sees r, r+size, ... of range(101) up to
+  the last 101 % size elements (dropped alike by all), and the shards are
+  disjoint, equally long and cover the rest;
 * ``kungfu_tf.v1.BroadcastGlobalVariablesHook`` in a MonitoredTrainingSession
   (root = last rank): global variables equal the root's at the first step,
   and stay identical through Momentum training;

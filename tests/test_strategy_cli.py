@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -183,13 +182,8 @@ def test_explain_with_model_in_process(mixed_file, tmp_path, capsys):
 
 # -- build ----------------------------------------------------------------------
 
-HAVE_BUILDERS = importlib.util.find_spec("kungfu_tf.strategy.builders") is not None
-needs_builders = pytest.mark.skipif(not HAVE_BUILDERS, reason="kungfu_tf.strategy.builders not written yet")
-
 
 def builder_names() -> list[str]:
-    if not HAVE_BUILDERS:
-        return []
     from kungfu_tf.strategy.builders import BUILDERS
 
     # AutoStrategy runs trial jobs: far too slow for a unit test.
@@ -208,7 +202,6 @@ def digits_variables():
     return describe_model(registry.MODELS[MODEL].build())
 
 
-@needs_builders
 def test_build_writes_a_loadable_file(tmp_path):
     from kungfu_tf.strategy.validation import validate
 
@@ -223,7 +216,6 @@ def test_build_writes_a_loadable_file(tmp_path):
     validate(strategy, digits_variables(), replicas=4)
 
 
-@needs_builders
 @pytest.mark.parametrize("name", builder_names())
 def test_every_builder_through_the_cli(name, tmp_path, capsys):
     from kungfu_tf.strategy.validation import validate
@@ -235,7 +227,6 @@ def test_every_builder_through_the_cli(name, tmp_path, capsys):
     assert "total: 4 variables" in capsys.readouterr().out
 
 
-@needs_builders
 def test_build_to_stdout_as_json(capsys):
     name = builder_names()[0]
     assert main(["build", "--builder", name, "--model", MODEL, "--np", "2", "--format", "json"]) == 0
@@ -244,7 +235,6 @@ def test_build_to_stdout_as_json(capsys):
     assert len(strategy.node_config) == 4
 
 
-@needs_builders
 def test_build_errors(capsys):
     assert main(["build", "--builder", "NoSuchBuilder", "--model", MODEL, "--np", "2"]) == 2
     err = capsys.readouterr().err

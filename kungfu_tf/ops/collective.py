@@ -31,6 +31,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from kungfu_tf._native import library
@@ -43,6 +44,39 @@ REDUCE_OPS = ("sum", "min", "max", "prod", "mean")
 def _check_op(op: str) -> None:
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)}; got {op!r}")
+
+
+def _root_rank(root: object, what: str) -> int:
+    """``root`` as a rank (an int >= 0), or TypeError/ValueError naming it.
+
+    The runtime takes the root as an op attribute, so it must be known when
+    the op is built: a Python or numpy integer, or a tensor whose value TF can
+    compute then (a constant). Floats are refused rather than truncated
+    (``root=1.9`` is a mistake, not rank 1), and so are bools.
+    """
+    value = root
+    if isinstance(root, (tf.Tensor, tf.Variable, np.ndarray)):
+        value = tf.get_static_value(root) if not isinstance(root, np.ndarray) else root
+        if value is None:
+            raise TypeError(
+                f"{what}: root must be known when the op is built (it is an op attribute), "
+                f"got a tensor computed at run time: {root!r}"
+            )
+        value = np.asarray(value)
+        if value.ndim != 0 or value.dtype.kind not in "iu":
+            raise TypeError(f"{what}: root must be an integer scalar, got {root!r}")
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}: root must be a rank (an int), got the bool {root!r}")
+    try:
+        rank = operator.index(value)  # ints and numpy integers, not floats
+    except TypeError:
+        raise TypeError(f"{what}: root must be a rank (an int), got {root!r}") from None
+    if rank < 0:
+        raise ValueError(f"{what}: root must be a rank (>= 0), got {root!r}")
+    # A rank >= size is refused by the runtime when the op runs, against the
+    # cluster of that moment (it can change between tracing and running).
+    return rank
 
 
 def _check_mean(op: str, dtype: tf.DType) -> None:
@@ -112,9 +146,22 @@ def group_all_reduce(
 
 
 def broadcast(x: tf.Tensor, root: int = 0, name: str | None = None) -> tf.Tensor:
-    """Every worker receives worker ``root``'s ``x``."""
+    """Every worker receives worker ``root``'s ``x``.
+
+    ``root`` is a rank: an int (or numpy integer, or a constant integer scalar
+    tensor). ``1.9``, ``True`` or a tensor computed at run time raise
+    TypeError, ``-1`` ValueError; a rank >= the cluster size fails with
+    InvalidArgumentError when the op runs.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from kungfu_tf import ops
+        >>> ops.broadcast(tf.constant([1, 2]), root=0).numpy()  # one worker
+        array([1, 2], dtype=int32)
+    """
+    rank = _root_rank(root, "broadcast")
     x = tf.convert_to_tensor(x)
-    return library().kungfu_broadcast(x, message_key("broadcast", name), root=int(root))
+    return library().kungfu_broadcast(x, message_key("broadcast", name), root=rank)
 
 
 def reduce(x: tf.Tensor, root: int = 0, op: str = "sum", name: str | None = None) -> tf.Tensor:
@@ -124,8 +171,7 @@ def reduce(x: tf.Tensor, root: int = 0, op: str = "sum", name: str | None = None
     the cluster size at run time). On every other worker the result is its own
     ``x``, unchanged: the reduction is not sent back (that would be
     :func:`all_reduce`), so each non-root worker sends about the size of ``x``
-    and receives nothing. A ``root`` outside the cluster fails with
-    InvalidArgumentError at run time.
+    and receives nothing. ``root`` is checked as in :func:`broadcast`.
 
     Example:
         >>> import tensorflow as tf
@@ -134,12 +180,7 @@ def reduce(x: tf.Tensor, root: int = 0, op: str = "sum", name: str | None = None
         array([1, 2], dtype=int32)
     """
     _check_op(op)
-    try:
-        rank = operator.index(root)  # ints and numpy integers, not floats
-    except TypeError:
-        rank = -1
-    if rank < 0:
-        raise ValueError(f"root must be a rank (an int >= 0), got {root!r}")
+    rank = _root_rank(root, "reduce")
     x = tf.convert_to_tensor(x)
     _check_mean(op, x.dtype)
     return library().kungfu_reduce(x, message_key("reduce", name), op=op, root=rank)

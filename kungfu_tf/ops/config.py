@@ -14,6 +14,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from kungfu_tf._native import library
+from kungfu_tf.run.worker_env import read_worker_env
 
 # The runtime's all-reduce topologies (ops/runtime/topology.h), in its spelling.
 TOPOLOGIES = ("STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE", "AUTO")
@@ -60,16 +61,12 @@ def topology() -> tf.Tensor:
 def _from_env(op: Callable[[], tf.Tensor]) -> int:
     # Used only where no eager context exists (v1 graph mode with eager
     # disabled): the launcher's environment is what the runtime reads at start.
-    peers = [p for p in os.environ.get("KUNGFU_PEERS", "").split(",") if p]
-    if not peers:
-        return 1 if op in (cluster_size, local_size) else 0
-    me = os.environ.get("KUNGFU_SELF", "")
-    host = me.rsplit(":", 1)[0]
-    local = [p for p in peers if p.rsplit(":", 1)[0] == host]
+    env = read_worker_env(os.environ)
+    local = env.local_peers
     return {
-        rank: peers.index(me),
-        cluster_size: len(peers),
-        local_rank: local.index(me),
+        rank: env.rank,
+        cluster_size: env.size,
+        local_rank: local.index(env.self_address),
         local_size: len(local),
     }[op]
 

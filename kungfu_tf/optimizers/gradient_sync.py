@@ -19,48 +19,19 @@ Example:
 
 from __future__ import annotations
 
-import collections
-import threading
-import weakref
 from collections.abc import Sequence
 
 import tensorflow as tf
 
 from kungfu_tf import ops
 
+# In the ops layer because the strategy compiler (below the optimizers) shares them.
+from kungfu_tf.ops.call_names import call_prefix
+from kungfu_tf.ops.indexed_slices import average_indexed_slices
+
 DEFAULT_FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
 
 Gradient = tf.Tensor | tf.IndexedSlices | None
-
-# Per graph: how many times each prefix has been used. A name may be used once
-# per graph (it is a message key), but one graph may average gradients more
-# than once (two optimizers, two apply calls in one tf.function); numbering the
-# calls keeps the keys unique and identical on every worker that runs the same
-# program.
-_calls: weakref.WeakKeyDictionary[tf.Graph, collections.Counter[str]] = weakref.WeakKeyDictionary()
-_calls_lock = threading.Lock()
-
-
-def call_prefix(prefix: str) -> str:
-    """``prefix`` for this call: unique within the current graph, stable across workers.
-
-    In eager mode the prefix is returned unchanged: eager collectives complete
-    before the next one is issued, so reusing a key is safe there (as it is
-    when a ``tf.function`` runs its one graph step after step).
-
-    Example:
-        >>> call_prefix("sgd")  # eager
-        'sgd'
-    """
-    if tf.executing_eagerly():
-        return prefix
-    graph = tf.compat.v1.get_default_graph()
-    with _calls_lock:
-        counter = _calls.setdefault(graph, collections.Counter())
-        n = counter[prefix]
-        counter[prefix] += 1
-    return prefix if n == 0 else f"{prefix}/call{n}"
-
 
 def _static_nbytes(t: tf.Tensor) -> int | None:
     """Size in bytes if the shape is fully known, else None."""
@@ -92,35 +63,6 @@ def _buckets(dense: list[tuple[int, tf.Tensor]], threshold: int) -> list[list[tu
     if current:
         out.append(current)
     return out
-
-
-def average_indexed_slices(g: tf.IndexedSlices, name: str) -> tf.IndexedSlices:
-    """Every worker's (indices, values) concatenated in rank order, values divided by size.
-
-    Only the touched rows travel: the bytes sent scale with the number of
-    slices, not with the size of the variable.
-
-    Workers may hold different numbers of slices (e.g. different batch
-    shapes), but all_gather needs equal shapes: gather the counts first, pad to
-    the largest, gather, then drop the padding.
-    """
-    indices, values = g.indices, g.values
-    count = tf.shape(indices, out_type=tf.int32)[0]
-    counts = ops.all_gather(count, name=f"{name}/count")
-    longest = tf.reduce_max(counts)
-    pad = longest - count
-    indices = tf.pad(indices, [[0, pad]])
-    value_pads = tf.concat([[[0, pad]], tf.zeros([tf.rank(values) - 1, 2], tf.int32)], axis=0)
-    values = tf.pad(values, value_pads)
-    all_indices = ops.all_gather(indices, name=f"{name}/indices")  # [np, longest]
-    all_values = ops.all_gather(values, name=f"{name}/values")  # [np, longest, ...]
-    keep = tf.sequence_mask(counts, longest)
-    size = tf.cast(ops.cluster_size(), g.values.dtype)
-    return tf.IndexedSlices(
-        values=tf.boolean_mask(all_values, keep) / size,
-        indices=tf.boolean_mask(all_indices, keep),
-        dense_shape=g.dense_shape,
-    )
 
 
 def average_gradients(

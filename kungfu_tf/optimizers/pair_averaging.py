@@ -49,38 +49,18 @@ import keras
 import tensorflow as tf
 
 from kungfu_tf import ops
+from kungfu_tf.optimizers._pair_averaging_parts import (
+    DEFAULT_NAME,
+    assign_flat,
+    flat,
+    random_peer,
+)
 from kungfu_tf.optimizers._wrapping import (
     V1_TOO,
     check_not_wrapped,
     require_keras,
     wrap_keras,
 )
-
-DEFAULT_NAME = "kungfu_pair_averaging"
-
-
-def _flat(variables: list[Any]) -> tf.Tensor:
-    """All variables in one 1-D tensor (the unit that is saved and requested)."""
-    return tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in variables], axis=0)
-
-
-def _assign_flat(variables: list[Any], flat: tf.Tensor) -> list[Any]:
-    """Assigns consecutive pieces of ``flat`` (as made by :func:`_flat`) to ``variables``."""
-    assigns, offset = [], 0
-    for v in variables:
-        n = v.shape.num_elements()
-        assigns.append(v.assign(tf.reshape(flat[offset : offset + n], v.shape)))
-        offset += n
-    return assigns
-
-
-def _random_peer() -> tf.Tensor:
-    """A rank drawn uniformly among the other workers; this worker's own rank if it is alone."""
-    rank, size = ops.rank(), ops.cluster_size()
-    # offset in [0, size - 2], so rank + 1 + offset never wraps onto rank;
-    # with size 1, maxval 1 gives offset 0 and (0 + 1 + 0) % 1 = 0 = self.
-    offset = tf.random.uniform([], 0, tf.maximum(size - 1, 1), dtype=tf.int32)
-    return (rank + 1 + offset) % size
 
 
 def _methods(base: type) -> dict[str, Any]:
@@ -97,7 +77,7 @@ def _methods(base: type) -> dict[str, Any]:
         # must not become part of every step). The barrier makes sure every
         # peer's store holds a model before anybody requests one.
         with tf.init_scope():
-            ops.save(self._kungfu_name, _flat(variables))
+            ops.save(self._kungfu_name, flat(variables))
             ops.barrier(name=f"{self._kungfu_name}/saved")
 
     def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
@@ -113,13 +93,13 @@ def _methods(base: type) -> dict[str, Any]:
                     self.build(variables)
                 self.built = True
         if variables:
-            mine = _flat(variables)
+            mine = flat(variables)
             save = ops.save(self._kungfu_name, mine)
             # The request must follow this worker's save (explicit: the
             # custom ops touch no resource variables that would order them).
             with tf.control_dependencies([save] if save is not None else []):
-                theirs = ops.request(_random_peer(), self._kungfu_name, like=mine)
-            _assign_flat(variables, (mine + theirs) / 2)
+                theirs = ops.request(random_peer(), self._kungfu_name, like=mine)
+            assign_flat(variables, (mine + theirs) / 2)
         # The update reads the averaged variables (automatic control
         # dependencies order it after the assignments above).
         return base.apply(self, grads, trainable_variables)

@@ -27,10 +27,13 @@ from typing import Any
 import tensorflow as tf
 
 from kungfu_tf import ops
-from kungfu_tf.optimizers.pair_averaging import _assign_flat, _flat, _random_peer
+from kungfu_tf.optimizers._pair_averaging_parts import (
+    DEFAULT_NAME,
+    assign_flat,
+    flat,
+    random_peer,
+)
 from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1, local_counter
-
-DEFAULT_NAME = "kungfu_pair_averaging"
 
 
 class PairAveragingOptimizerV1(WrappedOptimizerV1):
@@ -69,7 +72,7 @@ class PairAveragingOptimizerV1(WrappedOptimizerV1):
             raise ValueError(f"PairAveragingOptimizer needs variables of one dtype, got {sorted(d.name for d in dtypes)}")
         key = self.get_name()
         steps = local_counter(f"{key}_steps")
-        mine = _flat([v.read_value() for v in variables])
+        mine = flat([v.read_value() for v in variables])
         save = ops.save(key, mine)
 
         def first_run() -> tf.Tensor:
@@ -80,8 +83,8 @@ class PairAveragingOptimizerV1(WrappedOptimizerV1):
             # Only the first run waits for every peer's first save.
             ready = tf.cond(tf.equal(steps.read_value(), 0), first_run, lambda: tf.constant(True))
         with tf.control_dependencies([ready]):
-            theirs = ops.request(_random_peer(), key, like=mine)
-        with tf.control_dependencies(_assign_flat(variables, (mine + theirs) / 2)):
+            theirs = ops.request(random_peer(), key, like=mine)
+        with tf.control_dependencies(assign_flat(variables, (mine + theirs) / 2)):
             applied = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
         with tf.control_dependencies([applied]):
             return steps.assign_add(1).op

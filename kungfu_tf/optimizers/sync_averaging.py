@@ -41,13 +41,13 @@ import keras
 import tensorflow as tf
 
 from kungfu_tf import ops
+from kungfu_tf.ops.call_names import call_prefix
 from kungfu_tf.optimizers._wrapping import (
     V1_TOO,
     check_not_wrapped,
     require_keras,
     wrap_keras,
 )
-from kungfu_tf.optimizers.gradient_sync import call_prefix
 from kungfu_tf.optimizers.sync_averaging_v1 import SynchronousAveragingOptimizerV1
 
 DEFAULT_NAME = "kungfu_sync_averaging"

@@ -10,6 +10,7 @@ from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.placement import HostSlots, parse_hosts
 from kungfu_tf.run.ports import DEFAULT_PORT_RANGE, PortRange, parse_port_range
 from kungfu_tf.run.topology import DEFAULT_TOPOLOGY, TOPOLOGIES, normalize_topology
+from kungfu_tf.run.worker_env import MAX_TIMEOUT_SECONDS
 
 DEFAULT_TIMEOUT = 120
 
@@ -80,8 +81,8 @@ def _build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_TIMEOUT,
         metavar="S",
-        help="runtime timeout in seconds, passed "
-        f"as KUNGFU_TIMEOUT (default {DEFAULT_TIMEOUT})",
+        help="runtime timeout in whole seconds (1.."
+        f"{MAX_TIMEOUT_SECONDS}), passed as KUNGFU_TIMEOUT (default {DEFAULT_TIMEOUT})",
     )
     parser.add_argument(
         "--logdir",
@@ -122,8 +123,10 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
             raise LaunchError("missing PROGRAM to run")
         if ns.np < 1:
             raise LaunchError(f"-np must be at least 1, got {ns.np}")
-        if ns.timeout < 1:
-            raise LaunchError(f"--timeout must be at least 1 second, got {ns.timeout}")
+        if not 1 <= ns.timeout <= MAX_TIMEOUT_SECONDS:
+            raise LaunchError(
+                f"--timeout must be 1..{MAX_TIMEOUT_SECONDS} seconds, got {ns.timeout}"
+            )
         return LaunchOptions(
             np=ns.np,
             hosts=parse_hosts(ns.hosts) if ns.hosts is not None else None,

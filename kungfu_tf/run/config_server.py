@@ -5,23 +5,25 @@ ConfigClient to read the current Cluster and, on an elastic resize, to replace
 it. PutCluster is a compare-and-swap on Cluster.version (the new version must
 be the current one + 1), so two launchers cannot both apply a resize.
 
-Every call must carry the job secret as gRPC metadata ``kungfu-job-secret``
-(ConfigClient does this); a missing or wrong secret gets PERMISSION_DENIED.
-The channel itself is plaintext: the secret keeps other jobs and stray clients
-out, it does not protect against someone who can sniff the network.
+Every call is authenticated both ways by challenge-response keyed with the
+job secret (kungfu_tf/run/config_auth.py): the secret itself never crosses
+the wire, a wrong or missing proof gets PERMISSION_DENIED, and ConfigClient
+refuses an answer from a server that cannot prove it holds the secret. The
+channel is not encrypted: cluster contents are visible, not forgeable.
+``job_id`` (the same on server and clients) binds the proofs to one job, so
+two jobs that share a secret cannot serve each other's clients.
 
 Example::
 
-    server = ConfigServer(secret=secret, host="0.0.0.0")
+    server = ConfigServer(secret=secret, job_id=job_id, host="0.0.0.0")
     server.start()
-    with ConfigClient(f"{host}:{server.port}", secret=secret) as client:
+    with ConfigClient(f"{host}:{server.port}", secret=secret, job_id=job_id) as client:
         current = client.get_cluster()
         client.put_cluster(make_cluster(current.version + 1, [("10.0.0.1", 10000)]))
 """
 
 from __future__ import annotations
 
-import hmac
 import threading
 from collections.abc import Iterable
 from concurrent import futures
@@ -30,10 +32,35 @@ from typing import Self
 import grpc
 
 from kungfu_tf.proto import config_pb2, config_pb2_grpc
+from kungfu_tf.run.config_auth import (
+    MAC_METADATA_KEY,
+    NONCE_BYTES,
+    NONCE_METADATA_KEY,
+    SERVER_MAC_METADATA_KEY,
+    NonceBook,
+    macs_equal,
+    request_mac,
+    response_mac,
+)
 
-SECRET_METADATA_KEY = "kungfu-job-secret"
+SERVICE = "/kungfu.ConfigService/"
+CHALLENGE_METHOD = SERVICE + "Challenge"
 
-__all__ = ["SECRET_METADATA_KEY", "ConfigClient", "ConfigServer", "make_cluster"]
+__all__ = ["ConfigClient", "ConfigServer", "ServerNotAuthenticatedError", "make_cluster"]
+
+
+class ServerNotAuthenticatedError(grpc.RpcError):
+    """The server's answer did not carry a valid proof that it holds the job secret."""
+
+    def __init__(self, address: str, method: str):
+        super().__init__(f"config server at {address} did not prove it holds the job secret ({method})")
+        self._details = str(self)
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAUTHENTICATED
+
+    def details(self) -> str:
+        return self._details
 
 
 def _secret_bytes(secret: str | bytes) -> bytes:
@@ -47,7 +74,7 @@ def _secret_bytes(secret: str | bytes) -> bytes:
         raise TypeError(f"job secret must be str or bytes, not {type(secret).__name__}")
     if not secret:
         raise ValueError("job secret must not be empty")
-    # gRPC ASCII metadata values: printable characters only.
+    # Printable ASCII, as exported in an environment variable.
     if not all(" " <= c <= "~" for c in secret):
         raise ValueError(
             "job secret must be printable ASCII (use e.g. secrets.token_hex())"
@@ -86,10 +113,14 @@ def _validate(cluster: config_pb2.Cluster) -> str | None:
 
 
 class _Servicer(config_pb2_grpc.ConfigServiceServicer):
-    def __init__(self, initial: config_pb2.Cluster):
+    def __init__(self, initial: config_pb2.Cluster, nonces: NonceBook):
         self._lock = threading.Lock()
         self._cluster = config_pb2.Cluster()
         self._cluster.CopyFrom(initial)
+        self._nonces = nonces
+
+    def Challenge(self, request, context):
+        return config_pb2.ChallengeResponse(nonce=self._nonces.issue())
 
     def snapshot(self) -> config_pb2.Cluster:
         out = config_pb2.Cluster()
@@ -123,46 +154,60 @@ class _Servicer(config_pb2_grpc.ConfigServiceServicer):
         return config_pb2.PutClusterResponse(cluster=new)
 
 
-class _AuthInterceptor(grpc.ServerInterceptor):
-    """Rejects calls whose kungfu-job-secret metadata is not the job secret."""
+class _ChallengeResponseAuth(grpc.ServerInterceptor):
+    """Lets a call through only with a valid proof for a nonce this server issued,
+    and adds the server's own proof to the answer (see config_auth)."""
 
-    def __init__(self, secret: bytes):
-        self._secret = secret
+    def __init__(self, key: bytes, job_id: str, nonces: NonceBook):
+        self._key = key
+        self._job_id = job_id
+        self._nonces = nonces
 
-    def _authorized(self, metadata) -> bool:
-        values = [v for k, v in (metadata or ()) if k == SECRET_METADATA_KEY]
-        if len(values) != 1:
-            return False
-        value = values[0]
-        if isinstance(value, str):
-            try:
-                value = value.encode("ascii")
-            except UnicodeEncodeError:
-                return False
-        return hmac.compare_digest(value, self._secret)
+    @staticmethod
+    def _single(metadata, key: str) -> str | bytes | None:
+        values = [v for k, v in (metadata or ()) if k == key]
+        return values[0] if len(values) == 1 else None
+
+    def _nonce(self, metadata) -> bytes | None:
+        text = self._single(metadata, NONCE_METADATA_KEY)
+        try:
+            nonce = bytes.fromhex(text if isinstance(text, str) else "")
+        except ValueError:
+            return None
+        # Redeemed before the MAC is checked: one guess per nonce.
+        return nonce if len(nonce) == NONCE_BYTES and self._nonces.redeem(nonce) else None
 
     def intercept_service(self, continuation, handler_call_details):
-        if self._authorized(handler_call_details.invocation_metadata):
-            return continuation(handler_call_details)
         handler = continuation(handler_call_details)
-        if handler is None:  # unknown method: let gRPC answer UNIMPLEMENTED
-            return None
+        method = handler_call_details.method
+        if handler is None or method == CHALLENGE_METHOD:
+            return handler  # unknown methods: gRPC answers UNIMPLEMENTED
+        metadata = handler_call_details.invocation_metadata
 
-        def deny(request, context):
+        def deny(context, why: str):
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"missing or wrong job secret (gRPC metadata '{SECRET_METADATA_KEY}')",
+                f"{method}: {why} (challenge-response with the job secret failed)",
             )
 
-        if handler.request_streaming and handler.response_streaming:
-            make = grpc.stream_stream_rpc_method_handler
-        elif handler.request_streaming:
-            make = grpc.stream_unary_rpc_method_handler
-        elif handler.response_streaming:
-            make = grpc.unary_stream_rpc_method_handler
-        else:
-            make = grpc.unary_unary_rpc_method_handler
-        return make(deny)  # no deserializer: never parses the request
+        if handler.request_streaming or handler.response_streaming:
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: deny(context, "streaming call"))
+
+        def guarded(raw_request: bytes, context):
+            nonce = self._nonce(metadata)
+            if nonce is None:
+                deny(context, "missing, unknown, expired or reused nonce")
+            expected = request_mac(self._key, nonce, method, self._job_id, raw_request)
+            if not macs_equal(expected, self._single(metadata, MAC_METADATA_KEY)):
+                deny(context, "missing or wrong proof")
+            response = handler.unary_unary(handler.request_deserializer(raw_request), context)
+            raw_response = handler.response_serializer(response)
+            proof = response_mac(self._key, nonce, method, self._job_id, raw_response)
+            context.set_trailing_metadata(((SERVER_MAC_METADATA_KEY, proof),))
+            return raw_response
+
+        # No (de)serializers: the proofs cover the exact bytes on the wire.
+        return grpc.unary_unary_rpc_method_handler(guarded)
 
 
 class ConfigServer:
@@ -171,7 +216,9 @@ class ConfigServer:
     Args:
       port: TCP port to listen on; 0 picks a free port (read it from .port
         after start()).
-      secret: the job secret clients must present (printable ASCII).
+      secret: the job secret clients must prove they hold (printable ASCII);
+        it never leaves this process.
+      job_id: identity of the job; clients must name the same.
       host: address to bind. The default accepts local clients only; use
         "0.0.0.0" (or "[::]") for workers on other hosts.
       cluster: initial Cluster; default version 0 with no workers.
@@ -183,11 +230,13 @@ class ConfigServer:
         port: int = 0,
         *,
         secret: str | bytes,
+        job_id: str = "",
         host: str = "127.0.0.1",
         cluster: config_pb2.Cluster | None = None,
         max_workers: int = 4,
     ):
         self._secret = _secret_bytes(secret)
+        self._job_id = job_id
         self._host = host
         self.port = port
         self._max_workers = max_workers
@@ -195,7 +244,8 @@ class ConfigServer:
         problem = _validate(initial)
         if problem is not None:
             raise ValueError(f"initial cluster: {problem}")
-        self._servicer = _Servicer(initial)
+        self._nonces = NonceBook()
+        self._servicer = _Servicer(initial, self._nonces)
         self._server: grpc.Server | None = None
 
     @property
@@ -215,7 +265,7 @@ class ConfigServer:
             futures.ThreadPoolExecutor(
                 max_workers=self._max_workers, thread_name_prefix="kungfu-config"
             ),
-            interceptors=[_AuthInterceptor(self._secret)],
+            interceptors=[_ChallengeResponseAuth(self._secret, self._job_id, self._nonces)],
         )
         config_pb2_grpc.add_ConfigServiceServicer_to_server(self._servicer, server)
         bind = f"{self._host}:{self.port}"
@@ -252,25 +302,49 @@ class ConfigServer:
 class ConfigClient:
     """Client for a ConfigServer at `address` ("host:port").
 
+    Each call first fetches a challenge, then sends the call with its proof
+    (see config_auth); the job secret is never sent.
+
     Failed calls raise grpc.RpcError; check .code():
-      PERMISSION_DENIED    wrong job secret
+      PERMISSION_DENIED    wrong job secret or job id
+      UNAUTHENTICATED      the server could not prove it holds the job secret
+                           (ServerNotAuthenticatedError)
       FAILED_PRECONDITION  put_cluster version conflict (re-read and retry)
       INVALID_ARGUMENT     malformed cluster
       UNAVAILABLE          server unreachable
     """
 
-    def __init__(self, address: str, *, secret: str | bytes, timeout: float = 10.0):
-        self._metadata = ((SECRET_METADATA_KEY, _secret_bytes(secret).decode("ascii")),)
+    def __init__(self, address: str, *, secret: str | bytes, job_id: str = "", timeout: float = 10.0):
+        self._address = address
+        self._key = _secret_bytes(secret)
+        self._job_id = job_id
         self._timeout = timeout
         self._channel = grpc.insecure_channel(address)
-        self._stub = config_pb2_grpc.ConfigServiceStub(self._channel)
+        self._challenge = self._channel.unary_unary(
+            CHALLENGE_METHOD,
+            request_serializer=config_pb2.ChallengeRequest.SerializeToString,
+            response_deserializer=config_pb2.ChallengeResponse.FromString,
+        )
 
-    def get_cluster(self) -> config_pb2.Cluster:
-        return self._stub.GetCluster(
-            config_pb2.GetClusterRequest(),
-            metadata=self._metadata,
+    def _call(self, name: str, request, response_type):
+        method = SERVICE + name
+        nonce = self._challenge(config_pb2.ChallengeRequest(), timeout=self._timeout).nonce
+        raw_request = request.SerializeToString()
+        proof = request_mac(self._key, nonce, method, self._job_id, raw_request)
+        # Bytes in and out, so that both proofs cover exactly what travelled.
+        raw_response, call = self._channel.unary_unary(method).with_call(
+            raw_request,
+            metadata=((NONCE_METADATA_KEY, nonce.hex()), (MAC_METADATA_KEY, proof)),
             timeout=self._timeout,
         )
+        expected = response_mac(self._key, nonce, method, self._job_id, raw_response)
+        proofs = [v for k, v in (call.trailing_metadata() or ()) if k == SERVER_MAC_METADATA_KEY]
+        if len(proofs) != 1 or not macs_equal(expected, proofs[0]):
+            raise ServerNotAuthenticatedError(self._address, method)
+        return response_type.FromString(raw_response)
+
+    def get_cluster(self) -> config_pb2.Cluster:
+        return self._call("GetCluster", config_pb2.GetClusterRequest(), config_pb2.Cluster)
 
     def put_cluster(self, cluster: config_pb2.Cluster) -> config_pb2.Cluster:
         """Stores `cluster` if cluster.version == current version + 1.
@@ -278,12 +352,8 @@ class ConfigClient:
         Returns the stored cluster; raises grpc.RpcError with
         FAILED_PRECONDITION if another writer got there first.
         """
-        response = self._stub.PutCluster(
-            config_pb2.PutClusterRequest(cluster=cluster),
-            metadata=self._metadata,
-            timeout=self._timeout,
-        )
-        return response.cluster
+        request = config_pb2.PutClusterRequest(cluster=cluster)
+        return self._call("PutCluster", request, config_pb2.PutClusterResponse).cluster
 
     def close(self) -> None:
         self._channel.close()

@@ -1,7 +1,7 @@
 """Turning validated options into the concrete job this launcher runs."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kungfu_tf.run.cli import LaunchOptions
@@ -26,14 +26,18 @@ from kungfu_tf.run.worker_env import build_worker_env
 
 @dataclass(frozen=True)
 class JobPlan:
-    """Everything needed to start this host's share of the workers."""
+    """Everything needed to start this host's share of the workers.
+
+    ``secret`` is left out of ``repr``/``str`` so that printing or logging a
+    plan never reveals the job secret.
+    """
 
     peers: list[Peer]
     self_host: str
     command: list[str]
     topology: str
     timeout: int
-    secret: str
+    secret: str = field(repr=False)
     logdir: Path | None
     quiet: bool
 

@@ -1,13 +1,10 @@
 """The shared secret workers use to authenticate each other's connections."""
 
-import re
 import secrets
 from collections.abc import Mapping
 
 from kungfu_tf.run.errors import LaunchError
-
-SECRET_ENV = "KUNGFU_JOB_SECRET"
-_SECRET_RE = re.compile(r"[0-9a-fA-F]{64}")
+from kungfu_tf.run.worker_env import JOB_SECRET_PATTERN, SECRET_ENV
 
 
 def resolve_job_secret(environ: Mapping[str, str], multi_host: bool) -> str:
@@ -24,7 +21,7 @@ def resolve_job_secret(environ: Mapping[str, str], multi_host: bool) -> str:
     """
     value = environ.get(SECRET_ENV, "")
     if value:
-        if not _SECRET_RE.fullmatch(value):
+        if not JOB_SECRET_PATTERN.fullmatch(value):
             raise LaunchError(f"{SECRET_ENV} must be 64 hexadecimal characters")
         return value
     if multi_host:

@@ -3,7 +3,6 @@
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import BinaryIO, TextIO
 
 
@@ -66,14 +65,18 @@ class OutputRelay:
         console: Console,
         *,
         echo: bool,
-        log_path: Path | None,
+        log: BinaryIO | None,
     ):
-        """Prepare to relay; nothing is read until :meth:`start`."""
+        """Prepare to relay; nothing is read until :meth:`start`.
+
+        ``log`` (opened by the caller, so that a log file that cannot be
+        written is reported before any worker starts) also receives the raw
+        output; :meth:`join` closes it.
+        """
         self._prefix = f"[{rank}] ".encode()
         self._console = console
         self._echo = echo
-        self._log_path = log_path
-        self._log: BinaryIO | None = None
+        self._log = log
         self._log_lock = threading.Lock()
         self._threads = [
             threading.Thread(
@@ -91,11 +94,7 @@ class OutputRelay:
         ]
 
     def start(self) -> None:
-        """Open the log file (if any) and start both reader threads."""
-        if self._log_path is not None:
-            # Shared by both reader threads and closed in join(), so a
-            # with-block cannot scope it.
-            self._log = open(self._log_path, "wb")  # noqa: SIM115
+        """Start both reader threads."""
         for t in self._threads:
             t.start()
 
@@ -108,6 +107,10 @@ class OutputRelay:
         for t in self._threads:
             if t.ident is not None:  # never started if spawning failed
                 t.join(timeout)
+        self.close_log()
+
+    def close_log(self) -> None:
+        """Close the log file (reader threads that still run stop writing to it)."""
         with self._log_lock:
             if self._log is not None:
                 self._log.close()

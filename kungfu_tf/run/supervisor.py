@@ -5,7 +5,9 @@ import threading
 import time
 from collections.abc import Mapping
 from types import FrameType
+from typing import BinaryIO
 
+from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.job_plan import JobPlan
 from kungfu_tf.run.output import Console
 from kungfu_tf.run.worker_process import WorkerProcess, describe_exit, exit_status
@@ -50,7 +52,12 @@ class JobSupervisor:
         previous = self._install_signal_handlers()
         try:
             try:
-                self._spawn_all()
+                logs = self._open_logs()
+            except LaunchError as e:
+                self._console.message(f"error: {e}")
+                return 2
+            try:
+                self._spawn_all(logs)
             except OSError as e:
                 self._console.message(
                     f"error: cannot start {self._plan.command[0]!r}: {e.strerror or e}"
@@ -79,22 +86,50 @@ class JobSupervisor:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._pending_signals.append(signum)
 
-    def _spawn_all(self) -> None:
+    def _open_logs(self) -> list[BinaryIO | None]:
+        """One log file per local worker (or None without --logdir), all
+        opened before any worker starts so that an unwritable --logdir is
+        reported as such, not as a program that cannot start."""
         plan = self._plan
+        logs: list[BinaryIO | None] = []
         for peer in plan.local_peers:
-            log_path = None
-            if plan.logdir is not None:
-                log_path = plan.logdir / f"rank-{peer.rank}.log"
-            self._workers.append(
-                WorkerProcess(
-                    peer,
-                    plan.command,
-                    plan.worker_env(peer, self._base_env),
-                    self._console,
-                    echo=not plan.quiet,
-                    log_path=log_path,
+            if plan.logdir is None:
+                logs.append(None)
+                continue
+            path = plan.logdir / f"rank-{peer.rank}.log"
+            try:
+                # Owned by the worker's output relay, which closes it.
+                logs.append(open(path, "wb"))  # noqa: SIM115
+            except OSError as e:
+                for log in logs:
+                    if log is not None:
+                        log.close()
+                raise LaunchError(
+                    f"cannot write log file {path} in --logdir {plan.logdir}: "
+                    f"{e.strerror or e}"
+                ) from None
+        return logs
+
+    def _spawn_all(self, logs: list[BinaryIO | None]) -> None:
+        plan = self._plan
+        try:
+            for peer, log in zip(plan.local_peers, logs, strict=True):
+                self._workers.append(
+                    WorkerProcess(
+                        peer,
+                        plan.command,
+                        plan.worker_env(peer, self._base_env),
+                        self._console,
+                        echo=not plan.quiet,
+                        log=log,
+                    )
                 )
-            )
+        except OSError:
+            # The logs of workers that never started have no relay to close them.
+            for log in logs[len(self._workers) + 1 :]:
+                if log is not None:
+                    log.close()
+            raise
         # Reader threads start only now: forking with a preexec_fn while
         # other threads run risks deadlocks in the child.
         for w in self._workers:

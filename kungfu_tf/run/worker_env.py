@@ -1,8 +1,46 @@
-"""The environment variables through which the runtime learns its job."""
+"""The environment variables through which the runtime learns its job.
 
+The launcher writes them (:func:`build_worker_env`); a worker checks them at
+start-up (:func:`read_worker_env`) with the same rules as the C++ runtime's
+``RuntimeOptions::from_env``, so a malformed value is reported in Python,
+naming the variable and its value, before any op runs.
+
+Example:
+    >>> from kungfu_tf.run.worker_env import read_worker_env
+    >>> env = read_worker_env({"KUNGFU_PEERS": "h:1,h:2", "KUNGFU_SELF": "h:2",
+    ...                        "KUNGFU_JOB_SECRET": "ab" * 32})
+    >>> env.rank, env.size, env.timeout_seconds
+    (1, 2, None)
+"""
+
+from __future__ import annotations
+
+import math
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from kungfu_tf.run.placement import Peer
+
+SELF_ENV = "KUNGFU_SELF"
+PEERS_ENV = "KUNGFU_PEERS"
+VERSION_ENV = "KUNGFU_CLUSTER_VERSION"
+TIMEOUT_ENV = "KUNGFU_TIMEOUT"
+SECRET_ENV = "KUNGFU_JOB_SECRET"
+
+# The runtime keeps deadlines as int64 nanoseconds of a monotonic clock; int64
+# overflows after 9.2e9 s, so some bound is needed. 1e6 s (11.6 days) is far
+# longer than any one collective should wait, and far enough below the overflow
+# that adding it to the clock's current reading can never wrap.
+MAX_TIMEOUT_SECONDS = 1_000_000
+MAX_CLUSTER_VERSION = 2**32 - 1  # the runtime's Cluster::version is uint32
+# What the launcher generates: secrets.token_hex(32).
+JOB_SECRET_PATTERN = re.compile(r"[0-9a-fA-F]{64}")
+_DECIMAL = re.compile(r"[0-9]+")
+
+
+class WorkerEnvError(ValueError):
+    """A ``KUNGFU_*`` variable is malformed; the message names it and its value."""
 
 
 def build_worker_env(
@@ -23,15 +61,125 @@ def build_worker_env(
     env = dict(base)
     env.update(
         {
-            "KUNGFU_SELF": me.address,
-            "KUNGFU_PEERS": ",".join(p.address for p in peers),
-            "KUNGFU_CLUSTER_VERSION": "0",
+            SELF_ENV: me.address,
+            PEERS_ENV: ",".join(p.address for p in peers),
+            VERSION_ENV: "0",
             "KUNGFU_TOPOLOGY": topology,
-            "KUNGFU_TIMEOUT": str(timeout),
-            "KUNGFU_JOB_SECRET": secret,
+            TIMEOUT_ENV: str(timeout),
+            SECRET_ENV: secret,
             "KUNGFU_RANK": str(me.rank),
             "KUNGFU_SIZE": str(len(peers)),
             "PYTHONUNBUFFERED": "1",
         }
     )
     return env
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """The checked ``KUNGFU_*`` variables of one worker.
+
+    ``peers`` is empty outside the launcher (a one-worker cluster);
+    ``timeout_seconds`` is None when the runtime's default applies.
+    """
+
+    peers: tuple[str, ...]
+    self_address: str
+    cluster_version: int
+    timeout_seconds: float | None
+    secret: str = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        """Number of workers (1 without a peer list)."""
+        return max(len(self.peers), 1)
+
+    @property
+    def rank(self) -> int:
+        """Position of ``self_address`` in ``peers`` (0 without a peer list)."""
+        return self.peers.index(self.self_address) if self.peers else 0
+
+    def _host(self, address: str) -> str:
+        return address.rsplit(":", 1)[0]
+
+    @property
+    def local_peers(self) -> list[str]:
+        """The peers on this worker's host, in rank order."""
+        if not self.peers:
+            return [self.self_address]
+        host = self._host(self.self_address)
+        return [p for p in self.peers if self._host(p) == host]
+
+
+def parse_timeout_seconds(text: str, source: str) -> float:
+    """``text`` as a timeout in seconds: finite, > 0 and <= MAX_TIMEOUT_SECONDS.
+
+    ``source`` names where it came from (``--timeout``, ``KUNGFU_TIMEOUT``).
+
+    Example:
+        >>> parse_timeout_seconds("2.5", "KUNGFU_TIMEOUT")
+        2.5
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS):
+        raise WorkerEnvError(
+            f"{source} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS}], got {text!r}"
+        )
+    return value
+
+
+def _parse_peer(text: str, variable: str) -> str:
+    host, colon, port = text.rpartition(":")
+    if not (host and colon and _DECIMAL.fullmatch(port) and 1 <= int(port) <= 65535):
+        raise WorkerEnvError(f"{variable}: bad peer address {text!r}, expected host:port with port 1..65535")
+    return text
+
+
+def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
+    """Check the ``KUNGFU_*`` variables of ``environ`` as the runtime will read them.
+
+    Raises:
+        WorkerEnvError: naming the variable and its value, if one is malformed
+            (for example ``KUNGFU_CLUSTER_VERSION=abc``, ``KUNGFU_TIMEOUT=nan``,
+            a one-character ``KUNGFU_JOB_SECRET``, or a ``KUNGFU_SELF`` that
+            ``KUNGFU_PEERS`` does not list).
+    """
+    peers_text = environ.get(PEERS_ENV, "")
+    peers = tuple(_parse_peer(p, PEERS_ENV) for p in peers_text.split(",") if p)
+    if peers_text and not peers:
+        raise WorkerEnvError(f"{PEERS_ENV} is set but lists no peer: {peers_text!r}")
+    duplicates = sorted({p for p in peers if peers.count(p) > 1})
+    if duplicates:
+        raise WorkerEnvError(f"{PEERS_ENV}: {duplicates[0]} appears twice in {peers_text!r}")
+
+    self_text = environ.get(SELF_ENV, "")
+    if peers:
+        _parse_peer(self_text, SELF_ENV)
+        if self_text not in peers:
+            raise WorkerEnvError(f"{SELF_ENV}={self_text!r} is not in {PEERS_ENV}={peers_text!r}")
+
+    version_text = environ.get(VERSION_ENV, "")
+    version = 0
+    if version_text:
+        if not _DECIMAL.fullmatch(version_text) or int(version_text) > MAX_CLUSTER_VERSION:
+            raise WorkerEnvError(
+                f"{VERSION_ENV} must be a decimal integer in 0..{MAX_CLUSTER_VERSION}, got {version_text!r}"
+            )
+        version = int(version_text)
+
+    timeout_text = environ.get(TIMEOUT_ENV, "")
+    timeout = parse_timeout_seconds(timeout_text, TIMEOUT_ENV) if timeout_text else None
+
+    secret = environ.get(SECRET_ENV, "")
+    if secret and not JOB_SECRET_PATTERN.fullmatch(secret):
+        # The value itself is not printed: it is (meant to be) a secret.
+        raise WorkerEnvError(
+            f"{SECRET_ENV} must be 64 hexadecimal characters as kungfu-run generates it, "
+            f"got {len(secret)} characters"
+        )
+    if not secret and len(peers) > 1:
+        raise WorkerEnvError(f"{SECRET_ENV} is not set: start the workers with kungfu-run, which generates it")
+    return WorkerEnv(peers, self_text, version, timeout, secret)

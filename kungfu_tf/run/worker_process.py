@@ -4,7 +4,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from typing import BinaryIO
 
 from kungfu_tf.run.output import Console, OutputRelay
 from kungfu_tf.run.parent_death import parent_death_preexec
@@ -27,11 +27,33 @@ class WorkerProcess:
         console: Console,
         *,
         echo: bool,
-        log_path: Path | None,
+        log: BinaryIO | None,
     ):
-        """Start the process; raises OSError if ``command`` cannot be run."""
+        """Start the process; raises OSError if ``command`` cannot be run.
+
+        ``log`` receives the raw output; it is closed by
+        :meth:`finish_output`, or here if the process cannot be started.
+        """
         self.peer = peer
-        self._proc = subprocess.Popen(
+        try:
+            self._proc = self._popen(command, env)
+        except OSError:
+            if log is not None:
+                log.close()
+            raise
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._relay = OutputRelay(
+            peer.rank,
+            self._proc.stdout,
+            self._proc.stderr,
+            console,
+            echo=echo,
+            log=log,
+        )
+
+    @staticmethod
+    def _popen(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(
             list(command),
             env=dict(env),
             # N workers reading one terminal would fight over it.
@@ -42,15 +64,6 @@ class WorkerProcess:
             # Safe here: the supervisor forks all workers before starting
             # any reader thread.
             preexec_fn=parent_death_preexec(),  # noqa: PLW1509
-        )
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._relay = OutputRelay(
-            peer.rank,
-            self._proc.stdout,
-            self._proc.stderr,
-            console,
-            echo=echo,
-            log_path=log_path,
         )
 
     @property

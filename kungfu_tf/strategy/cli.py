@@ -29,8 +29,12 @@ if TYPE_CHECKING:
     from kungfu_tf.strategy.variable_info import VariableInfo
 
 PROG = "kungfu-strategy"
-# The repository's example models, next to the package in a source checkout.
-DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+# The repository's example models: an installed package carries a copy of
+# models/ inside itself (setup.py's build_py puts it there); a source checkout
+# (or an editable install) has models/ next to the package.
+INSTALLED_MODELS_DIR = Path(__file__).resolve().parents[1] / "example_models"
+CHECKOUT_MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+DEFAULT_MODELS_DIR = INSTALLED_MODELS_DIR if INSTALLED_MODELS_DIR.is_dir() else CHECKOUT_MODELS_DIR
 
 
 class CliError(Exception):

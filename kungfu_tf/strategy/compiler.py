@@ -42,7 +42,8 @@ import numpy as np
 import tensorflow as tf
 
 from kungfu_tf import ops
-from kungfu_tf.optimizers.gradient_sync import average_indexed_slices, call_prefix
+from kungfu_tf.ops.call_names import call_prefix
+from kungfu_tf.ops.indexed_slices import average_indexed_slices
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
