@@ -36,6 +36,7 @@ with contextlib.suppress(RuntimeError):  # already set if another test ran TF fi
     tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import keras
+import numpy as np
 
 import kungfu_tf
 import kungfu_tf.optimizers
@@ -126,9 +127,20 @@ def test_lr_warmup_needs_steps_per_epoch_when_fit_does_not_know_it():
         model.fit(unknown_length, epochs=1, verbose=0, shuffle=False, callbacks=[LearningRateWarmupCallback(0.1)])
 
 
-def test_v1_wrapper_takes_keras_variables():
+@pytest.mark.parametrize("wrapper", ["SynchronousSGDOptimizer", "SynchronousAveragingOptimizer"])
+def test_v1_wrappers_take_keras_variables(wrapper):
     var = keras.Variable([1.0, 2.0])
-    opt = kungfu_tf.optimizers.SynchronousSGDOptimizer(tf.compat.v1.train.MomentumOptimizer(0.5, 0.9))
-    opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])
+    opt = getattr(kungfu_tf.optimizers, wrapper)(tf.compat.v1.train.MomentumOptimizer(0.5, 0.9))
+    opt.apply_gradients([(tf.constant([1.0, 1.0]), var)])  # one worker: a plain momentum step
     assert var.numpy().tolist() == [0.5, 1.5]
     assert opt.get_slot(var, "momentum").numpy().tolist() == [1.0, 1.0]
+    (_, unwrapped), = opt.compute_gradients(lambda: tf.reduce_sum(var * var), var_list=[var])
+    assert unwrapped is var.value
+
+
+def test_lr_warmup_warns_where_it_cannot_correct_momentum():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.RMSprop(0.1, momentum=0.5), loss="mse")
+    with pytest.warns(UserWarning, match="no momentum correction for RMSprop"):
+        model.fit(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32), verbose=0,
+                  callbacks=[LearningRateWarmupCallback(0.1, warmup_epochs=1)])
