@@ -21,6 +21,9 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY_SUBMODULES = ("data", "keras", "ops", "v1")
+# Names users of Horovod find at the top level (``hvd.DistributedGradientTape``),
+# imported from the module that defines them when first used.
+_LAZY_ATTRIBUTES = {"DistributedGradientTape": "kungfu_tf.optimizers"}
 
 
 def rank() -> int:
@@ -51,7 +54,7 @@ def local_size() -> int:
     return config.current_int(config.local_size)
 
 
-def broadcast_variables(variables: Any, root: int = 0, name: str = "broadcast_variables") -> Any:
+def broadcast_variables(variables: Any, root: int = 0, name: str | None = None) -> Any:
     """Assigns every variable root's value; see :func:`kungfu_tf.variables.broadcast_variables`.
 
     Example:
@@ -67,7 +70,9 @@ def broadcast_variables(variables: Any, root: int = 0, name: str = "broadcast_va
 def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"kungfu_tf.{name}")
+    if name in _LAZY_ATTRIBUTES:
+        return getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
     raise AttributeError(f"module 'kungfu_tf' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "broadcast_variables", "local_rank", "local_size", "ops", "rank", "size"]
+__all__ = ["DistributedGradientTape", "__version__", "broadcast_variables", "local_rank", "local_size", "ops", "rank", "size"]

@@ -30,8 +30,11 @@ def _broadcast_value(v: Any, root: int, key: str) -> tf.Tensor:
     return collective.broadcast(value, root=root, name=key)
 
 
+DEFAULT_NAME = "broadcast_variables"
+
+
 def broadcast_variables(
-    variables: Iterable[Any], root: int = 0, name: str = "broadcast_variables"
+    variables: Iterable[Any], root: int = 0, name: str | None = None
 ) -> tf.Operation | None:
     """Assigns every variable in ``variables`` the value it has on worker ``root``.
 
@@ -47,8 +50,14 @@ def broadcast_variables(
     Works on ``tf.Variable`` and Keras 3 variables. Eagerly, the assignments
     are done when the call returns and ``None`` is returned. Inside
     ``tf.function`` or a ``tf.compat.v1`` graph, the op grouping all
-    assignments is returned (run it in a Session). Explicit keys can be used
-    once per graph: to broadcast twice in one graph, pass different ``name``s.
+    assignments is returned (run it in a Session).
+
+    ``name`` (the key prefix): without it, each call in one graph gets its own
+    prefix from the graph's unique names (``broadcast_variables``, then
+    ``broadcast_variables_<n>``, in the order of the calls, hence the same
+    on every worker tracing the same program), so one ``tf.function`` may
+    broadcast the model's variables and then the optimizer's. An explicit
+    ``name`` is used verbatim and only once per graph.
 
     Example:
         >>> import tensorflow as tf
@@ -56,10 +65,13 @@ def broadcast_variables(
         >>> w = tf.Variable(tf.random.normal([3]))   # differs per worker
         >>> broadcast_variables([w])                 # now rank 0's value everywhere
         >>> @tf.function
-        ... def sync():
-        ...     broadcast_variables([w], name="sync")
+        ... def sync(model, optimizer):
+        ...     broadcast_variables(model.variables)       # a key of its own
+        ...     broadcast_variables(optimizer.variables)   # and another one
     """
     variables = list(variables)
+    if name is None:
+        name = _call_name()
     signature = _signature(variables)
     agreed = collective.consensus(
         tf.constant(list(signature.encode()), dtype=tf.uint8), name=f"{name}/signature"
@@ -74,6 +86,16 @@ def broadcast_variables(
         return _assign_all(variables, root, name)
     with tf.control_dependencies([tf.debugging.Assert(agreed, [problem])]):
         return _assign_all(variables, root, name)
+
+
+def _call_name() -> str:
+    # Eager broadcasts complete before the next one starts, so one key serves
+    # them all; in a graph every call needs its own. unique_name counts the
+    # names already taken in this graph, which the same program takes in the
+    # same order on every worker.
+    if tf.executing_eagerly():
+        return DEFAULT_NAME
+    return tf.compat.v1.get_default_graph().unique_name(DEFAULT_NAME)
 
 
 def _signature(variables: list[Any]) -> str:

@@ -16,9 +16,6 @@ worker starts from rank-seeded values (checked to differ) and verifies:
 * ``MetricAverageCallback``: loss/mae/val_loss/val_mae of each epoch equal
   the mean of the per-worker values (which differ), on every worker, and in
   History (a callback after it);
-* ``LearningRateWarmupCallback``: the learning rate before every batch
-  follows initial·(1 + (size-1)·progress/warmup) per batch and per epoch, and
-  is initial·size afterwards and at the end of training;
 * ``kungfu_tf.data.shard``: rank r sees r, r+size, ... of range(101) up to
   the last 101 % size elements (dropped alike by all), and the shards are
   disjoint, equally long and cover the rest;
@@ -35,7 +32,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_job_ok, describe, run_job
 
-CHECKS = 103  # results each worker checks, independent of the cluster size (> 1)
+CHECKS = 57  # results each worker checks, independent of the cluster size (> 1)
 
 
 @pytest.mark.parametrize("np_", [3])

@@ -7,7 +7,7 @@ Example:
     >>> callbacks = [
     ...     kfk.BroadcastGlobalVariablesCallback(root=0),   # identical start
     ...     kfk.MetricAverageCallback(),                    # identical logs
-    ...     kfk.LearningRateWarmupCallback(0.01, warmup_epochs=3),
+    ...     kfk.LearningRateWarmupCallback(0.01 * kungfu_tf.size(), warmup_epochs=3),  # from 0.01
     ...     kfk.RankZeroOnly(keras.callbacks.ModelCheckpoint("best.keras")),
     ... ]
     >>> model.fit(kungfu_tf.data.shard(ds), epochs=10, verbose=kfk.verbose(),

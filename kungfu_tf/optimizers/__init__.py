@@ -6,6 +6,7 @@ Example:
     >>> opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
 """
 
+from kungfu_tf.optimizers.distributed_gradient_tape import DistributedGradientTape
 from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
@@ -19,6 +20,7 @@ from kungfu_tf.optimizers.sync_sgd_v1 import SynchronousSGDOptimizerV1
 
 __all__ = [
     "DEFAULT_FUSION_THRESHOLD_BYTES",
+    "DistributedGradientTape",
     "PairAveragingOptimizer",
     "PairAveragingOptimizerV1",
     "SynchronousAveragingOptimizer",

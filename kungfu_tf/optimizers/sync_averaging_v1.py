@@ -20,7 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from kungfu_tf import ops
-from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1
+from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1, unwrap_pairs
 
 DEFAULT_NAME = "kungfu_sync_averaging"
 
@@ -57,7 +57,7 @@ class SynchronousAveragingOptimizerV1(WrappedOptimizerV1):
         Every variable of ``grads_and_vars`` is averaged, also those whose
         gradient is None: all workers must pass the same tensors.
         """
-        grads_and_vars = list(grads_and_vars)
+        grads_and_vars = unwrap_pairs(grads_and_vars)
         variables = [v for _, v in grads_and_vars]
         applied = self._optimizer.apply_gradients(
             [(g, v) for g, v in grads_and_vars if g is not None], global_step=global_step, name=name

@@ -18,7 +18,7 @@ from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
 )
-from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1
+from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1, unwrap_pairs
 
 DEFAULT_NAME = "kungfu_sync_sgd"
 
@@ -26,10 +26,17 @@ DEFAULT_NAME = "kungfu_sync_sgd"
 class SynchronousSGDOptimizerV1(WrappedOptimizerV1):
     """Wraps a v1 optimizer so that gradients are averaged over all workers.
 
-    Averaging happens in :meth:`compute_gradients` (as in Horovod), so
-    ``minimize`` and ``compute_gradients`` + ``apply_gradients`` both
-    synchronise; ``apply_gradients``, slots and variables are the wrapped
-    optimizer's own.
+    Averaging happens in :meth:`apply_gradients`, the one method every way of
+    training goes through: ``minimize``, ``compute_gradients`` +
+    ``apply_gradients``, and a TF2 loop that takes its gradients from a
+    ``tf.GradientTape`` and calls ``apply_gradients`` each average exactly
+    once. :meth:`compute_gradients` therefore returns this worker's own
+    gradients (as KungFu's optimizers do; Horovod's v1 optimizer averages
+    there instead, which lets a tape loop train every worker on its own
+    gradients without an error). Slots and variables are the wrapped
+    optimizer's own. Do not combine with
+    :class:`~kungfu_tf.optimizers.DistributedGradientTape`, whose gradients
+    are already averaged: use a plain optimizer with it.
 
     Args:
         optimizer: the ``tf.compat.v1.train.Optimizer`` to wrap.
@@ -63,36 +70,30 @@ class SynchronousSGDOptimizerV1(WrappedOptimizerV1):
         self._strategy = strategy
         self._plan: Any = None
 
-    def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, tf.Variable]]:
-        """The wrapped optimizer's ``(gradient, variable)`` pairs, gradients averaged over workers.
-
-        Example:
-            >>> # grads_and_vars = opt.compute_gradients(loss)   # already averaged
-        """
-        grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
-        if not grads_and_vars or self._strategy is not None:
-            return grads_and_vars
-        grads, variables = zip(*grads_and_vars)
-        averaged = average_gradients(
-            grads, self._fusion_threshold_bytes, self._sparse_as_dense, name=self.get_name()
-        )
-        return list(zip(averaged, variables))
-
     def apply_gradients(
         self, grads_and_vars: Any, global_step: tf.Variable | None = None, name: str | None = None
     ) -> tf.Operation:
-        """Delegates to the wrapped optimizer (the gradients are already averaged).
+        """Averages the gradients over all workers, then the wrapped optimizer applies them.
 
-        With a strategy, this is where the gradients are synchronised: the
-        wrapped optimizer applies only what this rank updates, and owners
-        then send their variables' new values.
+        Without a strategy the gradients are averaged as
+        :func:`~kungfu_tf.optimizers.average_gradients` does (fused
+        all-reduce, all-gather for ``tf.IndexedSlices``, ``None`` kept). With
+        a strategy, the wrapped optimizer applies only what this rank
+        updates, and owners then send their variables' new values.
 
         Example:
             >>> # train_op = opt.apply_gradients(opt.compute_gradients(loss), global_step)
+            >>> # opt.apply_gradients(zip(tape.gradient(loss, variables), variables))  # TF2, eager
         """
+        grads_and_vars = unwrap_pairs(grads_and_vars)
         if self._strategy is None:
+            if grads_and_vars:
+                grads, variables = zip(*grads_and_vars)
+                averaged = average_gradients(
+                    grads, self._fusion_threshold_bytes, self._sparse_as_dense, name=self.get_name()
+                )
+                grads_and_vars = list(zip(averaged, variables))
             return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
-        grads_and_vars = list(grads_and_vars)
         variables = [v for _, v in grads_and_vars]
         if self._plan is None:
             from kungfu_tf.optimizers.strategy_sync import make_plan

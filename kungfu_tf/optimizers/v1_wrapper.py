@@ -3,7 +3,10 @@
 The wrapped optimizer keeps its slots, variables and ``compute_gradients``;
 a subclass changes ``apply_gradients`` (or ``compute_gradients``) to
 synchronise. ``get_slot``, ``get_slot_names`` and ``variables`` reach the
-wrapped optimizer, so hooks and checkpoints see its state.
+wrapped optimizer, so hooks and checkpoints see its state. Keras 3
+variables (``model.trainable_variables`` of a Keras model) are unwrapped to
+the ``tf.Variable`` they hold, which a v1 optimizer needs (given the Keras
+variable itself it fails with an ``AttributeError`` on a private attribute).
 
 Example:
     >>> import tensorflow as tf
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 
@@ -44,13 +48,17 @@ class WrappedOptimizerV1(tf.compat.v1.train.Optimizer):
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
 
-    def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, tf.Variable]]:
-        """The wrapped optimizer's ``(gradient, variable)`` pairs."""
-        return self._optimizer.compute_gradients(*args, **kwargs)
+    def compute_gradients(
+        self, loss: Any, var_list: Any = None, *args: Any, **kwargs: Any
+    ) -> list[tuple[Any, tf.Variable]]:
+        """The wrapped optimizer's ``(gradient, variable)`` pairs (this worker's own gradients)."""
+        if var_list is not None:
+            var_list = [as_tf_variable(v) for v in var_list]
+        return self._optimizer.compute_gradients(loss, var_list, *args, **kwargs)
 
-    def get_slot(self, *args: Any, **kwargs: Any) -> tf.Variable | None:
+    def get_slot(self, var: Any, name: str) -> tf.Variable | None:
         """The wrapped optimizer's slot, e.g. ``get_slot(var, "momentum")``."""
-        return self._optimizer.get_slot(*args, **kwargs)
+        return self._optimizer.get_slot(as_tf_variable(var), name)
 
     def get_slot_names(self, *args: Any, **kwargs: Any) -> list[str]:
         """The wrapped optimizer's slot names, e.g. ``["momentum"]``."""
@@ -59,6 +67,30 @@ class WrappedOptimizerV1(tf.compat.v1.train.Optimizer):
     def variables(self) -> list[tf.Variable]:
         """The wrapped optimizer's variables (slots and e.g. Adam's beta powers)."""
         return self._optimizer.variables()
+
+
+def as_tf_variable(v: Any) -> Any:
+    """The ``tf.Variable`` a Keras 3 variable holds; anything else unchanged.
+
+    Example:
+        >>> import keras
+        >>> type(as_tf_variable(keras.Variable(1.0))).__name__
+        'ResourceVariable'
+    """
+    if not isinstance(v, keras.Variable):
+        return v
+    held = v.value  # with the TF backend, the tf.Variable itself (outside autocast)
+    if not isinstance(held, tf.Variable):
+        raise TypeError(
+            f"cannot hand Keras variable {v.path!r} to a tf.compat.v1 optimizer: it holds a "
+            f"{type(held).__name__}, not a tf.Variable (Keras backend {keras.backend.backend()!r}?)"
+        )
+    return held
+
+
+def unwrap_pairs(grads_and_vars: Any) -> list[tuple[Any, Any]]:
+    """``grads_and_vars`` as a list, Keras 3 variables replaced by their ``tf.Variable``."""
+    return [(g, as_tf_variable(v)) for g, v in grads_and_vars]
 
 
 def local_counter(name: str) -> tf.Variable:

@@ -1,5 +1,5 @@
 """Worker for tests/test_startup_consistency.py: identical starts, averaged logs,
-learning-rate warm-up, data sharding and rank-0-only side effects.
+data sharding and rank-0-only side effects.
 
 Usage: startup_consistency.py OUTDIR. Each section checks its own results
 (Checker) and the test compares the final ``checked N results`` count.
@@ -186,38 +186,6 @@ def check_metric_average(chk: Checker) -> None:
         chk.equal(history, got, "metric average: History did not see the averaged logs")
 
 
-class LrRecorder(keras.callbacks.Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[int, int, float]] = []
-        self.epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None) -> None:
-        self.epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None) -> None:
-        self.seen.append((self.epoch, batch, float(self.model.optimizer.learning_rate.numpy())))
-
-    def on_train_end(self, logs=None) -> None:
-        self.final = float(self.model.optimizer.learning_rate.numpy())
-
-
-def check_warmup(chk: Checker) -> None:
-    x, y = regression_data("shared")
-    base = 0.01
-    for steps_per_epoch, warmup, epochs in ((4, 3, 5), (None, 2, 3), (4, 2, 2)):
-        model = build_model(4000, keras.optimizers.SGD(base))
-        rec = LrRecorder()
-        model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
-                  callbacks=[kfk.LearningRateWarmupCallback(base, warmup, steps_per_epoch), rec])
-        chk.true(len(rec.seen) == 4 * epochs, f"warm-up: {len(rec.seen)} batches seen")
-        for epoch, batch, lr in rec.seen:
-            progress = epoch + (batch / steps_per_epoch if steps_per_epoch else 0)
-            want = base * SIZE if epoch >= warmup else base * (1 + (SIZE - 1) * progress / warmup)
-            chk.close(lr, want, 1e-7, f"warm-up spe={steps_per_epoch}: lr at epoch {epoch} batch {batch}")
-        chk.close(rec.final, base * SIZE, 1e-7, f"warm-up spe={steps_per_epoch}: final lr")
-
-
 def check_shard(chk: Checker) -> None:
     n = 101
     mine = list(kungfu_tf.data.shard(tf.data.Dataset.range(n)).as_numpy_iterator())
@@ -272,8 +240,8 @@ def check_v1_hook(chk: Checker) -> None:
 def main() -> None:
     outdir = sys.argv[1]
     chk = Checker(RANK)
-    for section in (check_broadcast_variables, check_keras_broadcast, check_metric_average, check_warmup,
-                    check_shard, check_v1_hook):
+    for section in (check_broadcast_variables, check_keras_broadcast, check_metric_average, check_shard,
+                    check_v1_hook):
         section(chk)
         print(f"{section.__name__} done, {chk.count} checks", flush=True)
     check_rank_zero(chk, outdir)
