@@ -13,6 +13,7 @@ def build_worker_env(
     topology: str,
     timeout: int,
     secret: str,
+    job_id: str,
 ) -> dict[str, str]:
     """Return ``base`` plus the ``KUNGFU_*`` variables for worker ``me``.
 
@@ -29,6 +30,7 @@ def build_worker_env(
             "KUNGFU_TOPOLOGY": topology,
             "KUNGFU_TIMEOUT": str(timeout),
             "KUNGFU_JOB_SECRET": secret,
+            "KUNGFU_JOB_ID": job_id,
             "KUNGFU_RANK": str(me.rank),
             "KUNGFU_SIZE": str(len(peers)),
             "PYTHONUNBUFFERED": "1",

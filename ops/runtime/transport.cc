@@ -161,7 +161,7 @@ void Transport::serve_connection(Fd fd, bool is_unix) {
     }
   };
   std::string client_id, err;
-  if (!server_handshake(fd.get(), opt_.secret, &client_id, &err)) {
+  if (!server_handshake(fd.get(), opt_.secret, {opt_.job_id, opt_.cluster.version()}, &client_id, nullptr, &err)) {
     ++rejected_;
     if (!stopping_) fprintf(stderr, "kungfu: rejected a connection: %s\n", err.c_str());
     forget();
@@ -249,7 +249,7 @@ Status Transport::connect_to(int dst, Fd *out) {
     if (rc == 0) {
       tune_socket(fd.get(), use_unix);
       std::string err;
-      if (!client_handshake(fd.get(), opt_.secret, self.str(), &err)) {
+      if (!client_handshake(fd.get(), opt_.secret, {opt_.job_id, opt_.cluster.version()}, self.str(), nullptr, &err)) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
       }
       *out = std::move(fd);
