@@ -6,6 +6,7 @@
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
 #   make demo      4-worker training demo (models/train.py)
 #   make bench     allreduce benchmark
+#   make bench-frame-auth  cost of per-frame HMAC authentication vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make lint      ruff
@@ -75,7 +76,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install sysdeps test cpp-test sanitize demo bench bench-training bench-strategies lint clean distclean
+.PHONY: install sysdeps test cpp-test sanitize demo bench bench-frame-auth bench-training bench-strategies lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -140,6 +141,16 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/allreduce.py
+
+# Per-frame authentication cost (frame_auth.h) against memcpy, per MiB.
+FRAME_AUTH_BENCH := build/bench/frame_auth_cost
+FRAME_AUTH_OBJS := $(addprefix build/cpp/obj/,secret.o hmac.o frame_auth.o)
+$(FRAME_AUTH_BENCH): benchmarks/frame_auth_cost.cc $(FRAME_AUTH_OBJS) Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(CPP_FLAGS) $< $(FRAME_AUTH_OBJS) $(CPP_LIBS) -o $@
+
+bench-frame-auth: $(FRAME_AUTH_BENCH)
+	$(FRAME_AUTH_BENCH)
 
 bench-training: install
 	$(PY) benchmarks/training.py

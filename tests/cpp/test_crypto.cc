@@ -1,4 +1,5 @@
-// Tests for HMAC-SHA256 (OpenSSL), key material and the connection handshake.
+// Tests for HMAC-SHA256 (OpenSSL), key material, the connection handshake
+// and per-frame authentication.
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "frame_auth.h"
 #include "handshake.h"
 #include "hmac.h"
 #include "secret.h"
@@ -727,6 +729,161 @@ void test_handshake_bad_self_id() {
   CHECK_ERR(c3.err, "control characters");
 }
 
+// ---- per-frame authentication ----
+
+using kungfu::FrameAuthenticator;
+using kungfu::FrameDirection;
+
+kungfu::SessionKey make_key(uint8_t seed) {
+  kungfu::SessionKey k;
+  for (size_t i = 0; i < k.size(); ++i) k.data()[i] = uint8_t(seed + i);
+  return k;
+}
+
+std::string be64(uint64_t v) { return be32(uint32_t(v >> 32)) + be32(uint32_t(v)); }
+
+// frame_auth.h's tag, computed independently with the one-shot HMAC.
+std::string reference_tag(const kungfu::SessionKey &k, FrameDirection dir,
+                          uint64_t seq, const std::string &header,
+                          const std::string &key, const std::string &payload) {
+  const std::string in = std::string(1, char(dir)) + be64(seq) +
+                         be32(uint32_t(header.size())) + header +
+                         be32(uint32_t(key.size())) + key + payload +
+                         be64(payload.size());
+  const std::string secret(reinterpret_cast<const char *>(k.data()), k.size());
+  return mac_of(secret, in).substr(0, FrameAuthenticator::kTagLen);
+}
+
+struct Frame {
+  std::string header, key, payload;
+};
+
+std::string tag_str(const FrameAuthenticator::Tag &t) {
+  return std::string(t.begin(), t.end());
+}
+
+FrameAuthenticator::Tag sign(FrameAuthenticator &a, const Frame &f) {
+  return a.sign(f.header.data(), f.header.size(), f.key.data(), f.key.size(),
+                f.payload.data(), f.payload.size());
+}
+
+bool verify(FrameAuthenticator &a, const Frame &f, const std::string &tag) {
+  return a.verify(f.header.data(), f.header.size(), f.key.data(), f.key.size(),
+                  f.payload.data(), f.payload.size(),
+                  reinterpret_cast<const uint8_t *>(tag.data()));
+}
+
+void test_frame_auth() {
+  const kungfu::SessionKey k = make_key(1);
+  const FrameDirection c2s = FrameDirection::kClientToServer;
+  std::vector<Frame> frames = {
+      {std::string(104, 'h'), "grad/0", std::string(1 << 20, 'p')},
+      {"H", "", ""},
+      {std::string(104, 'h'), "grad/0", std::string(1 << 20, 'p')},  // same bytes again
+      {"hdr", "k", std::string(1000, '\xff')},
+  };
+  FrameAuthenticator sender(k, c2s), receiver(k, c2s);
+  std::vector<std::string> tags;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const Frame &f = frames[i];
+    tags.push_back(tag_str(sign(sender, f)));
+    CHECK(tags.back() == reference_tag(k, c2s, i, f.header, f.key, f.payload));
+    CHECK(verify(receiver, f, tags.back()));
+  }
+  CHECK(sender.next_sequence() == frames.size());
+  CHECK(receiver.next_sequence() == frames.size());
+  CHECK(!receiver.failed());
+  // Identical frames at different positions get different tags.
+  CHECK(tags[0] != tags[2]);
+
+  // The payload fed in pieces gives the same tag.
+  {
+    FrameAuthenticator a(k, c2s);
+    const Frame &f = frames[0];
+    a.begin_frame(f.header.data(), f.header.size(), f.key.data(), f.key.size());
+    size_t off = 0, step = 1;
+    while (off < f.payload.size()) {
+      size_t n = std::min(step, f.payload.size() - off);
+      a.add_payload(f.payload.data() + off, n);
+      off += n;
+      step = step * 13 % 70001 + 1;
+    }
+    CHECK(tag_str(a.end_frame()) == tags[0]);
+  }
+
+  // A frame begun and abandoned does not use up a sequence number.
+  {
+    FrameAuthenticator a(k, c2s);
+    a.begin_frame("x", 1, "y", 1);
+    a.add_payload("zz", 2);
+    CHECK(tag_str(sign(a, frames[0])) == tags[0]);
+  }
+
+  // Moving bytes between header, key and payload changes the tag.
+  {
+    FrameAuthenticator a(k, c2s), b(k, c2s), c(k, c2s);
+    CHECK(tag_str(sign(a, {"ab", "c", "d"})) != tag_str(sign(b, {"a", "bc", "d"})));
+    CHECK(tag_str(sign(c, {"a", "b", "cd"})) != reference_tag(k, c2s, 0, "a", "bc", "d"));
+  }
+}
+
+// Every way a frame can be altered in transit is caught, and a stream that
+// failed once stays failed.
+void test_frame_auth_rejects() {
+  const kungfu::SessionKey k = make_key(1);
+  const FrameDirection c2s = FrameDirection::kClientToServer;
+  const Frame f0{std::string(104, 'h'), "op/1", std::string(4096, 'a')};
+  const Frame f1{std::string(104, 'h'), "op/2", std::string(4096, 'b')};
+  FrameAuthenticator sender(k, c2s);
+  const std::string t0 = tag_str(sign(sender, f0));
+  const std::string t1 = tag_str(sign(sender, f1));
+
+  auto fresh_rejects = [&](const Frame &f, const std::string &tag,
+                           const kungfu::SessionKey &key, FrameDirection dir) {
+    FrameAuthenticator r(key, dir);
+    return !verify(r, f, tag) && r.failed();
+  };
+  Frame bad = f0;
+  bad.header[10] ^= 1;
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  bad = f0;
+  bad.key = "op/9";
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  bad = f0;
+  bad.payload[4095] ^= 0x80;
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  bad = f0;
+  bad.payload.pop_back();  // truncated
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  std::string bad_tag = t0;
+  bad_tag[15] ^= 1;
+  CHECK(fresh_rejects(f0, bad_tag, k, c2s));
+  // Another connection's key, or the other direction of this one.
+  CHECK(fresh_rejects(f0, t0, make_key(2), c2s));
+  CHECK(fresh_rejects(f0, t0, k, FrameDirection::kServerToClient));
+  // Reordered: the second frame first.
+  CHECK(fresh_rejects(f1, t1, k, c2s));
+
+  // Replayed: frame 0 delivered twice.
+  FrameAuthenticator r(k, c2s);
+  CHECK(verify(r, f0, t0));
+  CHECK(!verify(r, f0, t0));
+  CHECK(r.failed());
+
+  // Sticky: after a tampered frame 0, the genuine frame 1 (which would verify
+  // at its position) is refused too.
+  FrameAuthenticator r3(k, c2s);
+  CHECK(!verify(r3, bad, t0));
+  CHECK(!verify(r3, f1, t1));
+  CHECK(r3.failed());
+  FrameAuthenticator r4(k, c2s);  // the same two frames, untampered
+  CHECK(verify(r4, f0, t0) && verify(r4, f1, t1));
+
+  // Dropped: frame 1 without frame 0.
+  FrameAuthenticator r2(k, c2s);
+  CHECK(!verify(r2, f1, t1));
+}
+
 }  // namespace
 
 int main() {
@@ -743,6 +900,8 @@ int main() {
   test_handshake_timeouts();
   test_handshake_hostile_servers();
   test_handshake_bad_self_id();
+  test_frame_auth();
+  test_frame_auth_rejects();
   std::printf("%d passed, 0 failed\n", g_passed);
   return 0;
 }
