@@ -18,6 +18,7 @@
 #include "frame_auth.h"
 #include "handshake.h"
 #include "hmac.h"
+#include "runtime.h"
 #include "secret.h"
 #include "socket_io.h"
 
@@ -729,6 +730,42 @@ void test_handshake_bad_self_id() {
   CHECK_ERR(c3.err, "control characters");
 }
 
+// KUNGFU_JOB_ID as RuntimeOptions::from_env reads it.
+void test_job_id_from_env() {
+  auto load = [](const char *job_id, const char *peers, kungfu::RuntimeOptions *o) {
+    ::setenv("KUNGFU_PEERS", peers, 1);
+    ::setenv("KUNGFU_SELF", "127.0.0.1:10001", 1);
+    ::setenv("KUNGFU_JOB_SECRET", "s3cret", 1);
+    if (job_id) {
+      ::setenv("KUNGFU_JOB_ID", job_id, 1);
+    } else {
+      ::unsetenv("KUNGFU_JOB_ID");
+    }
+    return kungfu::RuntimeOptions::from_env(o);
+  };
+  const char *two = "127.0.0.1:10001,127.0.0.1:10002";
+  kungfu::RuntimeOptions o;
+  CHECK(load("4f1c-run", two, &o).ok());
+  CHECK(o.job_id == "4f1c-run");
+  CHECK(std::string(o.secret.data(), o.secret.size()) == "s3cret");
+  // One worker never connects to anyone: no id needed.
+  CHECK(load(nullptr, "127.0.0.1:10001", &o).ok());
+
+  kungfu::Status s = load(nullptr, two, &o);
+  CHECK(s.code() == kungfu::Code::kInvalidArgument);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID is not set");
+  s = load("", two, &o);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID is not set");
+  s = load(std::string(129, 'j').c_str(), two, &o);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID must be at most 128 bytes, got 129");
+  CHECK(load(std::string(128, 'j').c_str(), two, &o).ok());
+  s = load("run\x1b[2J", two, &o);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID must be printable ASCII, got byte 27 at offset 3");
+  s = load("caf\xc3\xa9", two, &o);
+  CHECK_ERR(s.message(), "got byte 195 at offset 3");
+  for (const char *v : {"KUNGFU_PEERS", "KUNGFU_SELF", "KUNGFU_JOB_SECRET", "KUNGFU_JOB_ID"}) ::unsetenv(v);
+}
+
 // ---- per-frame authentication ----
 
 using kungfu::FrameAuthenticator;
@@ -900,6 +937,7 @@ int main() {
   test_handshake_timeouts();
   test_handshake_hostile_servers();
   test_handshake_bad_self_id();
+  test_job_id_from_env();
   test_frame_auth();
   test_frame_auth_rejects();
   std::printf("%d passed, 0 failed\n", g_passed);
