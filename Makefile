@@ -8,6 +8,7 @@
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
 #   make demo      4-worker training demo (models/train.py)
 #   make bench     allreduce benchmark
+#   make bench-frame-auth  cost of per-frame HMAC authentication vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make lint      ruff
@@ -39,7 +40,9 @@ BUILD_INPUTS := $(wildcard ops/runtime/*.cc ops/runtime/*.h ops/kernels/*.cc \
 
 # ---------------------------------------------------------------- C++ tests
 # Each tests/cpp/test_X.cc is a standalone program linked with all of
-# ops/runtime/*.cc (no TensorFlow) into build/cpp/test_X.
+# ops/runtime/*.cc (no TensorFlow) and the system's libcrypto (OpenSSL 3,
+# Debian's libssl-dev) into build/cpp/test_X. libkungfu_tf.so links libcrypto
+# statically instead (setup.py says why).
 RUNTIME_SRCS := $(wildcard ops/runtime/*.cc)
 CPP_TEST_SRCS := $(wildcard tests/cpp/test_*.cc)
 CPP_TEST_TIMEOUT ?= 300
@@ -47,6 +50,7 @@ CPP_COMMON := -std=c++17 -Wall -Wextra -pthread -Iops/runtime
 CPP_FLAGS := $(CPP_COMMON) -O2 -Werror
 # No -Werror here: GCC documents that -fsanitize can cause spurious warnings.
 SAN_FLAGS := $(CPP_COMMON) -fsanitize=address,undefined -fno-omit-frame-pointer -g -O1
+CPP_LIBS := -lcrypto
 
 # $(call cpp_rules,BUILD_DIR,FLAGS,TESTS_VAR): objects + test binaries.
 define cpp_rules
@@ -57,7 +61,7 @@ $$($(1)_OBJS): $(1)/obj/%.o: ops/runtime/%.cc Makefile
 	$$(CXX) $(2) -MMD -MP -c $$< -o $$@
 $$($(3)): $(1)/%: tests/cpp/%.cc $$($(1)_OBJS) Makefile
 	@mkdir -p $$(@D)
-	$$(CXX) $(2) -MMD -MP $$< $$($(1)_OBJS) -o $$@
+	$$(CXX) $(2) -MMD -MP $$< $$($(1)_OBJS) $$(CPP_LIBS) -o $$@
 -include $$($(1)_OBJS:.o=.d) $$($(3):=.d)
 endef
 $(eval $(call cpp_rules,build/cpp,$(CPP_FLAGS),CPP_TESTS))
@@ -74,12 +78,25 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize demo bench bench-training bench-strategies lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize demo bench bench-frame-auth bench-training bench-strategies lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
+# libssl-dev: OpenSSL's libcrypto (headers, libcrypto.a for libkungfu_tf.so,
+# libcrypto.so for the C++ tests). Required: the build fails without it.
 # Multi-host tests use network namespaces (`ip netns`). Best effort only.
 sysdeps:
+	@if [ ! -f /usr/include/openssl/evp.h ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing libssl-dev (OpenSSL's libcrypto, for the handshake)"; \
+			( export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
+			  apt-get install -y -qq libssl-dev ) || \
+			{ echo "error: could not install libssl-dev"; exit 1; }; \
+		else \
+			echo "error: OpenSSL headers not found: install libssl-dev (apt-get install libssl-dev)"; \
+			exit 1; \
+		fi; \
+	fi
 	@if ! command -v ip >/dev/null 2>&1 && [ ! -x /sbin/ip ] && [ ! -x /usr/sbin/ip ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "installing iproute2 (for network-namespace tests)"; \
@@ -134,6 +151,16 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/allreduce.py
+
+# Per-frame authentication cost (frame_auth.h) against memcpy, per MiB.
+FRAME_AUTH_BENCH := build/bench/frame_auth_cost
+FRAME_AUTH_OBJS := $(addprefix build/cpp/obj/,secret.o hmac.o frame_auth.o)
+$(FRAME_AUTH_BENCH): benchmarks/frame_auth_cost.cc $(FRAME_AUTH_OBJS) Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(CPP_FLAGS) $< $(FRAME_AUTH_OBJS) $(CPP_LIBS) -o $@
+
+bench-frame-auth: $(FRAME_AUTH_BENCH)
+	$(FRAME_AUTH_BENCH)
 
 bench-training: install
 	$(PY) benchmarks/training.py

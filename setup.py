@@ -50,6 +50,36 @@ CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread", "-Wall", "-Wextra"]
 LDFLAGS = ["-shared", "-pthread"]
 
 
+def libcrypto_link_flags(cxx):
+    """Flags that link OpenSSL's libcrypto.a into the .so with hidden symbols.
+
+    libtensorflow_framework.so.2 exports BoringSSL's symbols (HMAC,
+    EVP_sha256, RAND_bytes, OPENSSL_cleanse, ...) unversioned, and TensorFlow
+    loads it RTLD_GLOBAL. With a dynamic -lcrypto, the dynamic linker binds our
+    references to those BoringSSL copies whatever the link order (OpenSSL's
+    versioned references accept an unversioned definition), mixing two
+    libraries' structures. Linked statically and hidden (--exclude-libs), our
+    calls resolve inside the .so at link time and nothing is exported. The
+    archive must come before TensorFlow's flags on the link line: otherwise
+    the linker resolves against TensorFlow's exports first.
+
+    Raises:
+        SystemExit: if libcrypto.a is missing (Debian's libssl-dev).
+    """
+    out = subprocess.run(
+        cxx + ["-print-file-name=libcrypto.a"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if not os.path.isabs(out) or not os.path.exists(out):
+        raise SystemExit(
+            "error: libcrypto.a (OpenSSL 3) not found: install Debian's libssl-dev "
+            "(`make install` does; or apt-get install libssl-dev)"
+        )
+    return ["-Wl,--exclude-libs,libcrypto.a", out, "-ldl"]
+
+
 def _rel(*patterns):
     """Sorted paths (relative to ROOT) matching the glob patterns."""
     out = set()
@@ -240,8 +270,19 @@ class BuildExt(build_ext):
             self._compile_all(todo, cache_key, jobs)
 
         out = os.path.abspath(self.get_ext_fullpath(ext.name))
+        crypto_flags = libcrypto_link_flags(cxx)
         link_cmd = (
-            cxx + LDFLAGS + ["-o", out] + objects + list(tf.sysconfig.get_link_flags())
+            cxx
+            + LDFLAGS
+            + ["-o", out]
+            + objects
+            + crypto_flags
+            + list(tf.sysconfig.get_link_flags())
+        )
+        # A security update of libssl-dev replaces libcrypto.a: relink then.
+        link_key = (
+            cache_key(link_cmd)
+            + f"libcrypto.a mtime {os.path.getmtime(crypto_flags[1])}\n"
         )
         link_keyf = os.path.join(OBJ_DIR, "link.key")
         newest_obj = max(
@@ -252,7 +293,7 @@ class BuildExt(build_ext):
             or todo
             or not os.path.exists(out)
             or os.path.getmtime(out) < newest_obj
-            or _read_text(link_keyf) != cache_key(link_cmd)
+            or _read_text(link_keyf) != link_key
         ):
             os.makedirs(os.path.dirname(out), exist_ok=True)
             print("linking", out, flush=True)
@@ -262,7 +303,7 @@ class BuildExt(build_ext):
                 raise SystemExit(f"error: linking {SO_NAME} failed")
             if log:
                 sys.stdout.write(log)
-            _write_text(link_keyf, cache_key(link_cmd))
+            _write_text(link_keyf, link_key)
         else:
             print(f"{out} is up to date", flush=True)
 

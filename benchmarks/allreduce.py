@@ -226,7 +226,7 @@ def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, A
     exe = str(BUILD_DIR / "runtime_allreduce")
     sources = sorted(str(p) for p in (REPO / "ops" / "runtime").glob("*.cc"))
     cmd = ["g++", "-std=c++17", "-O2", "-pthread", "-I", str(REPO / "ops" / "runtime")]
-    cmd += ["-o", exe, str(BENCH_DIR / "runtime_allreduce.cc"), *sources]
+    cmd += ["-o", exe, str(BENCH_DIR / "runtime_allreduce.cc"), *sources, "-lcrypto"]
     log("compiling runtime_allreduce.cc")
     try:
         subprocess.run(cmd, check=True, timeout=300)

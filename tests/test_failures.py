@@ -4,6 +4,8 @@ launcher at all. Workers are in tests/workers/failure_*.py and single.py.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -135,36 +137,74 @@ def _connect(family: int, address) -> socket.socket:
     return s
 
 
-def _intrude(family: int, address, impersonate: str) -> list[str]:
+SECRET = "5ec12e7" * 9 + "a"  # 64 hex chars: the intruder test knows the job secret
+
+
+def _read_hello(sock: socket.socket) -> tuple[bytes, int, str]:
+    """The server hello (handshake.h): its nonce, cluster version and job id."""
+    head = sock.recv(32, socket.MSG_WAITALL)
+    assert head[:8] == b"KFAUTHS2" and len(head) == 32, head
+    version = int.from_bytes(head[24:28], "big")
+    job = sock.recv(int.from_bytes(head[28:32], "big"), socket.MSG_WAITALL)
+    return head[8:24], version, job.decode()
+
+
+def _ctx(version: int, job: str) -> bytes:
+    return version.to_bytes(4, "big") + len(job).to_bytes(4, "big") + job.encode()
+
+
+def _client_hello(server_nonce: bytes, version: int, job: str, ident: str, secret: str) -> bytes:
+    """What a kungfu client sends (handshake.h), written independently."""
+    nonce = os.urandom(16)
+    ident_b = ident.encode()
+    mac = hmac.new(
+        secret.encode(), b"kungfu-client" + server_nonce + nonce + _ctx(version, job) + ident_b, hashlib.sha256
+    ).digest()
+    return b"KFAUTHC2" + nonce + _ctx(version, job) + len(ident_b).to_bytes(4, "big") + ident_b + mac
+
+
+def _intrude(family: int, address, impersonate: str, job_id: str) -> list[str]:
     """Attacks on one listening socket; returns the kinds that were rejected."""
     done = []
     # (i) garbage right after the server's hello.
     with _connect(family, address) as s:
-        hello = s.recv(24, socket.MSG_WAITALL)
-        assert hello[:8] == b"KFAUTHS1" and len(hello) == 24, hello
+        _, version, job = _read_hello(s)
+        assert (version, job) == (0, job_id)
         s.sendall(os.urandom(64))
         assert _recv_until_eof(s) == b"", "server answered garbage"
     done.append("garbage")
     # (ii) a well-formed client hello claiming to be rank 1, with a wrong MAC:
     # the server must hang up without proving itself (no 32-byte MAC back).
     with _connect(family, address) as s:
-        s.recv(24, socket.MSG_WAITALL)
-        ident = impersonate.encode()
-        s.sendall(b"KFAUTHC1" + os.urandom(16) + len(ident).to_bytes(4, "big") + ident + os.urandom(32))
+        nonce, version, job = _read_hello(s)
+        s.sendall(_client_hello(nonce, version, job, impersonate, secret="not the secret"))
         assert _recv_until_eof(s) == b"", "server accepted a forged MAC"
     done.append("wrong MAC")
     # (iii) a hostile id length (must not size a buffer from it).
     with _connect(family, address) as s:
-        s.recv(24, socket.MSG_WAITALL)
-        s.sendall(b"KFAUTHC1" + os.urandom(16) + (10**9).to_bytes(4, "big") + os.urandom(100))
+        _read_hello(s)
+        s.sendall(b"KFAUTHC2" + os.urandom(16) + _ctx(0, job_id) + (10**9).to_bytes(4, "big") + os.urandom(100))
         assert _recv_until_eof(s) == b""
     done.append("huge id")
-    # (iv) random bytes of a plausible handshake length, without reading the hello.
+    # (iv) a worker left over from an earlier run: it knows the secret and
+    # claims rank 1, but its job id is another run's.
+    with _connect(family, address) as s:
+        nonce, version, _ = _read_hello(s)
+        s.sendall(_client_hello(nonce, version, "an-earlier-run", impersonate, SECRET))
+        assert _recv_until_eof(s) == b"", "server accepted a worker of another run"
+    done.append("another run")
+    # (v) the same at another cluster version.
+    with _connect(family, address) as s:
+        nonce, version, job = _read_hello(s)
+        s.sendall(_client_hello(nonce, version + 1, job, impersonate, SECRET))
+        assert _recv_until_eof(s) == b"", "server accepted a worker of another cluster version"
+    done.append("another version")
+    # (vi) random bytes of a plausible handshake length, without reading the hello.
     with _connect(family, address) as s:
         s.sendall(os.urandom(8 + 16 + 4 + 15 + 32))
         _recv_until_eof(s)
     done.append("random")
-    # (v) connect and hang up at once, many times.
+    # (vii) connect and hang up at once, many times.
     for _ in range(20):
         _connect(family, address).close()
     return done
@@ -173,7 +213,13 @@ def _intrude(family: int, address, impersonate: str) -> list[str]:
 def test_intruders(tmp_path):
     """Garbage and forged handshakes on rank 0's TCP port and its same-host
     Unix socket while the job runs: the job is unaffected."""
-    proc = start_job(2, "failure_intruder.py", tmp_path, extra_launcher_args=["--timeout", "60"])
+    proc = start_job(
+        2,
+        "failure_intruder.py",
+        tmp_path,
+        extra_launcher_args=["--timeout", "60"],
+        env=worker_env(KUNGFU_JOB_SECRET=SECRET),
+    )
     silent = None
     try:
         peers_file = tmp_path / "peers.json"
@@ -188,9 +234,10 @@ def test_intruders(tmp_path):
         host, port = peers[0].rsplit(":", 1)
         # A connection that never says anything stays open throughout.
         silent = _connect(socket.AF_INET, (host, int(port)))
-        rejected = _intrude(socket.AF_INET, (host, int(port)), impersonate=peers[1])
+        job_id = info["job_id"]
+        rejected = _intrude(socket.AF_INET, (host, int(port)), impersonate=peers[1], job_id=job_id)
         # Same-host peers talk over the abstract Unix socket "kungfu-tf-<port>".
-        rejected += _intrude(socket.AF_UNIX, f"\0kungfu-tf-{port}", impersonate=peers[1])
+        rejected += _intrude(socket.AF_UNIX, f"\0kungfu-tf-{port}", impersonate=peers[1], job_id=job_id)
         (tmp_path / "stop").touch()
         rc, out, err = finish_job(proc, timeout=90)
     except BaseException:
@@ -207,6 +254,12 @@ def test_intruders(tmp_path):
     rejections = [line for line in rank_lines(err).get(0, []) if "rejected a connection" in line]
     assert len(rejections) >= len(rejected), f"{len(rejections)} rejections logged\n" + describe(rc, out, err)
     assert sum("MAC mismatch" in line for line in rejections) >= 2, describe(rc, out, err)
+    # The leftover of another run proved it knows the secret, and was turned
+    # away for its job id, and for its cluster version, on both sockets.
+    earlier = f"knows the secret but belongs to job 'an-earlier-run' at cluster version 0; this worker is job '{job_id}'"
+    assert sum(earlier in line for line in rejections) == 2, describe(rc, out, err)
+    other_version = f"belongs to job '{job_id}' at cluster version 1; this worker is job '{job_id}' at cluster version 0"
+    assert sum(other_version in line for line in rejections) == 2, describe(rc, out, err)
 
 
 def test_without_launcher():

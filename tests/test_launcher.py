@@ -112,7 +112,7 @@ ENV_SCRIPT = """
     import json, os
     keys = ["KUNGFU_SELF", "KUNGFU_PEERS", "KUNGFU_CLUSTER_VERSION",
             "KUNGFU_TOPOLOGY", "KUNGFU_TIMEOUT", "KUNGFU_JOB_SECRET",
-            "KUNGFU_RANK", "KUNGFU_SIZE", "PYTHONUNBUFFERED"]
+            "KUNGFU_JOB_ID", "KUNGFU_RANK", "KUNGFU_SIZE", "PYTHONUNBUFFERED"]
     print(json.dumps({k: os.environ.get(k) for k in keys}))
 """
 
@@ -139,6 +139,9 @@ def test_worker_env_single_host(tmp_path, np):
     secrets = {e["KUNGFU_JOB_SECRET"] for e in envs.values()}
     assert len(secrets) == 1
     assert re.fullmatch(r"[0-9a-f]{64}", secrets.pop())
+    job_ids = {e["KUNGFU_JOB_ID"] for e in envs.values()}
+    assert len(job_ids) == 1
+    assert re.fullmatch(r"[0-9a-f]{32}", job_ids.pop())
     for rank, env in envs.items():
         assert env["KUNGFU_PEERS"] == envs[0]["KUNGFU_PEERS"]
         assert env["KUNGFU_SELF"] == peers[rank]
@@ -162,12 +165,21 @@ def test_options_and_inherited_secret_reach_workers(tmp_path):
         "7",
         str(script),
         KUNGFU_JOB_SECRET=secret,
+        KUNGFU_JOB_ID="slurm-4711",
     )
     assert res.returncode == 0, res.stderr
     envs = collect_envs(res.stdout)
     assert [e["KUNGFU_TOPOLOGY"] for e in envs.values()] == ["BINARY_TREE_STAR"] * 2
     assert [e["KUNGFU_TIMEOUT"] for e in envs.values()] == ["7"] * 2
     assert [e["KUNGFU_JOB_SECRET"] for e in envs.values()] == [secret] * 2
+    assert [e["KUNGFU_JOB_ID"] for e in envs.values()] == ["slurm-4711"] * 2
+
+
+def test_malformed_job_id_is_refused(tmp_path):
+    script = write_script(tmp_path, "env.py", ENV_SCRIPT)
+    res = run_launcher("-np", "2", str(script), KUNGFU_JOB_ID="a\tb")
+    assert res.returncode == 2
+    assert "KUNGFU_JOB_ID must be 1 to 128 printable ASCII characters, got 'a\\tb'" in res.stderr
 
 
 def test_concurrent_jobs_get_different_free_ports(tmp_path):
@@ -185,6 +197,8 @@ def test_concurrent_jobs_get_different_free_ports(tmp_path):
     assert [p.returncode for p in procs] == [0, 0]
     ports = [set(collect_envs(o)[0]["KUNGFU_PEERS"].split(",")) for o in outs]
     assert not ports[0] & ports[1]
+    # Each run gets its own id, so their workers can never join each other.
+    assert collect_envs(outs[0])[0]["KUNGFU_JOB_ID"] != collect_envs(outs[1])[0]["KUNGFU_JOB_ID"]
 
 
 def free_port_block(size: int) -> int:

@@ -18,6 +18,7 @@ from netns import make_two_hosts
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.job_id import resolve_job_id
 from kungfu_tf.run.job_secret import resolve_job_secret
 from kungfu_tf.run.placement import (
     Peer,
@@ -31,6 +32,7 @@ HOST_A = "10.213.0.1"
 HOST_B = "10.213.0.2"
 HOSTS = f"{HOST_A}:2,{HOST_B}:2"
 SECRET = "0123456789abcdef" * 4
+JOB_ID = "netns-run-1"
 
 
 def launcher_env(**extra: str) -> dict[str, str]:
@@ -81,6 +83,24 @@ def test_multi_host_secret_must_be_exported():
     generated = {resolve_job_secret({}, multi_host=False) for _ in range(2)}
     assert len(generated) == 2
     assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in generated)
+
+
+def test_multi_host_job_id_must_be_exported():
+    with pytest.raises(
+        LaunchError,
+        match="same KUNGFU_JOB_ID exported on every host, a new one for each run",
+    ):
+        resolve_job_id({}, multi_host=True)
+    assert resolve_job_id({"KUNGFU_JOB_ID": JOB_ID}, multi_host=True) == JOB_ID
+    for bad in ("x" * 129, "caf\u00e9", "a\nb"):
+        with pytest.raises(
+            LaunchError, match="KUNGFU_JOB_ID must be 1 to 128 printable ASCII"
+        ):
+            resolve_job_id({"KUNGFU_JOB_ID": bad}, multi_host=False)
+    assert resolve_job_id({"KUNGFU_JOB_ID": "~" * 128}, multi_host=True) == "~" * 128
+    generated = {resolve_job_id({}, multi_host=False) for _ in range(2)}
+    assert len(generated) == 2
+    assert all(re.fullmatch(r"[0-9a-f]{32}", s) for s in generated)
 
 
 def test_cli_multi_host_without_secret_fails():
@@ -152,6 +172,7 @@ PEER_SCRIPT = """
         print("unexpected self", os.environ["KUNGFU_SELF"])
         sys.exit(11)
     print("secret", os.environ["KUNGFU_JOB_SECRET"])
+    print("job", os.environ["KUNGFU_JOB_ID"])
 
     if rank == 0:
         host, port = peers[0].rsplit(":", 1)
@@ -184,7 +205,7 @@ def test_two_hosts_in_network_namespaces(two_hosts, tmp_path):
     script = tmp_path / "peer.py"
     script.write_text(textwrap.dedent(PEER_SCRIPT))
     expected = f"{HOST_A}:10000,{HOST_A}:10001,{HOST_B}:10000,{HOST_B}:10001"
-    env = launcher_env(KUNGFU_JOB_SECRET=SECRET)
+    env = launcher_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=JOB_ID)
     base = [sys.executable, "-m", "kungfu_tf.run", "-np", "4", "-H", HOSTS]
     # Host A finds itself among the -H hosts; host B is told explicitly.
     commands = {
@@ -223,5 +244,7 @@ def test_two_hosts_in_network_namespaces(two_hosts, tmp_path):
     assert {int(m) for m in re.findall(r"^\[(\d+)\]", out_b, re.MULTILINE)} == {2, 3}
     secrets = re.findall(r"^\[\d+\] secret (\w+)$", out_a + out_b, re.MULTILINE)
     assert secrets == [SECRET] * 4
+    job_ids = re.findall(r"^\[\d+\] job (\S+)$", out_a + out_b, re.MULTILINE)
+    assert job_ids == [JOB_ID] * 4
     assert f"[0] got 'hello from rank 2' from {HOST_B}" in out_a.splitlines()
     assert "[2] got 'ack from rank 0'" in out_b.splitlines()

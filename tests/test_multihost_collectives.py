@@ -60,6 +60,7 @@ def launcher_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["KUNGFU_JOB_SECRET"] = SECRET
+    env["KUNGFU_JOB_ID"] = "multihost-collectives"
     return env
 
 

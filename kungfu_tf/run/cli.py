@@ -42,7 +42,8 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Multi-host: run the same command (same -H) once on every host, "
             "(--self HOST names it if auto-detection fails), after exporting the same "
-            "KUNGFU_JOB_SECRET (64 hex chars) on all of them."
+            "KUNGFU_JOB_SECRET (64 hex chars) and the same KUNGFU_JOB_ID (new for "
+            "each run) on all of them."
         ),
         # Abbreviations would let e.g. "-n" silently mean "-np".
         allow_abbrev=False,

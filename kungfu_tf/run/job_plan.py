@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kungfu_tf.run.cli import LaunchOptions
+from kungfu_tf.run.job_id import resolve_job_id
 from kungfu_tf.run.job_secret import resolve_job_secret
 from kungfu_tf.run.local_host import choose_self_host
 from kungfu_tf.run.placement import (
@@ -38,6 +39,7 @@ class JobPlan:
     topology: str
     timeout: int
     secret: str = field(repr=False)
+    job_id: str
     logdir: Path | None
     quiet: bool
 
@@ -55,21 +57,24 @@ class JobPlan:
             topology=self.topology,
             timeout=self.timeout,
             secret=self.secret,
+            job_id=self.job_id,
         )
 
 
 def build_plan(options: LaunchOptions, environ: Mapping[str, str]) -> JobPlan:
-    """Place the workers, choose ports and the secret for this host.
+    """Place the workers, choose ports, the secret and the run's id for this host.
 
     Raises:
         LaunchError: if the workers do not fit, this host cannot be
-            identified, a port is unusable or the secret is missing.
+            identified, a port is unusable or the secret or the run's id is
+            missing (multi-host) or malformed.
     """
     hosts = options.hosts or [HostSlots(LOCALHOST, options.np)]
     placements = place_workers(hosts, options.np)
     self_host = choose_self_host([h.host for h in hosts], options.self_host)
     multi_host = len(hosts_in_use(placements)) > 1
     secret = resolve_job_secret(environ, multi_host)
+    job_id = resolve_job_id(environ, multi_host)
     local = [p for p in placements if p.host == self_host]
 
     if options.port_range is None and not multi_host and local:
@@ -89,6 +94,7 @@ def build_plan(options: LaunchOptions, environ: Mapping[str, str]) -> JobPlan:
         topology=options.topology,
         timeout=options.timeout,
         secret=secret,
+        job_id=job_id,
         logdir=options.logdir,
         quiet=options.quiet,
     )

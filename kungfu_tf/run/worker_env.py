@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kungfu_tf.run.job_id import JOB_ID_ENV
 from kungfu_tf.run.placement import Peer
 
 SELF_ENV = "KUNGFU_SELF"
@@ -51,6 +52,7 @@ def build_worker_env(
     topology: str,
     timeout: int,
     secret: str,
+    job_id: str,
 ) -> dict[str, str]:
     """Return ``base`` plus the ``KUNGFU_*`` variables for worker ``me``.
 
@@ -67,6 +69,7 @@ def build_worker_env(
             "KUNGFU_TOPOLOGY": topology,
             TIMEOUT_ENV: str(timeout),
             SECRET_ENV: secret,
+            JOB_ID_ENV: job_id,
             "KUNGFU_RANK": str(me.rank),
             "KUNGFU_SIZE": str(len(peers)),
             "PYTHONUNBUFFERED": "1",

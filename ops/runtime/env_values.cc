@@ -40,13 +40,13 @@ Status parse_uint32(const std::string &variable, const std::string &text, uint32
   return Status::OK();
 }
 
-Status check_job_secret(const std::string &variable, const std::string &text) {
-  bool hex = text.size() == 64;
-  for (char c : text) hex = hex && std::isxdigit(static_cast<unsigned char>(c));
+Status check_job_secret(const std::string &variable, const char *text, size_t size) {
+  bool hex = size == 64;
+  for (size_t i = 0; i < size; ++i) hex = hex && std::isxdigit(static_cast<unsigned char>(text[i]));
   // The value is never echoed: it is a secret, even when malformed.
   if (!hex) {
     return InvalidArgument(variable + " must be 64 hexadecimal characters (as kungfu-run generates), got " +
-                           std::to_string(text.size()) + " characters");
+                           std::to_string(size) + " characters");
   }
   return Status::OK();
 }

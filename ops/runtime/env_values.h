@@ -4,6 +4,7 @@
 // of becoming 0, NaN or an overflow later.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -20,6 +21,6 @@ Status parse_timeout_seconds(const std::string &variable, const std::string &tex
 // A decimal integer in [0, 2^32).
 Status parse_uint32(const std::string &variable, const std::string &text, uint32_t *out);
 // The job secret as kungfu-run generates it: 64 hexadecimal characters.
-Status check_job_secret(const std::string &variable, const std::string &text);
+Status check_job_secret(const std::string &variable, const char *text, size_t size);
 
 }  // namespace kungfu

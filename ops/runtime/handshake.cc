@@ -21,20 +21,20 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMagicLen = 8;
 constexpr size_t kNonceLen = 16;
-constexpr size_t kLenPrefix = 4;
-constexpr size_t kMacLen = 32;
+constexpr size_t kU32 = 4;
+constexpr size_t kMacLen = kHmacSha256Len;
 // Distinct magics per direction: a node that dials another client (or itself)
-// fails on the first message instead of mis-parsing.
-constexpr char kServerMagic[kMagicLen + 1] = "KFAUTHS1";
-constexpr char kClientMagic[kMagicLen + 1] = "KFAUTHC1";
-// Equal lengths, so the two MAC inputs can never be confused for each other.
+// fails on the first message instead of mis-parsing. The digit is the
+// protocol version (2: the MACs cover the job identity).
+constexpr char kServerMagic[kMagicLen + 1] = "KFAUTHS2";
+constexpr char kClientMagic[kMagicLen + 1] = "KFAUTHC2";
+// No label is a prefix of another, so the MAC inputs of the three can never
+// be confused for each other.
 constexpr char kClientLabel[] = "kungfu-client";
 constexpr char kServerLabel[] = "kungfu-server";
-constexpr size_t kLabelLen = sizeof(kClientLabel) - 1;
-static_assert(sizeof(kClientLabel) == sizeof(kServerLabel), "label lengths");
+constexpr char kSessionLabel[] = "kungfu-session";
 
 using Nonce = std::array<uint8_t, kNonceLen>;
-using Mac = std::array<uint8_t, kMacLen>;
 
 bool fail(std::string *err, const std::string &msg) {
   if (err) *err = "handshake: " + msg;
@@ -42,31 +42,77 @@ bool fail(std::string *err, const std::string &msg) {
 }
 
 // Ids end up in logs and peer tables; control bytes there would be a log
-// injection vector and are never part of a legitimate host:port or path.
-bool id_is_clean(const char *id, size_t len) {
+// injection vector and are never part of a legitimate host:port, path or job id.
+bool is_clean(const char *s, size_t len) {
   for (size_t i = 0; i < len; ++i) {
-    unsigned char c = static_cast<unsigned char>(id[i]);
+    unsigned char c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c == 0x7f) return false;
   }
   return true;
 }
 
-// Every field of the MAC input before `id` has a fixed length, so plain
-// concatenation is unambiguous without a length prefix.
-Mac compute_mac(const std::string &secret, const char *label,
-                const Nonce &first, const Nonce &second, const char *id,
-                size_t id_len) {
-  std::array<uint8_t, kLabelLen + 2 * kNonceLen + kHandshakeMaxIdLen> buf;
-  size_t off = 0;
-  std::memcpy(buf.data() + off, label, kLabelLen);
-  off += kLabelLen;
-  std::memcpy(buf.data() + off, first.data(), kNonceLen);
-  off += kNonceLen;
-  std::memcpy(buf.data() + off, second.data(), kNonceLen);
-  off += kNonceLen;
-  if (id_len > 0) std::memcpy(buf.data() + off, id, id_len);
-  off += id_len;
-  return hmac_sha256(secret, buf.data(), off);
+void put_be32(uint8_t *p, uint32_t v) {
+  p[0] = uint8_t(v >> 24);
+  p[1] = uint8_t(v >> 16);
+  p[2] = uint8_t(v >> 8);
+  p[3] = uint8_t(v);
+}
+
+uint32_t get_be32(const uint8_t *p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+}
+
+// "job 'x' at cluster version 3", quoting a peer's unverified claim safely.
+std::string describe(const HandshakeIdentity &who) {
+  std::string job = is_clean(who.job_id.data(), who.job_id.size()) ? "'" + who.job_id + "'" : "(unprintable)";
+  return "job " + job + " at cluster version " + std::to_string(who.cluster_version);
+}
+
+bool same(const HandshakeIdentity &a, const HandshakeIdentity &b) {
+  return a.job_id == b.job_id && a.cluster_version == b.cluster_version;
+}
+
+// The ctx field of the wire format: version u32 | job_len u32 | job_id.
+std::string encode_identity(const HandshakeIdentity &who) {
+  std::string out(2 * kU32, '\0');
+  uint8_t *p = reinterpret_cast<uint8_t *>(&out[0]);
+  put_be32(p, who.cluster_version);
+  put_be32(p + kU32, static_cast<uint32_t>(who.job_id.size()));
+  return out + who.job_id;
+}
+
+// Every field before `id` has a fixed length or a length prefix, so plain
+// concatenation is unambiguous.
+HmacDigest compute_mac(const SecretString &secret, const char *label, const Nonce &first, const Nonce &second,
+                       const HandshakeIdentity &who, const std::string &id) {
+  HmacSha256 mac(secret);
+  mac.update(label, std::strlen(label));
+  mac.update(first.data(), first.size());
+  mac.update(second.data(), second.size());
+  const std::string ctx = encode_identity(who);
+  mac.update(ctx.data(), ctx.size());
+  mac.update(id.data(), id.size());
+  return mac.finish();
+}
+
+void derive_session_key(const SecretString &secret, const Nonce &server_nonce, const Nonce &client_nonce,
+                        const HandshakeIdentity &who, const std::string &client_id, SessionKey *out) {
+  if (out == nullptr) return;
+  HmacDigest k = compute_mac(secret, kSessionLabel, server_nonce, client_nonce, who, client_id);
+  static_assert(SessionKey::kSize == kMacLen, "session key is one HMAC-SHA256 output");
+  std::memcpy(out->data(), k.data(), k.size());
+  secure_wipe(k.data(), k.size());
+}
+
+bool check_own_identity(const HandshakeIdentity &self, std::string *err) {
+  if (self.job_id.size() > kHandshakeMaxJobIdLen) {
+    return fail(err, "own job id must be at most " + std::to_string(kHandshakeMaxJobIdLen) + " bytes, got " +
+                         std::to_string(self.job_id.size()));
+  }
+  if (!is_clean(self.job_id.data(), self.job_id.size())) {
+    return fail(err, "own job id contains control characters");
+  }
+  return true;
 }
 
 // Sets the handshake timeout and puts back whatever the caller had, so the
@@ -106,11 +152,9 @@ class Deadline {
  public:
   Deadline(int fd, double seconds)
       : fd_(fd),
-        end_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(seconds))) {}
+        end_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds))) {}
 
-  bool send(const void *buf, size_t len, const std::string &what,
-            std::string *err) {
+  bool send(const void *buf, size_t len, const std::string &what, std::string *err) {
     if (!arm()) return fail(err, "timed out before sending " + what);
     std::string why;
     if (!send_all(fd_, buf, len, &why)) {
@@ -139,6 +183,33 @@ class Deadline {
     return true;
   }
 
+  bool recv_u32(uint32_t *v, const std::string &what, std::string *err) {
+    uint8_t b[kU32];
+    if (!recv(b, sizeof(b), what, err)) return false;
+    *v = get_be32(b);
+    return true;
+  }
+
+  // A length-prefixed string of at most `limit` bytes; the length is checked
+  // before reading so a hostile one can never size a buffer.
+  bool recv_string(size_t limit, bool allow_empty, const std::string &what, std::string *out, std::string *err) {
+    uint32_t len = 0;
+    if (!recv_u32(&len, what + " length", err)) return false;
+    if (len == 0 && !allow_empty) return fail(err, "peer sent an empty " + what);
+    if (len > limit) {
+      return fail(err, what + " length " + std::to_string(len) + " exceeds limit of " + std::to_string(limit) +
+                           " bytes");
+    }
+    out->assign(len, '\0');
+    return len == 0 || recv(&(*out)[0], len, what, err);
+  }
+
+  // ctx: version u32 | job_len u32 | job_id.
+  bool recv_identity(const std::string &whose, HandshakeIdentity *out, std::string *err) {
+    return recv_u32(&out->cluster_version, whose + " cluster version", err) &&
+           recv_string(kHandshakeMaxJobIdLen, true, whose + " job id", &out->job_id, err);
+  }
+
  private:
   bool arm() {
     double left = std::chrono::duration<double>(end_ - Clock::now()).count();
@@ -153,26 +224,14 @@ class Deadline {
   Clock::time_point end_;
 };
 
-void put_be32(uint8_t *p, uint32_t v) {
-  p[0] = uint8_t(v >> 24);
-  p[1] = uint8_t(v >> 16);
-  p[2] = uint8_t(v >> 8);
-  p[3] = uint8_t(v);
-}
-
-uint32_t get_be32(const uint8_t *p) {
-  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) |
-         (uint32_t(p[2]) << 8) | uint32_t(p[3]);
-}
-
 }  // namespace
 
-bool server_handshake(int fd, const std::string &secret,
-                      std::string *client_id, std::string *err,
-                      double timeout_seconds) {
+bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self, std::string *client_id,
+                      SessionKey *session_key, std::string *err, double timeout_seconds) {
   if (secret.empty()) {
     return fail(err, "refusing to authenticate with an empty secret");
   }
+  if (!check_own_identity(self, err)) return false;
   TimeoutGuard restore(fd);
   Deadline io(fd, timeout_seconds);
 
@@ -180,9 +239,9 @@ bool server_handshake(int fd, const std::string &secret,
   if (!random_bytes(server_nonce.data(), server_nonce.size())) {
     return fail(err, "no secure random source available for nonce");
   }
-  std::array<uint8_t, kMagicLen + kNonceLen> hello;
-  std::memcpy(hello.data(), kServerMagic, kMagicLen);
-  std::memcpy(hello.data() + kMagicLen, server_nonce.data(), kNonceLen);
+  const std::string hello = std::string(kServerMagic, kMagicLen) +
+                            std::string(reinterpret_cast<const char *>(server_nonce.data()), kNonceLen) +
+                            encode_identity(self);
   if (!io.send(hello.data(), hello.size(), "server hello", err)) return false;
 
   // Magic first, on its own, so a non-kungfu peer gets a clear diagnosis even
@@ -190,120 +249,104 @@ bool server_handshake(int fd, const std::string &secret,
   char magic[kMagicLen];
   if (!io.recv(magic, kMagicLen, "client magic", err)) return false;
   if (std::memcmp(magic, kClientMagic, kMagicLen) != 0) {
-    return fail(err, "bad client magic (peer is not a kungfu client or "
-                     "speaks another protocol version)");
-  }
-
-  std::array<uint8_t, kNonceLen + kLenPrefix> head;
-  if (!io.recv(head.data(), head.size(), "client nonce and id length", err)) {
-    return false;
+    return fail(err, "bad client magic (peer is not a kungfu client or speaks another protocol version)");
   }
   Nonce client_nonce;
-  std::memcpy(client_nonce.data(), head.data(), kNonceLen);
-  const uint32_t id_len = get_be32(head.data() + kNonceLen);
-  // Checked before reading so a hostile length can never size a buffer.
-  if (id_len == 0) return fail(err, "client sent an empty id");
-  if (id_len > kHandshakeMaxIdLen) {
-    return fail(err, "client id length " + std::to_string(id_len) +
-                         " exceeds limit of " +
-                         std::to_string(kHandshakeMaxIdLen) + " bytes");
-  }
-  char id[kHandshakeMaxIdLen];
-  if (!io.recv(id, id_len, "client id", err)) return false;
+  if (!io.recv(client_nonce.data(), kNonceLen, "client nonce", err)) return false;
+  HandshakeIdentity claimed;
+  if (!io.recv_identity("client", &claimed, err)) return false;
+  std::string id;
+  if (!io.recv_string(kHandshakeMaxIdLen, false, "client id", &id, err)) return false;
+  HmacDigest client_mac;
+  if (!io.recv(client_mac.data(), client_mac.size(), "client MAC", err)) return false;
 
-  Mac client_mac;
-  if (!io.recv(client_mac.data(), client_mac.size(), "client MAC", err)) {
-    return false;
-  }
-  // Verify the MAC before judging the id's contents: an unauthenticated peer
-  // learns only "rejected", never which check it tripped.
-  const Mac expected = compute_mac(secret, kClientLabel, server_nonce,
-                                   client_nonce, id, id_len);
+  // Verify the MAC before judging the claims: an unauthenticated peer learns
+  // only "rejected", never which check it tripped, and an authenticated one
+  // gets its mismatch named precisely.
+  const HmacDigest expected = compute_mac(secret, kClientLabel, server_nonce, client_nonce, claimed, id);
   if (!constant_time_equal(expected.data(), client_mac.data(), kMacLen)) {
     return fail(err, "client MAC mismatch (peer does not know the job secret)");
   }
-  if (!id_is_clean(id, id_len)) {
+  if (!is_clean(id.data(), id.size())) {
     return fail(err, "client id contains control characters");
   }
+  if (!same(claimed, self)) {
+    return fail(err, "client " + id + " knows the secret but belongs to " + describe(claimed) + "; this worker is " +
+                         describe(self) + " (a worker left over from another run?)");
+  }
 
-  const Mac proof = compute_mac(secret, kServerLabel, client_nonce,
-                                server_nonce, id, id_len);
+  const HmacDigest proof = compute_mac(secret, kServerLabel, client_nonce, server_nonce, self, id);
   if (!io.send(proof.data(), proof.size(), "server MAC", err)) return false;
 
-  if (client_id) client_id->assign(id, id_len);
+  derive_session_key(secret, server_nonce, client_nonce, self, id, session_key);
+  if (client_id) *client_id = id;
   return true;
 }
 
-bool client_handshake(int fd, const std::string &secret,
-                      const std::string &self_id, std::string *err,
+bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
+                      const std::string &self_id, SessionKey *session_key, std::string *err,
                       double timeout_seconds) {
   if (secret.empty()) {
     return fail(err, "refusing to authenticate with an empty secret");
   }
   if (self_id.empty() || self_id.size() > kHandshakeMaxIdLen) {
-    return fail(err, "own id must be 1.." +
-                         std::to_string(kHandshakeMaxIdLen) + " bytes, got " +
+    return fail(err, "own id must be 1.." + std::to_string(kHandshakeMaxIdLen) + " bytes, got " +
                          std::to_string(self_id.size()));
   }
-  if (!id_is_clean(self_id.data(), self_id.size())) {
+  if (!is_clean(self_id.data(), self_id.size())) {
     return fail(err, "own id contains control characters");
   }
+  if (!check_own_identity(self, err)) return false;
   TimeoutGuard restore(fd);
   Deadline io(fd, timeout_seconds);
 
   char magic[kMagicLen];
   if (!io.recv(magic, kMagicLen, "server magic", err)) return false;
   if (std::memcmp(magic, kServerMagic, kMagicLen) != 0) {
-    return fail(err, "bad server magic (peer is not a kungfu server or "
-                     "speaks another protocol version)");
+    return fail(err, "bad server magic (peer is not a kungfu server or speaks another protocol version)");
   }
   Nonce server_nonce;
-  if (!io.recv(server_nonce.data(), kNonceLen, "server nonce", err)) {
-    return false;
-  }
+  if (!io.recv(server_nonce.data(), kNonceLen, "server nonce", err)) return false;
+  HandshakeIdentity server_claims;
+  if (!io.recv_identity("server", &server_claims, err)) return false;
 
   Nonce client_nonce;
   if (!random_bytes(client_nonce.data(), client_nonce.size())) {
     return fail(err, "no secure random source available for nonce");
   }
-  const Mac mac = compute_mac(secret, kClientLabel, server_nonce, client_nonce,
-                              self_id.data(), self_id.size());
+  const HmacDigest mac = compute_mac(secret, kClientLabel, server_nonce, client_nonce, self, self_id);
 
   // One buffer, one send: avoids small-packet latency under Nagle.
-  std::array<uint8_t, kMagicLen + kNonceLen + kLenPrefix + kHandshakeMaxIdLen +
-                          kMacLen>
-      msg;
-  size_t off = 0;
-  std::memcpy(msg.data() + off, kClientMagic, kMagicLen);
-  off += kMagicLen;
-  std::memcpy(msg.data() + off, client_nonce.data(), kNonceLen);
-  off += kNonceLen;
-  put_be32(msg.data() + off, static_cast<uint32_t>(self_id.size()));
-  off += kLenPrefix;
-  std::memcpy(msg.data() + off, self_id.data(), self_id.size());
-  off += self_id.size();
-  std::memcpy(msg.data() + off, mac.data(), mac.size());
-  off += mac.size();
-  if (!io.send(msg.data(), off, "client hello", err)) return false;
+  std::string msg = std::string(kClientMagic, kMagicLen) +
+                    std::string(reinterpret_cast<const char *>(client_nonce.data()), kNonceLen) +
+                    encode_identity(self);
+  std::string id_len(kU32, '\0');
+  put_be32(reinterpret_cast<uint8_t *>(&id_len[0]), static_cast<uint32_t>(self_id.size()));
+  msg += id_len + self_id + std::string(reinterpret_cast<const char *>(mac.data()), mac.size());
+  if (!io.send(msg.data(), msg.size(), "client hello", err)) return false;
 
-  Mac server_mac;
+  // Sent our hello even so: the server then names the mismatch in its own log.
+  if (!same(server_claims, self)) {
+    return fail(err, "server belongs to " + describe(server_claims) + "; this worker is " + describe(self) +
+                         " (a worker left over from another run?)");
+  }
+
+  HmacDigest server_mac;
   std::string why;
   if (!io.recv(server_mac.data(), server_mac.size(), "server MAC", &why)) {
     // The server signals rejection by hanging up, so EOF here almost always
     // means the secrets differ; say so instead of a bare "closed".
     if (why.find("connection closed") != std::string::npos) {
-      return fail(err, "server closed the connection instead of proving its "
-                       "identity (it rejected us: wrong secret?)");
+      return fail(err, "server closed the connection instead of proving its identity (it rejected us: wrong secret?)");
     }
     if (err) *err = why;
     return false;
   }
-  const Mac expected = compute_mac(secret, kServerLabel, client_nonce,
-                                   server_nonce, self_id.data(),
-                                   self_id.size());
+  const HmacDigest expected = compute_mac(secret, kServerLabel, client_nonce, server_nonce, self, self_id);
   if (!constant_time_equal(expected.data(), server_mac.data(), kMacLen)) {
     return fail(err, "server MAC mismatch (peer does not know the job secret)");
   }
+  derive_session_key(secret, server_nonce, client_nonce, self, self_id, session_key);
   return true;
 }
 

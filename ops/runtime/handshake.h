@@ -1,43 +1,65 @@
 // Mutual challenge-response authentication of a freshly connected stream
-// socket, run before any application data is read from it.
+// socket, run before any application data is read from it. It also binds the
+// connection to one run of one job, and derives a key for that connection.
 //
-// Wire protocol (all integers big-endian):
-//   server -> client  "KFAUTHS1" | server_nonce[16]
-//   client -> server  "KFAUTHC1" | client_nonce[16] | id_len u32 | id[id_len]
+// Wire protocol (all integers big-endian; ctx = version u32 | job_len u32 |
+// job_id[job_len], the sender's own job identity):
+//   server -> client  "KFAUTHS2" | server_nonce[16] | ctx
+//   client -> server  "KFAUTHC2" | client_nonce[16] | ctx | id_len u32 | id
 //                     | HMAC(secret, "kungfu-client" | server_nonce
-//                                    | client_nonce | id)
+//                                    | client_nonce | ctx | id)
 //   server -> client  HMAC(secret, "kungfu-server" | client_nonce
-//                                    | server_nonce | id)
+//                                    | server_nonce | ctx | id)
+//   session key     = HMAC(secret, "kungfu-session" | server_nonce
+//                                    | client_nonce | ctx | id)
 // Both nonces are fresh per connection so neither proof can be replayed, and
-// the two labels differ so one side's proof can never be reflected back as the
-// other's. On any failure the server sends nothing more; the caller is
-// expected to close the socket.
+// the labels differ so one side's proof can never be reflected back as the
+// other's. Because the MACs cover the job id and the cluster version, a
+// worker of an earlier run (or of another cluster version) that still holds
+// the same secret is rejected; the identities travel in clear as well, but
+// only so that each side can say *why* it rejects. On any failure the server
+// sends nothing more; the caller is expected to close the socket.
 //
-// This authenticates the peer, it does not encrypt or integrity-protect the
-// traffic that follows.
+// This authenticates the peer; it does not encrypt the traffic that follows.
+// The session key lets the caller authenticate that traffic (frame_auth.h).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+
+#include "secret.h"
 
 namespace kungfu {
 
 constexpr size_t kHandshakeMaxIdLen = 256;
+constexpr size_t kHandshakeMaxJobIdLen = 128;
 constexpr double kHandshakeTimeoutSeconds = 10.0;
 
-// Run by the side that accepted the connection. On success returns true and
-// sets *client_id to the identity string the client claimed (e.g.
-// "127.0.0.1:10001"), proven by knowledge of `secret`. `timeout_seconds` bounds
+// Which run of which job, at which cluster version, a connection belongs to.
+// Both ends must present the same one. job_id is printable, at most
+// kHandshakeMaxJobIdLen bytes (the launcher's KUNGFU_JOB_ID).
+struct HandshakeIdentity {
+  std::string job_id;
+  uint32_t cluster_version = 0;
+};
+
+// Run by the side that accepted the connection. On success returns true, sets
+// *client_id to the identity string the client claimed (e.g.
+// "127.0.0.1:10001"), proven by knowledge of `secret`, and *session_key (if
+// not null) to the key derived for this connection. `timeout_seconds` bounds
 // the whole handshake (not each read, so a peer dribbling bytes cannot hold
 // us); a non-positive value fails immediately.
-bool server_handshake(int fd, const std::string &secret,
-                      std::string *client_id, std::string *err,
+bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self, std::string *client_id,
+                      SessionKey *session_key, std::string *err,
                       double timeout_seconds = kHandshakeTimeoutSeconds);
 
 // Run by the side that connected. `self_id` is our identity string. Verifies
-// the server knows the secret too (mutual).
-bool client_handshake(int fd, const std::string &secret,
-                      const std::string &self_id, std::string *err,
+// the server knows the secret and belongs to the same job and cluster version
+// (mutual). On success sets *session_key (if not null) to the same key as the
+// server's.
+bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
+                      const std::string &self_id, SessionKey *session_key, std::string *err,
                       double timeout_seconds = kHandshakeTimeoutSeconds);
 
 }  // namespace kungfu

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "handshake.h"
+
 namespace kungfu {
 
 namespace {
@@ -19,6 +21,25 @@ std::string env(const char *name) {
 // Names of the internal collectives a compound operation runs; the '\x01' keeps
 // them apart from any name a user can pass.
 std::string sub_name(const std::string &name, const char *part) { return name + "\x01" + part; }
+
+// The launcher's per-run id (hex); the handshake binds connections to it and
+// it ends up in logs, hence printable ASCII only.
+Status check_job_id(const std::string &id, int cluster_size) {
+  if (id.empty() && cluster_size > 1) {
+    return InvalidArgument("KUNGFU_JOB_ID is not set: start the workers with kungfu-run, which generates it");
+  }
+  if (id.size() > kHandshakeMaxJobIdLen) {
+    return InvalidArgument("KUNGFU_JOB_ID must be at most " + std::to_string(kHandshakeMaxJobIdLen) +
+                           " bytes, got " + std::to_string(id.size()));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    if (id[i] < 0x20 || id[i] > 0x7e) {
+      return InvalidArgument("KUNGFU_JOB_ID must be printable ASCII, got byte " +
+                             std::to_string(static_cast<unsigned char>(id[i])) + " at offset " + std::to_string(i));
+    }
+  }
+  return Status::OK();
+}
 
 }  // namespace
 
@@ -60,14 +81,17 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
     s = parse_timeout_seconds("KUNGFU_TIMEOUT", timeout, &o.timeout_seconds);
     if (!s.ok()) return s;
   }
-  o.secret = env("KUNGFU_JOB_SECRET");
+  o.secret = secret_from_env("KUNGFU_JOB_SECRET");
   if (o.secret.empty() && o.cluster.size() > 1) {
     return PermissionDenied("KUNGFU_JOB_SECRET is not set: start the workers with kungfu-run, which generates it");
   }
   if (!o.secret.empty()) {
-    s = check_job_secret("KUNGFU_JOB_SECRET", o.secret);
+    s = check_job_secret("KUNGFU_JOB_SECRET", o.secret.data(), o.secret.size());
     if (!s.ok()) return s;
   }
+  o.job_id = env("KUNGFU_JOB_ID");
+  s = check_job_id(o.job_id, o.cluster.size());
+  if (!s.ok()) return s;
   *out = o;
   return Status::OK();
 }
@@ -108,6 +132,7 @@ Status Runtime::create(RuntimeOptions options, std::unique_ptr<Runtime> *out) {
     t.cluster = rt->opt_.cluster;
     t.self_rank = rt->opt_.self_rank;
     t.secret = rt->opt_.secret;
+    t.job_id = rt->opt_.job_id;
     t.timeout_seconds = rt->opt_.timeout_seconds;
     t.same_host_unix_sockets = rt->opt_.same_host_unix_sockets;
     rt->transport_ = std::make_unique<Transport>(t, rt.get());

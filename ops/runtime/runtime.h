@@ -28,14 +28,15 @@ namespace kungfu {
 struct RuntimeOptions {
   Cluster cluster;
   int self_rank = 0;
-  std::string secret;
+  SecretString secret;
+  std::string job_id;  // this run of the job (KUNGFU_JOB_ID); connections of other runs are rejected
   double timeout_seconds = 120;
   TopologyKind topology = TopologyKind::kAuto;
   size_t chunk_bytes = 1 << 20;
   bool same_host_unix_sockets = true;
 
   // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
-  // KUNGFU_TIMEOUT and KUNGFU_JOB_SECRET. Without KUNGFU_PEERS: a one-worker cluster.
+  // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET and KUNGFU_JOB_ID. Without KUNGFU_PEERS: a one-worker cluster.
   static Status from_env(RuntimeOptions *out);
 };
 

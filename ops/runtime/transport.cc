@@ -240,7 +240,7 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     }
   } close_when_done{this, fd, conn};
   std::string client_id, err;
-  bool proven = server_handshake(fd.get(), opt_.secret, &client_id, &err);
+  bool proven = server_handshake(fd.get(), opt_.secret, {opt_.job_id, opt_.cluster.version()}, &client_id, nullptr, &err);
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
     --handshaking_;
@@ -343,7 +343,7 @@ Status Transport::connect_to(int dst, Fd *out) {
       // of blocking a sender thread forever.
       set_io_timeout(fd.get(), opt_.timeout_seconds);
       std::string err;
-      if (!client_handshake(fd.get(), opt_.secret, self.str(), &err)) {
+      if (!client_handshake(fd.get(), opt_.secret, {opt_.job_id, opt_.cluster.version()}, self.str(), nullptr, &err)) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
       }
       *out = std::move(fd);

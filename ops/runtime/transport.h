@@ -23,6 +23,7 @@
 #include "frame.h"
 #include "mailbox.h"
 #include "rate_limited_log.h"
+#include "secret.h"
 #include "socket_io.h"
 #include "status.h"
 #include "traffic_counters.h"
@@ -49,7 +50,8 @@ using SendCallback = std::function<void(const Status &)>;
 struct TransportOptions {
   Cluster cluster;
   int self_rank = 0;
-  std::string secret;
+  SecretString secret;
+  std::string job_id;  // with the cluster version, every handshake binds a connection to it
   double timeout_seconds = 120;  // connect retries and handshakes give up after this
   bool same_host_unix_sockets = true;
 };

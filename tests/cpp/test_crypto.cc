@@ -1,4 +1,5 @@
-// Tests for SHA-256, HMAC-SHA256 and the connection handshake.
+// Tests for HMAC-SHA256 (OpenSSL), key material, the connection handshake
+// and per-frame authentication.
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -14,9 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "frame_auth.h"
 #include "handshake.h"
 #include "hmac.h"
-#include "sha256.h"
+#include "runtime.h"
+#include "secret.h"
 #include "socket_io.h"
 
 namespace {
@@ -59,55 +62,8 @@ std::string hex(const std::array<uint8_t, 32> &d) {
   return s;
 }
 
-std::string sha_hex(const std::string &s) {
-  return hex(kungfu::sha256(s.data(), s.size()));
-}
-
 std::string hmac_hex(const std::string &key, const std::string &msg) {
   return hex(kungfu::hmac_sha256(key, msg.data(), msg.size()));
-}
-
-void test_sha256() {
-  CHECK(sha_hex("") ==
-        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  CHECK(sha_hex("abc") ==
-        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  CHECK(sha_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
-        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  CHECK(sha_hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmn"
-                "hijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu") ==
-        "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
-
-  const std::string million(1000000, 'a');
-  const std::string million_hex =
-      "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0";
-  CHECK(sha_hex(million) == million_hex);
-
-  // Odd-sized updates exercise every path through the partial-block buffer.
-  kungfu::Sha256 h;
-  size_t off = 0, step = 1;
-  while (off < million.size()) {
-    size_t n = std::min(step, million.size() - off);
-    h.update(million.data() + off, n);
-    off += n;
-    step = step * 7 % 257 + 1;
-  }
-  CHECK(hex(h.finish()) == million_hex);
-  // finish() resets, so the same object hashes a new message from scratch.
-  h.update("abc", 3);
-  CHECK(hex(h.finish()) ==
-        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  h.update(nullptr, 0);
-  CHECK(hex(h.finish()) == sha_hex(""));
-
-  // Lengths around the padding boundary (55/56 bytes, 63/64 bytes) must agree
-  // between one-shot and byte-at-a-time hashing.
-  for (size_t len = 50; len <= 130; ++len) {
-    std::string m(len, 'x');
-    kungfu::Sha256 b;
-    for (char c : m) b.update(&c, 1);
-    CHECK(hex(b.finish()) == sha_hex(m));
-  }
 }
 
 void test_hmac() {
@@ -131,6 +87,57 @@ void test_hmac() {
                  "larger than block-size data. The key needs to be hashed "
                  "before being used by the HMAC algorithm.") ==
         "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+  // References from Python's hmac module.
+  CHECK(hmac_hex("", "") ==
+        "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+  const std::string million(1000000, 'a');
+  const std::string million_hex =
+      "6e7005164aec3b1035635787fbdd6b729031b2eb39915ec3bd249d52731cc7a5";
+  CHECK(hmac_hex("key", million) == million_hex);
+
+  // Odd-sized updates, and the same object reused for later messages (its
+  // key schedule is kept across finish()).
+  kungfu::HmacSha256 h("key", 3);
+  for (int round = 0; round < 2; ++round) {
+    size_t off = 0, step = 1;
+    while (off < million.size()) {
+      size_t n = std::min(step, million.size() - off);
+      h.update(million.data() + off, n);
+      off += n;
+      step = step * 7 % 257 + 1;
+    }
+    CHECK(hex(h.finish()) == million_hex);
+  }
+  h.update(nullptr, 0);
+  CHECK(hex(h.finish()) == hmac_hex("key", ""));
+}
+
+void test_key_material() {
+  uint8_t buf[40];
+  std::memset(buf, 0xa5, sizeof(buf));
+  kungfu::secure_wipe(buf + 4, 32);
+  CHECK(buf[3] == 0xa5 && buf[36] == 0xa5);
+  for (int i = 4; i < 36; ++i) CHECK(buf[i] == 0);
+  kungfu::secure_wipe(nullptr, 0);
+
+  kungfu::SecretString a("hunter2-but-longer-than-sso-buffer");
+  kungfu::SecretString b = a;  // copies are independent
+  CHECK(b.size() == a.size());
+  CHECK(std::string(b.data(), b.size()) == "hunter2-but-longer-than-sso-buffer");
+  kungfu::SecretString c(std::move(a));
+  CHECK(a.empty());  // NOLINT: the moved-from secret is wiped, not left behind
+  CHECK(std::string(c.data(), c.size()) == std::string(b.data(), b.size()));
+  kungfu::SecretString d("short");
+  d = std::move(c);
+  CHECK(c.empty());  // NOLINT
+  CHECK(d.size() == b.size());
+  d = kungfu::SecretString("x");
+  CHECK(std::string(d.data(), d.size()) == "x");
+  kungfu::SecretString e;
+  CHECK(e.empty() && e.size() == 0);
+
+  kungfu::SessionKey k;
+  for (size_t i = 0; i < k.size(); ++i) CHECK(k.data()[i] == 0);
 }
 
 void test_primitives() {
@@ -157,8 +164,20 @@ struct Result {
   bool ok = false;
   std::string err;
   std::string id;
+  kungfu::SessionKey key;
   double rcv_timeout_after = -1;  // seconds, read back after the handshake
 };
+
+std::string key_hex(const kungfu::SessionKey &k) {
+  std::array<uint8_t, 32> a;
+  std::memcpy(a.data(), k.data(), a.size());
+  return hex(a);
+}
+
+const std::string kZeroKeyHex(64, '0');
+
+// The identity both ends use unless a test varies it.
+const kungfu::HandshakeIdentity kJob{"job-1", 7};
 
 double rcv_timeout(int fd) {
   struct timeval tv = {};
@@ -187,18 +206,22 @@ void run_pair(const std::function<void(int)> &server,
 }
 
 std::function<void(int)> real_server(const std::string &secret, Result *r,
-                                     double timeout = 10) {
+                                     double timeout = 10,
+                                     kungfu::HandshakeIdentity job = kJob) {
   return [=](int fd) {
-    r->ok = kungfu::server_handshake(fd, secret, &r->id, &r->err, timeout);
+    r->ok = kungfu::server_handshake(fd, secret, job, &r->id, &r->key, &r->err,
+                                     timeout);
     r->rcv_timeout_after = rcv_timeout(fd);
   };
 }
 
 std::function<void(int)> real_client(const std::string &secret,
                                      const std::string &id, Result *r,
-                                     double timeout = 10) {
+                                     double timeout = 10,
+                                     kungfu::HandshakeIdentity job = kJob) {
   return [=](int fd) {
-    r->ok = kungfu::client_handshake(fd, secret, id, &r->err, timeout);
+    r->ok = kungfu::client_handshake(fd, secret, job, id, &r->key, &r->err,
+                                     timeout);
     r->rcv_timeout_after = rcv_timeout(fd);
   };
 }
@@ -208,29 +231,55 @@ bool send_raw(int fd, const std::string &bytes) {
   return kungfu::send_all(fd, bytes.data(), bytes.size(), &err);
 }
 
-std::string read_server_nonce(int fd) {
-  char hello[24];
-  std::string err;
-  if (!kungfu::recv_all(fd, hello, sizeof(hello), &err)) return "";
-  return std::string(hello + 8, 16);
-}
-
 std::string be32(uint32_t v) {
   std::string s(4, '\0');
   for (int i = 0; i < 4; ++i) s[i] = char(v >> (24 - 8 * i));
   return s;
 }
 
+// The ctx field of handshake.h's wire format, written independently.
+std::string ctx(const kungfu::HandshakeIdentity &job) {
+  return be32(job.cluster_version) + be32(uint32_t(job.job_id.size())) +
+         job.job_id;
+}
+
+std::string server_hello(const std::string &nonce,
+                         const kungfu::HandshakeIdentity &job = kJob) {
+  return "KFAUTHS2" + nonce + ctx(job);
+}
+
+// Reads a server hello; returns its nonce ("" if it could not be read).
+std::string read_server_nonce(int fd) {
+  char head[8 + 16 + 8];
+  std::string err;
+  if (!kungfu::recv_all(fd, head, sizeof(head), &err)) return "";
+  const uint8_t *p = reinterpret_cast<const uint8_t *>(head) + 28;
+  uint32_t job_len = (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) |
+                     (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+  std::string job(job_len, '\0');
+  if (job_len > 0 && !kungfu::recv_all(fd, &job[0], job_len, &err)) return "";
+  return std::string(head + 8, 16);
+}
+
+const std::string kClientNonce(16, '\x42');
+
+std::string mac_of(const std::string &secret, const std::string &input) {
+  auto mac = kungfu::hmac_sha256(secret, input.data(), input.size());
+  return std::string(mac.begin(), mac.end());
+}
+
 // Builds what a correct client would send, so tests can vary one field.
 std::string client_msg(const std::string &secret,
-                       const std::string &server_nonce,
-                       const std::string &id) {
-  const std::string client_nonce(16, '\x42');
-  const std::string mac_in = "kungfu-client" + server_nonce + client_nonce + id;
-  auto mac = kungfu::hmac_sha256(secret, mac_in.data(), mac_in.size());
-  return "KFAUTHC1" + client_nonce + be32(uint32_t(id.size())) + id +
-         std::string(mac.begin(), mac.end());
+                       const std::string &server_nonce, const std::string &id,
+                       const kungfu::HandshakeIdentity &job = kJob) {
+  const std::string mac =
+      mac_of(secret, "kungfu-client" + server_nonce + kClientNonce + ctx(job) + id);
+  return "KFAUTHC2" + kClientNonce + ctx(job) + be32(uint32_t(id.size())) + id +
+         mac;
 }
+
+// Bytes a real client sends for id "h:1" under kJob.
+constexpr size_t kClientHelloLen = 8 + 16 + 8 + 5 + 4 + 3 + 32;
 
 void test_handshake_ok() {
   Result s, c;
@@ -243,6 +292,9 @@ void test_handshake_ok() {
   CHECK(s.id == "127.0.0.1:10001");
   CHECK(s.rcv_timeout_after == 0);
   CHECK(c.rcv_timeout_after == 0);
+  // Both ends derived the same session key, and it is not all zeros.
+  CHECK(key_hex(s.key) == key_hex(c.key));
+  CHECK(key_hex(s.key) != kZeroKeyHex);
 
   // A caller's own timeout survives the handshake.
   Result s2, c2;
@@ -262,6 +314,111 @@ void test_handshake_ok() {
   Result s3, c3;
   run_pair(real_server(secret, &s3), real_client(secret, "/tmp/kf.sock", &c3));
   CHECK(s3.ok && c3.ok && s3.id == "/tmp/kf.sock");
+
+  // An empty job id is a valid identity when both ends have it.
+  Result s4, c4;
+  const kungfu::HandshakeIdentity anon{"", 0};
+  run_pair(real_server("k", &s4, 10, anon), real_client("k", "h:1", &c4, 10, anon));
+  CHECK(s4.ok && c4.ok);
+}
+
+// The MACs cover the job id and the cluster version: a worker that knows the
+// secret but belongs to another run (or cluster version) is turned away by
+// both ends, each naming the mismatch.
+void test_handshake_job_binding() {
+  const kungfu::HandshakeIdentity old_run{"job-0", kJob.cluster_version};
+  Result s, c;
+  run_pair(real_server("s3cret", &s), real_client("s3cret", "h:1", &c, 10, old_run));
+  CHECK(!s.ok);
+  CHECK(!c.ok);
+  CHECK(s.id.empty());
+  CHECK_ERR(s.err, "client h:1 knows the secret but belongs to job 'job-0' at cluster version 7");
+  CHECK_ERR(s.err, "this worker is job 'job-1' at cluster version 7");
+  CHECK_ERR(c.err, "server belongs to job 'job-1' at cluster version 7");
+  CHECK_ERR(c.err, "this worker is job 'job-0'");
+  CHECK_ERR(c.err, "left over from another run");
+  CHECK(key_hex(s.key) == kZeroKeyHex && key_hex(c.key) == kZeroKeyHex);
+
+  // The leftover on the server side: same result from the other direction.
+  Result s2, c2;
+  run_pair(real_server("s3cret", &s2, 10, old_run), real_client("s3cret", "h:1", &c2));
+  CHECK(!s2.ok && !c2.ok);
+  CHECK_ERR(s2.err, "belongs to job 'job-1'");
+  CHECK_ERR(c2.err, "server belongs to job 'job-0'");
+
+  // Same job, another cluster version.
+  Result s3, c3;
+  run_pair(real_server("s3cret", &s3),
+           real_client("s3cret", "h:1", &c3, 10, {kJob.job_id, kJob.cluster_version + 1}));
+  CHECK(!s3.ok && !c3.ok);
+  CHECK_ERR(s3.err, "belongs to job 'job-1' at cluster version 8");
+  CHECK_ERR(c3.err, "this worker is job 'job-1' at cluster version 8");
+
+  // Job ids that differ only in length are not confused ("job-1" vs "job-1x").
+  Result s4, c4;
+  run_pair(real_server("s3cret", &s4), real_client("s3cret", "h:1", &c4, 10, {"job-1x", 7}));
+  CHECK(!s4.ok && !c4.ok);
+
+  // A client that claims the server's identity in clear but computed its MAC
+  // over its own (as a tampered hello would look): the MAC gives it away.
+  Result s5;
+  run_pair(real_server("s3cret", &s5), [](int fd) {
+    std::string m = client_msg("s3cret", read_server_nonce(fd), "h:1", {"job-9", 7});
+    m.replace(8 + 16 + 8, 5, "job-1");
+    send_raw(fd, m);
+  });
+  CHECK(!s5.ok);
+  CHECK_ERR(s5.err, "client MAC mismatch");
+
+  // Own identities are checked before anything is sent.
+  Result s6, c6;
+  run_pair(real_server("s3cret", &s6),
+           real_client("s3cret", "h:1", &c6, 10, {std::string(kungfu::kHandshakeMaxJobIdLen + 1, 'j'), 7}));
+  CHECK(!c6.ok && !s6.ok);
+  CHECK_ERR(c6.err, "own job id must be at most 128 bytes, got 129");
+  Result s7, c7;
+  run_pair(real_server("s3cret", &s7, 10, {"job\n1", 7}), real_client("s3cret", "h:1", &c7));
+  CHECK(!s7.ok && !c7.ok);
+  CHECK_ERR(s7.err, "own job id contains control characters");
+}
+
+// The session key is HMAC(secret, "kungfu-session" | server nonce | client
+// nonce | ctx | client id), as handshake.h says, and fresh per connection.
+void test_session_key() {
+  Result s;
+  std::string nonce;
+  run_pair(real_server("s3cret", &s), [&](int fd) {
+    nonce = read_server_nonce(fd);
+    send_raw(fd, client_msg("s3cret", nonce, "h:1"));
+    char mac[32];
+    std::string err;
+    kungfu::recv_all(fd, mac, sizeof(mac), &err);
+  });
+  CHECK(s.ok);
+  const std::string want = mac_of("s3cret", "kungfu-session" + nonce + kClientNonce + ctx(kJob) + "h:1");
+  std::array<uint8_t, 32> want_bytes;
+  std::memcpy(want_bytes.data(), want.data(), 32);
+  CHECK(key_hex(s.key) == hex(want_bytes));
+
+  Result s2, c2, s3, c3;
+  run_pair(real_server("s3cret", &s2), real_client("s3cret", "h:1", &c2));
+  run_pair(real_server("s3cret", &s3), real_client("s3cret", "h:1", &c3));
+  CHECK(s2.ok && c2.ok && s3.ok && c3.ok);
+  CHECK(key_hex(s2.key) == key_hex(c2.key));
+  CHECK(key_hex(s2.key) != key_hex(s3.key));
+
+  // A null out-parameter is allowed.
+  bool ok_s = false, ok_c = false;
+  run_pair(
+      [&](int fd) {
+        std::string id, err;
+        ok_s = kungfu::server_handshake(fd, "s3cret", kJob, &id, nullptr, &err);
+      },
+      [&](int fd) {
+        std::string err;
+        ok_c = kungfu::client_handshake(fd, "s3cret", kJob, "h:1", nullptr, &err);
+      });
+  CHECK(ok_s && ok_c);
 }
 
 void test_handshake_wrong_secret() {
@@ -308,6 +465,7 @@ void expect_server_rejects(const HostileClient &client, const char *needle,
 }
 
 const std::string kNonceN(16, 'n');
+const std::string kHello = server_hello(kNonceN);
 
 void test_handshake_hostile_clients() {
   expect_server_rejects(
@@ -328,30 +486,40 @@ void test_handshake_hostile_clients() {
       "closed by peer while reading client magic");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC1" + std::string(5, 'n'));
+        send_raw(fd, "KFAUTHC2" + std::string(5, 'n'));
       },
-      "closed by peer while reading client nonce and id length");
+      "closed by peer while reading client nonce");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC1" + kNonceN + be32(0xffffffffu));
+        send_raw(fd, "KFAUTHC2" + kNonceN + be32(7) + be32(0xffffffffu));
       },
-      "exceeds limit");
+      "client job id length 4294967295 exceeds limit of 128 bytes");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC1" + kNonceN +
+        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) + be32(0xffffffffu));
+      },
+      "client id length 4294967295 exceeds limit of 256 bytes");
+  expect_server_rejects(
+      [](int fd, const std::string &) {
+        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) +
                          be32(uint32_t(kungfu::kHandshakeMaxIdLen + 1)) +
                          std::string(400, 'i'));
       },
       "exceeds limit");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC1" + kNonceN + be32(0));
+        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) + be32(0));
       },
-      "empty id");
-  // Id promised but the peer hangs up mid-way.
+      "empty client id");
+  // Job id and id promised but the peer hangs up mid-way.
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC1" + kNonceN + be32(10) + "abc");
+        send_raw(fd, "KFAUTHC2" + kNonceN + be32(7) + be32(5) + "jo");
+      },
+      "closed by peer while reading client job id");
+  expect_server_rejects(
+      [](int fd, const std::string &) {
+        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) + be32(10) + "abc");
       },
       "closed by peer while reading client id");
   // Correct everything except a truncated MAC.
@@ -373,7 +541,15 @@ void test_handshake_hostile_clients() {
   expect_server_rejects(
       [](int fd, const std::string &nonce) {
         std::string m = client_msg("s3cret", nonce, "h:1");
-        m[8 + 16 + 4 + 2] = '2';
+        m[8 + 16 + 8 + 5 + 4 + 2] = '2';
+        send_raw(fd, m);
+      },
+      "client MAC mismatch");
+  // ... and the cluster version sent in clear.
+  expect_server_rejects(
+      [](int fd, const std::string &nonce) {
+        std::string m = client_msg("s3cret", nonce, "h:1");
+        m[8 + 16 + 3] = char(m[8 + 16 + 3] ^ 1);
         send_raw(fd, m);
       },
       "client MAC mismatch");
@@ -401,16 +577,16 @@ void test_handshake_replay() {
   Result c;
   run_pair(
       [&](int fd) {
-        std::string hello = "KFAUTHS1" + std::string(16, '\x07');
+        std::string hello = server_hello(std::string(16, '\x07'));
         send_raw(fd, hello);
-        char buf[8 + 16 + 4 + 3 + 32];
+        char buf[kClientHelloLen];
         std::string err;
         if (kungfu::recv_all(fd, buf, sizeof(buf), &err)) {
           captured.assign(buf, sizeof(buf));
         }
       },
       real_client("s3cret", "h:1", &c));
-  CHECK(captured.size() == 63);
+  CHECK(captured.size() == kClientHelloLen);
   CHECK(!c.ok);
   CHECK_ERR(c.err, "server closed the connection");
   // ...it is useless against a real server, which picks a fresh nonce.
@@ -431,7 +607,7 @@ void test_handshake_timeouts() {
   // whole handshake, so dribbling cannot keep the server busy.
   expect_server_rejects(
       [](int fd, const std::string &) {
-        const std::string magic = "KFAUTHC1";
+        const std::string magic = "KFAUTHC2";
         for (char ch : magic) {
           if (!send_raw(fd, std::string(1, ch))) return;
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -445,7 +621,7 @@ void test_handshake_timeouts() {
   Result c;
   run_pair(
       [](int fd) {
-        send_raw(fd, "KFAUTHS1" + std::string(16, 'n'));
+        send_raw(fd, kHello);
         std::this_thread::sleep_for(std::chrono::milliseconds(800));
       },
       real_client("s3cret", "h:1", &c, 0.2));
@@ -465,8 +641,8 @@ void test_handshake_hostile_servers() {
   Result c2;
   run_pair(
       [](int fd) {
-        send_raw(fd, "KFAUTHS1" + std::string(16, 'n'));
-        char buf[8 + 16 + 4 + 3 + 32];
+        send_raw(fd, kHello);
+        char buf[kClientHelloLen];
         std::string err;
         kungfu::recv_all(fd, buf, sizeof(buf), &err);
         send_raw(fd, std::string(32, '\x5a'));
@@ -480,8 +656,8 @@ void test_handshake_hostile_servers() {
   Result c3;
   run_pair(
       [](int fd) {
-        send_raw(fd, "KFAUTHS1" + std::string(16, 'n'));
-        char buf[8 + 16 + 4 + 3 + 32];
+        send_raw(fd, kHello);
+        char buf[kClientHelloLen];
         std::string err;
         kungfu::recv_all(fd, buf, sizeof(buf), &err);
         send_raw(fd, std::string(buf + sizeof(buf) - 32, 32));
@@ -494,6 +670,42 @@ void test_handshake_hostile_servers() {
   run_pair([](int) {}, real_client("s3cret", "h:1", &c4));
   CHECK(!c4.ok);
   CHECK_ERR(c4.err, "reading server magic");
+
+  Result c5;
+  run_pair([](int fd) { send_raw(fd, "KFAUTHS2" + kNonceN + be32(7) + be32(1u << 31)); },
+           real_client("s3cret", "h:1", &c5));
+  CHECK(!c5.ok);
+  CHECK_ERR(c5.err, "server job id length 2147483648 exceeds limit of 128 bytes");
+
+  // The server's proof covers the job identity: a server of another run that
+  // knows the secret and echoes our identity in its hello still cannot prove
+  // it belongs to our run.
+  Result c6;
+  run_pair(
+      [](int fd) {
+        send_raw(fd, kHello);
+        char buf[kClientHelloLen];
+        std::string err;
+        kungfu::recv_all(fd, buf, sizeof(buf), &err);
+        const std::string client_nonce(buf + 8, 16);
+        send_raw(fd, mac_of("s3cret", "kungfu-server" + client_nonce + kNonceN + ctx({"job-0", 7}) + "h:1"));
+      },
+      real_client("s3cret", "h:1", &c6));
+  CHECK(!c6.ok);
+  CHECK_ERR(c6.err, "server MAC mismatch");
+  // The same proof over our own identity passes (the crafted bytes are right).
+  Result c7;
+  run_pair(
+      [](int fd) {
+        send_raw(fd, kHello);
+        char buf[kClientHelloLen];
+        std::string err;
+        kungfu::recv_all(fd, buf, sizeof(buf), &err);
+        const std::string client_nonce(buf + 8, 16);
+        send_raw(fd, mac_of("s3cret", "kungfu-server" + client_nonce + kNonceN + ctx(kJob) + "h:1"));
+      },
+      real_client("s3cret", "h:1", &c7));
+  CHECK(c7.ok);
 }
 
 void test_handshake_bad_self_id() {
@@ -518,13 +730,207 @@ void test_handshake_bad_self_id() {
   CHECK_ERR(c3.err, "control characters");
 }
 
+// KUNGFU_JOB_ID as RuntimeOptions::from_env reads it.
+const char *const kHexSecret = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+void test_job_id_from_env() {
+  auto load = [](const char *job_id, const char *peers, kungfu::RuntimeOptions *o) {
+    ::setenv("KUNGFU_PEERS", peers, 1);
+    ::setenv("KUNGFU_SELF", "127.0.0.1:10001", 1);
+    ::setenv("KUNGFU_JOB_SECRET", kHexSecret, 1);
+    if (job_id) {
+      ::setenv("KUNGFU_JOB_ID", job_id, 1);
+    } else {
+      ::unsetenv("KUNGFU_JOB_ID");
+    }
+    return kungfu::RuntimeOptions::from_env(o);
+  };
+  const char *two = "127.0.0.1:10001,127.0.0.1:10002";
+  kungfu::RuntimeOptions o;
+  CHECK(load("4f1c-run", two, &o).ok());
+  CHECK(o.job_id == "4f1c-run");
+  CHECK(std::string(o.secret.data(), o.secret.size()) == kHexSecret);
+  // One worker never connects to anyone: no id needed.
+  CHECK(load(nullptr, "127.0.0.1:10001", &o).ok());
+
+  kungfu::Status s = load(nullptr, two, &o);
+  CHECK(s.code() == kungfu::Code::kInvalidArgument);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID is not set");
+  s = load("", two, &o);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID is not set");
+  s = load(std::string(129, 'j').c_str(), two, &o);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID must be at most 128 bytes, got 129");
+  CHECK(load(std::string(128, 'j').c_str(), two, &o).ok());
+  s = load("run\x1b[2J", two, &o);
+  CHECK_ERR(s.message(), "KUNGFU_JOB_ID must be printable ASCII, got byte 27 at offset 3");
+  s = load("caf\xc3\xa9", two, &o);
+  CHECK_ERR(s.message(), "got byte 195 at offset 3");
+  for (const char *v : {"KUNGFU_PEERS", "KUNGFU_SELF", "KUNGFU_JOB_SECRET", "KUNGFU_JOB_ID"}) ::unsetenv(v);
+}
+
+// ---- per-frame authentication ----
+
+using kungfu::FrameAuthenticator;
+using kungfu::FrameDirection;
+
+kungfu::SessionKey make_key(uint8_t seed) {
+  kungfu::SessionKey k;
+  for (size_t i = 0; i < k.size(); ++i) k.data()[i] = uint8_t(seed + i);
+  return k;
+}
+
+std::string be64(uint64_t v) { return be32(uint32_t(v >> 32)) + be32(uint32_t(v)); }
+
+// frame_auth.h's tag, computed independently with the one-shot HMAC.
+std::string reference_tag(const kungfu::SessionKey &k, FrameDirection dir,
+                          uint64_t seq, const std::string &header,
+                          const std::string &key, const std::string &payload) {
+  const std::string in = std::string(1, char(dir)) + be64(seq) +
+                         be32(uint32_t(header.size())) + header +
+                         be32(uint32_t(key.size())) + key + payload +
+                         be64(payload.size());
+  const std::string secret(reinterpret_cast<const char *>(k.data()), k.size());
+  return mac_of(secret, in).substr(0, FrameAuthenticator::kTagLen);
+}
+
+struct Frame {
+  std::string header, key, payload;
+};
+
+std::string tag_str(const FrameAuthenticator::Tag &t) {
+  return std::string(t.begin(), t.end());
+}
+
+FrameAuthenticator::Tag sign(FrameAuthenticator &a, const Frame &f) {
+  return a.sign(f.header.data(), f.header.size(), f.key.data(), f.key.size(),
+                f.payload.data(), f.payload.size());
+}
+
+bool verify(FrameAuthenticator &a, const Frame &f, const std::string &tag) {
+  return a.verify(f.header.data(), f.header.size(), f.key.data(), f.key.size(),
+                  f.payload.data(), f.payload.size(),
+                  reinterpret_cast<const uint8_t *>(tag.data()));
+}
+
+void test_frame_auth() {
+  const kungfu::SessionKey k = make_key(1);
+  const FrameDirection c2s = FrameDirection::kClientToServer;
+  std::vector<Frame> frames = {
+      {std::string(104, 'h'), "grad/0", std::string(1 << 20, 'p')},
+      {"H", "", ""},
+      {std::string(104, 'h'), "grad/0", std::string(1 << 20, 'p')},  // same bytes again
+      {"hdr", "k", std::string(1000, '\xff')},
+  };
+  FrameAuthenticator sender(k, c2s), receiver(k, c2s);
+  std::vector<std::string> tags;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const Frame &f = frames[i];
+    tags.push_back(tag_str(sign(sender, f)));
+    CHECK(tags.back() == reference_tag(k, c2s, i, f.header, f.key, f.payload));
+    CHECK(verify(receiver, f, tags.back()));
+  }
+  CHECK(sender.next_sequence() == frames.size());
+  CHECK(receiver.next_sequence() == frames.size());
+  CHECK(!receiver.failed());
+  // Identical frames at different positions get different tags.
+  CHECK(tags[0] != tags[2]);
+
+  // The payload fed in pieces gives the same tag.
+  {
+    FrameAuthenticator a(k, c2s);
+    const Frame &f = frames[0];
+    a.begin_frame(f.header.data(), f.header.size(), f.key.data(), f.key.size());
+    size_t off = 0, step = 1;
+    while (off < f.payload.size()) {
+      size_t n = std::min(step, f.payload.size() - off);
+      a.add_payload(f.payload.data() + off, n);
+      off += n;
+      step = step * 13 % 70001 + 1;
+    }
+    CHECK(tag_str(a.end_frame()) == tags[0]);
+  }
+
+  // A frame begun and abandoned does not use up a sequence number.
+  {
+    FrameAuthenticator a(k, c2s);
+    a.begin_frame("x", 1, "y", 1);
+    a.add_payload("zz", 2);
+    CHECK(tag_str(sign(a, frames[0])) == tags[0]);
+  }
+
+  // Moving bytes between header, key and payload changes the tag.
+  {
+    FrameAuthenticator a(k, c2s), b(k, c2s), c(k, c2s);
+    CHECK(tag_str(sign(a, {"ab", "c", "d"})) != tag_str(sign(b, {"a", "bc", "d"})));
+    CHECK(tag_str(sign(c, {"a", "b", "cd"})) != reference_tag(k, c2s, 0, "a", "bc", "d"));
+  }
+}
+
+// Every way a frame can be altered in transit is caught, and a stream that
+// failed once stays failed.
+void test_frame_auth_rejects() {
+  const kungfu::SessionKey k = make_key(1);
+  const FrameDirection c2s = FrameDirection::kClientToServer;
+  const Frame f0{std::string(104, 'h'), "op/1", std::string(4096, 'a')};
+  const Frame f1{std::string(104, 'h'), "op/2", std::string(4096, 'b')};
+  FrameAuthenticator sender(k, c2s);
+  const std::string t0 = tag_str(sign(sender, f0));
+  const std::string t1 = tag_str(sign(sender, f1));
+
+  auto fresh_rejects = [&](const Frame &f, const std::string &tag,
+                           const kungfu::SessionKey &key, FrameDirection dir) {
+    FrameAuthenticator r(key, dir);
+    return !verify(r, f, tag) && r.failed();
+  };
+  Frame bad = f0;
+  bad.header[10] ^= 1;
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  bad = f0;
+  bad.key = "op/9";
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  bad = f0;
+  bad.payload[4095] ^= 0x80;
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  bad = f0;
+  bad.payload.pop_back();  // truncated
+  CHECK(fresh_rejects(bad, t0, k, c2s));
+  std::string bad_tag = t0;
+  bad_tag[15] ^= 1;
+  CHECK(fresh_rejects(f0, bad_tag, k, c2s));
+  // Another connection's key, or the other direction of this one.
+  CHECK(fresh_rejects(f0, t0, make_key(2), c2s));
+  CHECK(fresh_rejects(f0, t0, k, FrameDirection::kServerToClient));
+  // Reordered: the second frame first.
+  CHECK(fresh_rejects(f1, t1, k, c2s));
+
+  // Replayed: frame 0 delivered twice.
+  FrameAuthenticator r(k, c2s);
+  CHECK(verify(r, f0, t0));
+  CHECK(!verify(r, f0, t0));
+  CHECK(r.failed());
+
+  // Sticky: after a tampered frame 0, the genuine frame 1 (which would verify
+  // at its position) is refused too.
+  FrameAuthenticator r3(k, c2s);
+  CHECK(!verify(r3, bad, t0));
+  CHECK(!verify(r3, f1, t1));
+  CHECK(r3.failed());
+  FrameAuthenticator r4(k, c2s);  // the same two frames, untampered
+  CHECK(verify(r4, f0, t0) && verify(r4, f1, t1));
+
+  // Dropped: frame 1 without frame 0.
+  FrameAuthenticator r2(k, c2s);
+  CHECK(!verify(r2, f1, t1));
+}
+
 }  // namespace
 
 int main() {
-  test_sha256();
   test_hmac();
+  test_key_material();
   test_primitives();
   test_handshake_ok();
+  test_handshake_job_binding();
+  test_session_key();
   test_handshake_wrong_secret();
   test_handshake_empty_secret();
   test_handshake_hostile_clients();
@@ -532,6 +938,9 @@ int main() {
   test_handshake_timeouts();
   test_handshake_hostile_servers();
   test_handshake_bad_self_id();
+  test_job_id_from_env();
+  test_frame_auth();
+  test_frame_auth_rejects();
   std::printf("%d passed, 0 failed\n", g_passed);
   return 0;
 }

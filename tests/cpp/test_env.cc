@@ -16,6 +16,7 @@ void set_good_env() {
   setenv("KUNGFU_PEERS", "127.0.0.1:10001,127.0.0.1:10002", 1);
   setenv("KUNGFU_SELF", "127.0.0.1:10002", 1);
   setenv("KUNGFU_JOB_SECRET", kSecret, 1);
+  setenv("KUNGFU_JOB_ID", "test-run", 1);
   unsetenv("KUNGFU_TIMEOUT");
   unsetenv("KUNGFU_CLUSTER_VERSION");
   unsetenv("KUNGFU_TOPOLOGY");

@@ -268,7 +268,7 @@ void test_push_cut_short() {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK(::connect(fd.get(), reinterpret_cast<struct sockaddr *>(&a), sizeof(a)) == 0);
     std::string err;
-    CHECK(client_handshake(fd.get(), "test-secret", peers[1].str(), &err));
+    CHECK(client_handshake(fd.get(), "test-secret", {kftest::kTestJobId, 0}, peers[1].str(), nullptr, &err));
     send_push(fd.get(), std::vector<float>(count, 2), count * sizeof(float));
     send_push(fd.get(), std::vector<float>(count, 100), count * sizeof(float) / 2);
   }  // closed mid-frame

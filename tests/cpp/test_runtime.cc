@@ -452,15 +452,27 @@ void test_intruders_are_rejected() {
   {  // the right protocol with the wrong secret, claiming to be rank 1
     Fd fd = connect_tcp(peers[0].port);
     std::string err;
-    CHECK(!client_handshake(fd.get(), "wrong-secret", peers[1].str(), &err));
+    CHECK(!client_handshake(fd.get(), "wrong-secret", {kftest::kTestJobId, 0}, peers[1].str(), nullptr, &err));
   }
   {  // the right secret but not a member of the cluster
     Fd fd = connect_tcp(peers[0].port);
     std::string err;
-    client_handshake(fd.get(), "test-secret", "127.0.0.1:1", &err);
+    client_handshake(fd.get(), "test-secret", {kftest::kTestJobId, 0}, "127.0.0.1:1", nullptr, &err);
   }
-  for (int i = 0; i < 100 && rts[0]->rejected_connections() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  CHECK(rts[0]->rejected_connections() == 3);
+  {  // the right secret, claiming to be rank 1, but a leftover of another run
+    Fd fd = connect_tcp(peers[0].port);
+    std::string err;
+    CHECK(!client_handshake(fd.get(), "test-secret", {"old-run", 0}, peers[1].str(), nullptr, &err));
+    CHECK(err.find("server belongs to job 'test-job'") != std::string::npos);
+  }
+  {  // ... or of another cluster version
+    Fd fd = connect_tcp(peers[0].port);
+    std::string err;
+    CHECK(!client_handshake(fd.get(), "test-secret", {kftest::kTestJobId, 1}, peers[1].str(), nullptr, &err));
+    CHECK(err.find("at cluster version 0") != std::string::npos);
+  }
+  for (int i = 0; i < 100 && rts[0]->rejected_connections() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(rts[0]->rejected_connections() == 5);
   check_all_reduce<float>(rts, 1000, ReduceOp::kSum, "after-intruders");  // the job carries on
 }
 

@@ -95,6 +95,9 @@ inline std::vector<kungfu::PeerID> local_peers(int n) {
   return peers;
 }
 
+// The job id every runtime of make_cluster has (cluster version 0).
+constexpr char kTestJobId[] = "test-job";
+
 inline kungfu::RuntimeOptions options(const std::vector<kungfu::PeerID> &peers, int rank,
                                       kungfu::TopologyKind topo = kungfu::TopologyKind::kAuto,
                                       double timeout = 20) {
@@ -102,6 +105,7 @@ inline kungfu::RuntimeOptions options(const std::vector<kungfu::PeerID> &peers, 
   o.cluster = kungfu::Cluster(0, peers);
   o.self_rank = rank;
   o.secret = "test-secret";
+  o.job_id = kTestJobId;
   o.timeout_seconds = timeout;
   o.topology = topo;
   return o;

@@ -2,7 +2,7 @@
 
 Usage: failure_intruder.py DIR
 
-Rank 0 writes DIR/peers.json (KUNGFU_PEERS, KUNGFU_SELF) once the runtime is
+Rank 0 writes DIR/peers.json (KUNGFU_PEERS, KUNGFU_SELF, KUNGFU_JOB_ID) once the runtime is
 up, then both ranks loop over checked all-reduces until the test creates
 DIR/stop (rank 0 broadcasts the decision each step, so both stop at the same
 step). Meanwhile the test connects to rank 0 with garbage and forged
@@ -30,7 +30,15 @@ def main() -> None:
     chk.equal(ops.all_reduce(tf.ones([3]), name="warmup").numpy(), [size] * 3, "warm-up")
     if rank == 0:
         tmp = d / "peers.json.tmp"
-        tmp.write_text(json.dumps({"peers": os.environ["KUNGFU_PEERS"], "self": os.environ["KUNGFU_SELF"]}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "peers": os.environ["KUNGFU_PEERS"],
+                    "self": os.environ["KUNGFU_SELF"],
+                    "job_id": os.environ["KUNGFU_JOB_ID"],
+                }
+            )
+        )
         tmp.rename(d / "peers.json")
     start = time.monotonic()
     step = 0
