@@ -76,16 +76,25 @@ endef
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
-# Multi-host tests use network namespaces (`ip netns`). Best effort only.
+# System packages, best effort only (root + apt-get): iproute2 for the
+# multi-host tests (network namespaces, `ip netns`); Open MPI (mpirun, mpicc)
+# for the benchmark's MPI_Allreduce anchor and its test.
 sysdeps:
-	@if ! command -v ip >/dev/null 2>&1 && [ ! -x /sbin/ip ] && [ ! -x /usr/sbin/ip ]; then \
+	@missing=""; \
+	if ! command -v ip >/dev/null 2>&1 && [ ! -x /sbin/ip ] && [ ! -x /usr/sbin/ip ]; then \
+		missing="iproute2"; \
+	fi; \
+	if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then \
+		missing="$$missing openmpi-bin libopenmpi-dev"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing iproute2 (for network-namespace tests)"; \
+			echo "installing$$missing"; \
 			( export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
-			  apt-get install -y -qq iproute2 ) || \
-			echo "warning: could not install iproute2; multi-host tests may not run"; \
+			  apt-get install -y -qq $$missing ) || \
+			echo "warning: could not install$$missing; multi-host tests or the MPI benchmark may not run"; \
 		else \
-			echo "warning: 'ip' (iproute2) not found; multi-host tests may not run"; \
+			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests or the MPI benchmark may not run"; \
 		fi; \
 	fi
 
