@@ -5,7 +5,7 @@
 #   make test      C++ runtime tests (tests/cpp/test_*.cc) then pytest
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
 #   make demo      4-worker training demo (models/train.py)
-#   make bench     allreduce benchmark
+#   make bench     allreduce benchmark: ours, MWMS, Open MPI, raw transport
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make lint      ruff
