@@ -149,7 +149,7 @@ def _verdict(e: dict[str, Any]) -> str:
     if e["kind"] == "bandwidth":
         value = f"{e['ratio']:.0%} of TCP"
     else:
-        value = f"{e['ratio']:.1f}× RTT"
+        value = f"{format_ratio(e['ratio'])} RTT"  # Open MPI's is far below 0.1×
     topo = f" ({e['topology']})" if e["contender"] == "best topology" else ""
     return f"{'MET' if e['met'] else 'NOT MET'}: {value}{topo}"
 
