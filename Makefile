@@ -7,7 +7,7 @@
 #   make test      C++ runtime tests (tests/cpp/test_*.cc) then pytest
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
 #   make demo      4-worker training demo (models/train.py)
-#   make bench     allreduce benchmark
+#   make bench     allreduce benchmark: ours, MWMS, Open MPI, raw transport
 #   make bench-frame-auth  cost of per-frame HMAC authentication vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
@@ -84,7 +84,9 @@ install: sysdeps $(INSTALL_STAMP) $(SO)
 
 # libssl-dev: OpenSSL's libcrypto (headers, libcrypto.a for libkungfu_tf.so,
 # libcrypto.so for the C++ tests). Required: the build fails without it.
-# Multi-host tests use network namespaces (`ip netns`). Best effort only.
+# Then, best effort only (root + apt-get): iproute2 for the multi-host tests
+# (network namespaces, `ip netns`); Open MPI (mpirun, mpicc) for the
+# benchmark's MPI_Allreduce anchor and its test.
 sysdeps:
 	@if [ ! -f /usr/include/openssl/evp.h ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -97,14 +99,21 @@ sysdeps:
 			exit 1; \
 		fi; \
 	fi
-	@if ! command -v ip >/dev/null 2>&1 && [ ! -x /sbin/ip ] && [ ! -x /usr/sbin/ip ]; then \
+	@missing=""; \
+	if ! command -v ip >/dev/null 2>&1 && [ ! -x /sbin/ip ] && [ ! -x /usr/sbin/ip ]; then \
+		missing="iproute2"; \
+	fi; \
+	if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then \
+		missing="$$missing openmpi-bin libopenmpi-dev"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing iproute2 (for network-namespace tests)"; \
+			echo "installing$$missing"; \
 			( export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
-			  apt-get install -y -qq iproute2 ) || \
-			echo "warning: could not install iproute2; multi-host tests may not run"; \
+			  apt-get install -y -qq $$missing ) || \
+			echo "warning: could not install$$missing; multi-host tests or the MPI benchmark may not run"; \
 		else \
-			echo "warning: 'ip' (iproute2) not found; multi-host tests may not run"; \
+			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests or the MPI benchmark may not run"; \
 		fi; \
 	fi
 

@@ -5,6 +5,8 @@ One run measures, on loopback only:
     (one ``kungfu-run`` launch per np, see allreduce_worker_kungfu.py);
   * TensorFlow's MultiWorkerMirroredStrategy collective all-reduce (RING,
     gRPC) at the same np and sizes (allreduce_worker_mwms.py);
+  * Open MPI's MPI_Allreduce at the same np and sizes, a second anchor
+    (mpi_allreduce.c, compiled here with mpicc, see bench_mpi.py);
   * the raw TCP and Unix socket limits (raw_transport.c, compiled here);
   * the same all-reduce through the C++ runtime alone, without TensorFlow
     (runtime_allreduce.cc, compiled here), to separate runtime cost from TF
@@ -15,6 +17,7 @@ raw results as JSON.
     .venv/bin/python benchmarks/allreduce.py                 # full, ~5-10 min
     .venv/bin/python benchmarks/allreduce.py --quick         # smoke run
     .venv/bin/python benchmarks/allreduce.py --only mwms,raw --sizes 4,1M
+    .venv/bin/python benchmarks/allreduce.py --only kungfu,mpi --topologies AUTO
 """
 
 from __future__ import annotations
@@ -26,15 +29,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import bench_mpi
 from bench_load import CpuMeter
 from bench_meta import machine_metadata
 from bench_proc import LOOPBACK, free_ports, run_group
 from bench_report import allreduce_tables, raw_table, runtime_table, targets_table
 from bench_targets import evaluate
-from bench_timing import parse_results
+from bench_timing import MAX_ITERS, WARMUP_CALLS, Timing, parse_results
 from bench_units import format_rate, format_size, format_time, parse_size
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -42,7 +47,7 @@ REPO = BENCH_DIR.parent
 BUILD_DIR = REPO / "build" / "bench"
 
 TOPOLOGIES = ("STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE", "AUTO")
-PARTS = ("raw", "runtime", "kungfu", "mwms")
+PARTS = ("raw", "runtime", "kungfu", "mwms", "mpi")
 RUNTIME_SIZES = (4, 64 << 20)  # the sizes the targets talk about
 DEFAULT_SIZES = "4,1K,64K,1M,16M,64M"
 QUICK_SIZES = "4,64K,1M"
@@ -142,15 +147,20 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def log_point(r: dict[str, Any]) -> None:
+    """One measured all-reduce point in readable form."""
+    log(
+        f"  {r['impl']} {r['topology']} np={r['np']} "
+        f"{format_size(r['size'])}: {format_time(r['median_s'])} "
+        f"(x{r['iters']})"
+    )
+
+
 def progress(line: str) -> None:
     """Echoes a worker's result line in readable form as soon as it arrives."""
     for r in parse_results([line]):
         if "median_s" in r:
-            log(
-                f"  {r['impl']} {r['topology']} np={r['np']} "
-                f"{format_size(r['size'])}: {format_time(r['median_s'])} "
-                f"(x{r['iters']})"
-            )
+            log_point(r)
 
 
 # ----------------------------------------------------------------- helpers
@@ -351,6 +361,51 @@ def run_mwms(
     return parse_results(results[0].lines)
 
 
+# ----------------------------------------------------------------- Open MPI
+
+
+def build_mpi(errors: list[str]) -> tuple[Path | None, str | None]:
+    """(program, None) or (None, why the MPI column stays empty).
+
+    A missing Open MPI is not an error of the run (the rest is measured and
+    the table says why the column is empty); a compile failure is.
+    """
+    try:
+        exe = bench_mpi.build(BUILD_DIR)
+    except bench_mpi.MpiMissing as e:
+        log(f"mpi: {e}")
+        return None, str(e)
+    except subprocess.CalledProcessError as e:
+        errors.append(f"mpi: compile failed:\n{e.stderr}")
+        return None, "compile failed"
+    except (subprocess.SubprocessError, OSError) as e:
+        errors.append(f"mpi: compile failed: {e}")
+        return None, "compile failed"
+    log(f"compiled {exe.relative_to(REPO)} with mpicc")
+    return exe, None
+
+
+def run_mpi(
+    n: int, exe: Path, args: argparse.Namespace, errors: list[str]
+) -> list[dict[str, Any]]:
+    """MPI_Allreduce at np=n over every size, timed as the TF workers time."""
+    timing = [str(args.repeats), str(args.target_seconds), str(MAX_ITERS)]
+    sizes = ",".join(str(s) for s in args.sizes)
+    argv = bench_mpi.mpirun_argv(n, exe, ["time", sizes, *timing, str(WARMUP_CALLS)])
+    log(f"mpi np={n}: mpirun ... {exe.name}")
+    (res,) = run_group(
+        [argv], [worker_env()], timeout_s=args.launch_timeout, cwd=str(REPO)
+    )
+    if not res.ok:
+        errors.append(f"mpi np={n}: exit status {res.returncode}:\n{res.tail()}")
+    points = parse_results(res.lines)
+    for rec in points:
+        # The C program reports the samples; the median is bench_timing's.
+        rec["median_s"] = Timing(rec["iters"], rec["samples_s"]).median_s
+        log_point(rec)
+    return points
+
+
 # ----------------------------------------------------------------- main
 
 
@@ -398,10 +453,20 @@ class Phases:
                 log(f"warning: other processes used {busy:.2f} cores during {name}")
 
 
+@dataclass
+class Measured:
+    """Everything one run measured."""
+
+    raw: dict[str, Any]  # transport limits, dispatch floor, runtime alone
+    points: list[dict[str, Any]]  # all-reduce points of every implementation
+    have_kungfu: bool  # the op library loaded, so kungfu points were taken
+    mpi_note: str | None  # why Open MPI was not measured (None: it was, or not asked)
+
+
 def measure_all(
     args: argparse.Namespace, errors: list[str], phases: Phases
-) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
-    """Runs every selected part: (raw limits, all-reduce points, kungfu ran)."""
+) -> Measured:
+    """Runs every selected part."""
     raw: dict[str, Any] = {}
     if "raw" in args.only:
         raw = phases.run("raw", lambda: run_raw(args, errors))
@@ -411,6 +476,7 @@ def measure_all(
     if "runtime" in args.only:
         raw["runtime"] = phases.run("runtime", lambda: run_runtime(args, errors))
     have_kungfu = "kungfu" in args.only and kungfu_importable(errors)
+    mpi_exe, mpi_note = build_mpi(errors) if "mpi" in args.only else (None, None)
     points: list[dict[str, Any]] = []
     for n in args.np:
         if have_kungfu:
@@ -419,28 +485,48 @@ def measure_all(
             )
         if "mwms" in args.only:
             points += phases.run(f"mwms np={n}", lambda n=n: run_mwms(n, args, errors))
-    return raw, [add_bandwidth(p) for p in points], have_kungfu
+        if mpi_exe is not None:
+            points += phases.run(
+                f"mpi np={n}", lambda n=n: run_mpi(n, mpi_exe, args, errors)
+            )
+    points = [add_bandwidth(p) for p in points]
+    return Measured(raw, points, have_kungfu, mpi_note)
 
 
 def print_report(
     args: argparse.Namespace,
     meta: dict[str, Any],
-    raw: dict[str, Any],
-    points: list[dict[str, Any]],
+    measured: Measured,
     evals: list[dict[str, Any]],
-    have_kungfu: bool,
 ) -> None:
     """The markdown report on stdout."""
-    topologies = args.topologies if have_kungfu else []
+    raw = measured.raw
+    topologies = args.topologies if measured.have_kungfu else []
+    with_mpi = "mpi" in args.only
     print("### All-reduce (float32 sum)\n")
     print(
-        allreduce_tables(points, args.np, args.sizes, topologies, "mwms" in args.only)
+        allreduce_tables(
+            measured.points,
+            args.np,
+            args.sizes,
+            topologies,
+            "mwms" in args.only,
+            with_mpi,
+            measured.mpi_note,
+        )
     )
     print(
         "\nbus bandwidth = bytes / time · 2(n−1)/n; time = median over "
         f"{args.repeats} timed loops, each a tf.function call repeated "
-        "until ~" + format_time(args.target_seconds) + ".\n"
+        "until ~" + format_time(args.target_seconds) + "."
     )
+    if with_mpi:
+        print(
+            "Open MPI: the same protocol with plain MPI_Allreduce calls from C "
+            "(mpirun, shared memory between the ranks, ranks not pinned); "
+            "AUTO ÷ MPI > 1 means ours takes longer."
+        )
+    print()
     if raw.get("runtime"):
         print("### The runtime alone (C++, no TensorFlow)\n")
         print(runtime_table(raw["runtime"], args.np, args.topologies) + "\n")
@@ -468,8 +554,8 @@ def main() -> int:
 
     errors: list[str] = []
     phases = Phases()
-    raw, points, have_kungfu = measure_all(args, errors, phases)
-    evals = evaluate(points, raw)
+    measured = measure_all(args, errors, phases)
+    evals = evaluate(measured.points, measured.raw)
     meta["loadavg_end"] = os.getloadavg()
     # Average cores busy with *other* processes per phase: anything well
     # above 0 means the numbers of that phase are contaminated.
@@ -478,13 +564,14 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "meta": meta,
-        "raw": raw,
-        "points": points,
+        "raw": measured.raw,
+        "points": measured.points,
         "targets": evals,
+        "mpi_not_run": measured.mpi_note,
         "errors": errors,
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print_report(args, meta, raw, points, evals, have_kungfu)
+    print_report(args, meta, measured, evals)
     for e in errors:
         log("ERROR " + e)
     return 1 if errors else 0

@@ -14,7 +14,7 @@ import json
 import os
 
 import tensorflow as tf
-from bench_timing import emit_result, measure
+from bench_timing import MAX_ITERS, emit_result, measure
 
 
 def parse_args() -> argparse.Namespace:
@@ -23,7 +23,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sizes", required=True, help="comma-separated sizes in bytes")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--target-seconds", type=float, default=0.3)
-    p.add_argument("--max-iters", type=int, default=2000)
+    p.add_argument("--max-iters", type=int, default=MAX_ITERS)
     return p.parse_args()
 
 

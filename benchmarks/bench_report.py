@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench_units import format_rate, format_size, format_time
+from bench_units import format_rate, format_ratio, format_size, format_time
 
 MWMS_COLUMN = "MWMS (TF gRPC ring)"
+MPI_COLUMN = "Open MPI (MPI_Allreduce)"
+# Our AUTO time over Open MPI's at the same point: how far from the anchor.
+MPI_RATIO_COLUMN = "AUTO ÷ MPI (time)"
 
 
 def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
@@ -23,26 +26,48 @@ def _cell(point: dict[str, Any] | None) -> str:
     return f"{format_time(point['median_s'])} · {format_rate(point['busbw'])}"
 
 
+def _ratio_cell(ours: dict[str, Any] | None, anchor: dict[str, Any] | None) -> str:
+    """``ours`` time / ``anchor`` time, or a dash if either is missing."""
+    if ours is None or anchor is None:
+        return "–"
+    return format_ratio(ours["median_s"] / anchor["median_s"])
+
+
 def allreduce_tables(
     points: list[dict[str, Any]],
     nps: list[int],
     sizes: list[int],
     topologies: list[str],
     with_mwms: bool,
+    with_mpi: bool = False,
+    mpi_note: str | None = None,
 ) -> str:
-    """One table per np: rows are sizes, columns implementations/topologies."""
+    """One table per np: rows are sizes, columns implementations/topologies.
+
+    With ``with_mpi``, Open MPI's column follows MWMS's and, if AUTO was
+    measured, a ratio column compares the two; ``mpi_note`` (why Open MPI was
+    not measured) then fills its cells instead of numbers.
+    """
     index = {(p["impl"], p["topology"], p["np"], p["size"]): p for p in points}
     columns = [("kungfu", t, t) for t in topologies]
     if with_mwms:
         columns.append(("mwms", "RING", MWMS_COLUMN))
+    with_ratio = with_mpi and "AUTO" in topologies
     parts: list[str] = []
     for n in nps:
-        rows = [
-            [format_size(s)]
-            + [_cell(index.get((impl, topo, n, s))) for impl, topo, _ in columns]
-            for s in sizes
-        ]
+        rows = []
+        for s in sizes:
+            row = [format_size(s)]
+            row += [_cell(index.get((impl, topo, n, s))) for impl, topo, _ in columns]
+            mpi = index.get(("mpi", "MPI", n, s))
+            if with_mpi:
+                row.append(f"not run: {mpi_note}" if mpi_note else _cell(mpi))
+            if with_ratio:
+                row.append(_ratio_cell(index.get(("kungfu", "AUTO", n, s)), mpi))
+            rows.append(row)
         header = ["size"] + [title for _, _, title in columns]
+        header += [MPI_COLUMN] if with_mpi else []
+        header += [MPI_RATIO_COLUMN] if with_ratio else []
         parts.append(
             f"**np = {n}** — median time per all-reduce · bus bandwidth\n\n"
             + _table(header, ["r"] * len(header), rows)
@@ -124,7 +149,7 @@ def _verdict(e: dict[str, Any]) -> str:
     if e["kind"] == "bandwidth":
         value = f"{e['ratio']:.0%} of TCP"
     else:
-        value = f"{e['ratio']:.1f}× RTT"
+        value = f"{format_ratio(e['ratio'])} RTT"  # Open MPI's is far below 0.1×
     topo = f" ({e['topology']})" if e["contender"] == "best topology" else ""
     return f"{'MET' if e['met'] else 'NOT MET'}: {value}{topo}"
 

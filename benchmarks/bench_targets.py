@@ -47,8 +47,9 @@ TARGETS: tuple[Target, ...] = (
 )
 
 # Who is checked against each target: ours with the AUTO topology, ours with
-# whichever fixed topology did best at that point, and MWMS for comparison.
-CONTENDERS: tuple[str, ...] = ("AUTO", "best topology", "MWMS")
+# whichever fixed topology did best at that point, and MWMS and Open MPI's
+# MPI_Allreduce for comparison.
+CONTENDERS: tuple[str, ...] = ("AUTO", "best topology", "MWMS", "Open MPI")
 
 
 def _pick(
@@ -58,6 +59,8 @@ def _pick(
     here = [p for p in points if p["np"] == target.np and p["size"] == target.size]
     if contender == "MWMS":
         cands = [p for p in here if p["impl"] == "mwms"]
+    elif contender == "Open MPI":
+        cands = [p for p in here if p["impl"] == "mpi"]
     elif contender == "AUTO":
         cands = [p for p in here if p["impl"] == "kungfu" and p["topology"] == "AUTO"]
     else:

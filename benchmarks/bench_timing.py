@@ -22,6 +22,10 @@ RESULT_TAG = "RESULT "
 # give a per-call time estimate for choosing the loop length.
 WARMUP_CALLS = 4
 
+# Upper bound on the calls of one timed loop (sub-microsecond collectives
+# would otherwise run millions of times per loop).
+MAX_ITERS = 2000
+
 
 @dataclass
 class Timing:

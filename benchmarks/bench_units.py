@@ -51,3 +51,8 @@ def format_rate(bytes_per_s: float) -> str:
         if bytes_per_s >= scale:
             return f"{_three_digits(bytes_per_s / scale)} {unit}"
     return f"{_three_digits(bytes_per_s)} B/s"
+
+
+def format_ratio(ratio: float) -> str:
+    """``0.52×``, ``13.4×``, ``812×``."""
+    return f"{_three_digits(ratio)}×"

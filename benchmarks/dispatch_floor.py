@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import tensorflow as tf
-from bench_timing import emit_result, measure
+from bench_timing import MAX_ITERS, emit_result, measure
 
 
 def main() -> None:
@@ -21,7 +21,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--target-seconds", type=float, default=0.25)
-    p.add_argument("--max-iters", type=int, default=2000)
+    p.add_argument("--max-iters", type=int, default=MAX_ITERS)
     args = p.parse_args()
     # Same as the workers: one thread each, so the floor is comparable.
     tf.config.threading.set_intra_op_parallelism_threads(1)
