@@ -27,7 +27,17 @@ from kungfu_tf.ops.config import (
     topology,
 )
 from kungfu_tf.ops.monitor import comm_bytes, comm_rates
-from kungfu_tf.ops.p2p import push, request, request_at_least, save, take
+from kungfu_tf.ops.p2p import (
+    push,
+    push_rows,
+    request,
+    request_at_least,
+    request_rows,
+    save,
+    save_rows,
+    take,
+    take_rows,
+)
 
 __all__ = [
     "all_gather",
@@ -44,12 +54,16 @@ __all__ = [
     "local_rank",
     "local_size",
     "push",
+    "push_rows",
     "rank",
     "reduce",
     "request",
     "request_at_least",
+    "request_rows",
     "save",
+    "save_rows",
     "set_topology",
     "take",
+    "take_rows",
     "topology",
 ]
