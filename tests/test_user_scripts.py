@@ -28,9 +28,9 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+import tensorflow as tf
 from conftest import assert_job_ok, run_job
 
-tf = pytest.importorskip("tensorflow")
 with contextlib.suppress(RuntimeError):  # already set if another test ran TF first
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
