@@ -97,7 +97,7 @@ def runtime_table(
 
 def raw_table(raw: dict[str, Any]) -> str:
     """Raw transport limits: exchange rate each way and ping-pong RTTs."""
-    names = {"tcp": "TCP loopback", "unix": "Unix socket (reference)"}
+    names = {"tcp": "TCP loopback", "unix": "Unix socket"}
 
     def rtt(rec: dict[str, Any] | None) -> str:
         return format_time(rec["rtt_median_s"]) if rec else "–"
@@ -135,9 +135,16 @@ def raw_table(raw: dict[str, Any]) -> str:
             "communicates nothing (4 B identity, 1 thread, one process) takes "
             f"{format_time(floor['median_s'])}"
         )
-        tcp_rtt = raw.get("tcp", {}).get("pingpong", {}).get("rtt_median_s")
-        if tcp_rtt:
-            text += f" = {floor['median_s'] / tcp_rtt:.1f}× the cross-CPU TCP RTT"
+        ratios = [
+            f"{floor['median_s'] / rtt:.1f}× the cross-CPU {name} RTT"
+            for name, rtt in (
+                (title, raw.get(key, {}).get("pingpong", {}).get("rtt_median_s"))
+                for key, title in (("tcp", "TCP"), ("unix", "Unix-socket"))
+            )
+            if rtt
+        ]
+        if ratios:
+            text += " = " + " and ".join(ratios)
         text += "."
     return text
 
@@ -147,7 +154,7 @@ def _verdict(e: dict[str, Any]) -> str:
     if e["ratio"] is None:
         return "n/a (not measured)"
     if e["kind"] == "bandwidth":
-        value = f"{e['ratio']:.0%} of TCP"
+        value = f"{e['ratio']:.0%} of the {e['yardstick']}"
     else:
         value = f"{format_ratio(e['ratio'])} RTT"  # Open MPI's is far below 0.1×
     topo = f" ({e['topology']})" if e["contender"] == "best topology" else ""
