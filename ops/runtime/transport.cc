@@ -249,7 +249,10 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   }
   if (!proven) {
     ++rejected_;
-    if (!stopping_) rejections_log_.print("rejected a connection: " + err);
+    // A connection that hangs up before sending a byte (a port scan, a
+    // health check, the commonest flood) is counted, not logged.
+    bool said_nothing = err.find("closed by peer while reading client magic") != std::string::npos;
+    if (!stopping_ && !said_nothing) rejections_log_.print("rejected a connection: " + err);
     return;
   }
   int src = opt_.cluster.rank_of(client_id);

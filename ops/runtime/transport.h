@@ -172,7 +172,7 @@ class Transport {
   std::mutex conn_mu_;  // guards the two below
   std::list<std::unique_ptr<Connection>> connections_;
   size_t handshaking_ = 0;  // accepted connections not yet authenticated
-  RateLimitedLog rejections_log_{std::chrono::seconds(10)};
+  RateLimitedLog rejections_log_{std::chrono::seconds(10), 20};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> leaving_{false};  // leave() began: peers closing on us is expected
   std::atomic<uint64_t> rejected_{0};
