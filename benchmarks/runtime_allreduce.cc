@@ -3,6 +3,7 @@
 // the runtime costs from what TF op dispatch costs in the main benchmark.
 //
 //   runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS
+//   (KUNGFU_AUTHENTICATE_FRAMES=1 tags and verifies every frame)
 //
 // Prints one line from rank 0:
 //   RESULT {"np": 2, "topology": "STAR", "size": 4, "median_s": ..., "samples": [...]}
@@ -107,6 +108,9 @@ int main(int argc, char **argv) {
       opt.secret = "benchmark";
       opt.timeout_seconds = 60;
       opt.topology = topo;
+      // Frame authentication as the workers of a job would read it.
+      const char *auth = std::getenv("KUNGFU_AUTHENTICATE_FRAMES");
+      opt.authenticate_frames = auth && std::string(auth) == "1";
       std::_Exit(run_worker(opt, bytes / 4, iters, repeats, argv[2]));
     }
     children.push_back(pid);

@@ -142,15 +142,15 @@ SECRET = "5ec12e7" * 9 + "a"  # 64 hex chars: the intruder test knows the job se
 
 def _read_hello(sock: socket.socket) -> tuple[bytes, int, str]:
     """The server hello (handshake.h): its nonce, cluster version and job id."""
-    head = sock.recv(32, socket.MSG_WAITALL)
-    assert head[:8] == b"KFAUTHS2" and len(head) == 32, head
-    version = int.from_bytes(head[24:28], "big")
-    job = sock.recv(int.from_bytes(head[28:32], "big"), socket.MSG_WAITALL)
+    head = sock.recv(36, socket.MSG_WAITALL)
+    assert head[:8] == b"KFAUTHS3" and len(head) == 36, head
+    version = int.from_bytes(head[24:28], "big")  # then flags (frame authentication), 4 bytes
+    job = sock.recv(int.from_bytes(head[32:36], "big"), socket.MSG_WAITALL)
     return head[8:24], version, job.decode()
 
 
 def _ctx(version: int, job: str) -> bytes:
-    return version.to_bytes(4, "big") + len(job).to_bytes(4, "big") + job.encode()
+    return version.to_bytes(4, "big") + (0).to_bytes(4, "big") + len(job).to_bytes(4, "big") + job.encode()
 
 
 def _client_hello(server_nonce: bytes, version: int, job: str, ident: str, secret: str) -> bytes:
@@ -160,7 +160,7 @@ def _client_hello(server_nonce: bytes, version: int, job: str, ident: str, secre
     mac = hmac.new(
         secret.encode(), b"kungfu-client" + server_nonce + nonce + _ctx(version, job) + ident_b, hashlib.sha256
     ).digest()
-    return b"KFAUTHC2" + nonce + _ctx(version, job) + len(ident_b).to_bytes(4, "big") + ident_b + mac
+    return b"KFAUTHC3" + nonce + _ctx(version, job) + len(ident_b).to_bytes(4, "big") + ident_b + mac
 
 
 def _intrude(family: int, address, impersonate: str, job_id: str) -> list[str]:
@@ -183,7 +183,7 @@ def _intrude(family: int, address, impersonate: str, job_id: str) -> list[str]:
     # (iii) a hostile id length (must not size a buffer from it).
     with _connect(family, address) as s:
         _read_hello(s)
-        s.sendall(b"KFAUTHC2" + os.urandom(16) + _ctx(0, job_id) + (10**9).to_bytes(4, "big") + os.urandom(100))
+        s.sendall(b"KFAUTHC3" + os.urandom(16) + _ctx(0, job_id) + (10**9).to_bytes(4, "big") + os.urandom(100))
         assert _recv_until_eof(s) == b""
     done.append("huge id")
     # (iv) a worker left over from an earlier run: it knows the secret and
@@ -256,9 +256,15 @@ def test_intruders(tmp_path):
     assert sum("MAC mismatch" in line for line in rejections) >= 2, describe(rc, out, err)
     # The leftover of another run proved it knows the secret, and was turned
     # away for its job id, and for its cluster version, on both sockets.
-    earlier = f"knows the secret but belongs to job 'an-earlier-run' at cluster version 0; this worker is job '{job_id}'"
+    earlier = (
+        "knows the secret but belongs to job 'an-earlier-run' at cluster version 0 without frame authentication; "
+        f"this worker is job '{job_id}'"
+    )
     assert sum(earlier in line for line in rejections) == 2, describe(rc, out, err)
-    other_version = f"belongs to job '{job_id}' at cluster version 1; this worker is job '{job_id}' at cluster version 0"
+    other_version = (
+        f"belongs to job '{job_id}' at cluster version 1 without frame authentication; "
+        f"this worker is job '{job_id}' at cluster version 0"
+    )
     assert sum(other_version in line for line in rejections) == 2, describe(rc, out, err)
 
 

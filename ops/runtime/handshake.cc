@@ -26,8 +26,8 @@ constexpr size_t kMacLen = kHmacSha256Len;
 // Distinct magics per direction: a node that dials another client (or itself)
 // fails on the first message instead of mis-parsing. The digit is the
 // protocol version (2: the MACs cover the job identity).
-constexpr char kServerMagic[kMagicLen + 1] = "KFAUTHS2";
-constexpr char kClientMagic[kMagicLen + 1] = "KFAUTHC2";
+constexpr char kServerMagic[kMagicLen + 1] = "KFAUTHS3";
+constexpr char kClientMagic[kMagicLen + 1] = "KFAUTHC3";
 // No label is a prefix of another, so the MAC inputs of the three can never
 // be confused for each other.
 constexpr char kClientLabel[] = "kungfu-client";
@@ -65,19 +65,25 @@ uint32_t get_be32(const uint8_t *p) {
 // "job 'x' at cluster version 3", quoting a peer's unverified claim safely.
 std::string describe(const HandshakeIdentity &who) {
   std::string job = is_clean(who.job_id.data(), who.job_id.size()) ? "'" + who.job_id + "'" : "(unprintable)";
-  return "job " + job + " at cluster version " + std::to_string(who.cluster_version);
+  return "job " + job + " at cluster version " + std::to_string(who.cluster_version) +
+         (who.authenticate_frames ? " with" : " without") + " frame authentication";
 }
 
 bool same(const HandshakeIdentity &a, const HandshakeIdentity &b) {
-  return a.job_id == b.job_id && a.cluster_version == b.cluster_version;
+  return a.job_id == b.job_id && a.cluster_version == b.cluster_version &&
+         a.authenticate_frames == b.authenticate_frames;
 }
 
-// The ctx field of the wire format: version u32 | job_len u32 | job_id.
+// Bits of the ctx flags field.
+constexpr uint32_t kFlagAuthenticateFrames = 1;
+
+// The ctx field of the wire format: version u32 | flags u32 | job_len u32 | job_id.
 std::string encode_identity(const HandshakeIdentity &who) {
-  std::string out(2 * kU32, '\0');
+  std::string out(3 * kU32, '\0');
   uint8_t *p = reinterpret_cast<uint8_t *>(&out[0]);
   put_be32(p, who.cluster_version);
-  put_be32(p + kU32, static_cast<uint32_t>(who.job_id.size()));
+  put_be32(p + kU32, who.authenticate_frames ? kFlagAuthenticateFrames : 0);
+  put_be32(p + 2 * kU32, static_cast<uint32_t>(who.job_id.size()));
   return out + who.job_id;
 }
 
@@ -204,10 +210,14 @@ class Deadline {
     return len == 0 || recv(&(*out)[0], len, what, err);
   }
 
-  // ctx: version u32 | job_len u32 | job_id.
+  // ctx: version u32 | flags u32 | job_len u32 | job_id.
   bool recv_identity(const std::string &whose, HandshakeIdentity *out, std::string *err) {
-    return recv_u32(&out->cluster_version, whose + " cluster version", err) &&
-           recv_string(kHandshakeMaxJobIdLen, true, whose + " job id", &out->job_id, err);
+    uint32_t flags = 0;
+    bool ok = recv_u32(&out->cluster_version, whose + " cluster version", err) &&
+              recv_u32(&flags, whose + " flags", err) &&
+              recv_string(kHandshakeMaxJobIdLen, true, whose + " job id", &out->job_id, err);
+    out->authenticate_frames = (flags & kFlagAuthenticateFrames) != 0;
+    return ok;
   }
 
  private:

@@ -2,10 +2,11 @@
 // socket, run before any application data is read from it. It also binds the
 // connection to one run of one job, and derives a key for that connection.
 //
-// Wire protocol (all integers big-endian; ctx = version u32 | job_len u32 |
-// job_id[job_len], the sender's own job identity):
-//   server -> client  "KFAUTHS2" | server_nonce[16] | ctx
-//   client -> server  "KFAUTHC2" | client_nonce[16] | ctx | id_len u32 | id
+// Wire protocol (all integers big-endian; ctx = version u32 | flags u32 |
+// job_len u32 | job_id[job_len], the sender's own job identity; flags bit 0:
+// frames are authenticated):
+//   server -> client  "KFAUTHS3" | server_nonce[16] | ctx
+//   client -> server  "KFAUTHC3" | client_nonce[16] | ctx | id_len u32 | id
 //                     | HMAC(secret, "kungfu-client" | server_nonce
 //                                    | client_nonce | ctx | id)
 //   server -> client  HMAC(secret, "kungfu-server" | client_nonce
@@ -42,6 +43,9 @@ constexpr double kHandshakeTimeoutSeconds = 10.0;
 struct HandshakeIdentity {
   std::string job_id;
   uint32_t cluster_version = 0;
+  // Whether every frame on the connection carries a tag (frame_auth.h); two
+  // ends that disagree fail the handshake rather than misread each other.
+  bool authenticate_frames = false;
 };
 
 // Run by the side that accepted the connection. On success returns true, sets

@@ -1,8 +1,11 @@
 // A log line that may be triggered by strangers (rejected connections) is
-// printed at most once per interval, with a count of what was held back, so
-// a connection flood cannot fill the worker's log.
+// rate-limited by a token bucket: a burst of up to `burst` lines prints at
+// once (a handful of distinct problems are all worth reading), after that one
+// line per interval, with a count of what was held back, so a connection
+// flood cannot fill the worker's log.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -13,32 +16,42 @@ namespace kungfu {
 
 class RateLimitedLog {
  public:
-  explicit RateLimitedLog(std::chrono::steady_clock::duration interval) : interval_(interval) {}
+  RateLimitedLog(std::chrono::steady_clock::duration interval, int burst)
+      : interval_(interval), burst_(burst), tokens_(burst) {}
 
-  // Prints "kungfu: <line>" unless a line was printed less than an interval ago.
+  // Prints "kungfu: <line>" if a token is left.
   void print(const std::string &line) {
     std::lock_guard<std::mutex> lock(mu_);
     auto now = std::chrono::steady_clock::now();
-    if (printed_ && now - last_ < interval_) {
+    if (tokens_ < burst_) {
+      auto earned = (now - refilled_) / interval_;
+      if (earned > 0) {
+        tokens_ = static_cast<int>(std::min<int64_t>(burst_, tokens_ + earned));
+        refilled_ = now;
+      }
+    } else {
+      refilled_ = now;
+    }
+    if (tokens_ == 0) {
       ++held_back_;
       return;
     }
+    --tokens_;
     if (held_back_ > 0) {
-      std::fprintf(stderr, "kungfu: %s (and %llu more like it since the last report)\n", line.c_str(),
+      std::fprintf(stderr, "kungfu: %s (and %llu more like it held back)\n", line.c_str(),
                    static_cast<unsigned long long>(held_back_));
     } else {
       std::fprintf(stderr, "kungfu: %s\n", line.c_str());
     }
-    printed_ = true;
-    last_ = now;
     held_back_ = 0;
   }
 
  private:
   const std::chrono::steady_clock::duration interval_;
+  const int burst_;
   std::mutex mu_;
-  bool printed_ = false;
-  std::chrono::steady_clock::time_point last_;
+  int tokens_;
+  std::chrono::steady_clock::time_point refilled_ = std::chrono::steady_clock::now();
   uint64_t held_back_ = 0;
 };
 

@@ -30,6 +30,8 @@ struct RuntimeOptions {
   int self_rank = 0;
   SecretString secret;
   std::string job_id;  // this run of the job (KUNGFU_JOB_ID); connections of other runs are rejected
+  // Tag and verify every frame (KUNGFU_AUTHENTICATE_FRAMES=1); see TransportOptions.
+  bool authenticate_frames = false;
   double timeout_seconds = 120;
   TopologyKind topology = TopologyKind::kAuto;
   size_t chunk_bytes = 1 << 20;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 
 #include "handshake.h"
@@ -240,14 +241,18 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     }
   } close_when_done{this, fd, conn};
   std::string client_id, err;
-  bool proven = server_handshake(fd.get(), opt_.secret, {opt_.job_id, opt_.cluster.version()}, &client_id, nullptr, &err);
+  SessionKey session_key;
+  bool proven = server_handshake(fd.get(), opt_.secret, identity(), &client_id, &session_key, &err);
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
     --handshaking_;
   }
   if (!proven) {
     ++rejected_;
-    if (!stopping_) rejections_log_.print("rejected a connection: " + err);
+    // A connection that hangs up before sending a byte (a port scan, a
+    // health check, the commonest flood) is counted, not logged.
+    bool said_nothing = err.find("closed by peer while reading client magic") != std::string::npos;
+    if (!stopping_ && !said_nothing) rejections_log_.print("rejected a connection: " + err);
     return;
   }
   int src = opt_.cluster.rank_of(client_id);
@@ -257,6 +262,8 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     return;
   }
 
+  std::unique_ptr<FrameAuthenticator> auth;
+  if (opt_.authenticate_frames) auth = std::make_unique<FrameAuthenticator>(session_key, FrameDirection::kClientToServer);
   std::vector<char> scratch;
   std::string why;
   bool said_goodbye = false;
@@ -269,8 +276,22 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     }
     std::string key(h.key_len, '\0');
     if (!recv_all(fd.get(), key.data(), key.size(), &why)) break;
-    counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len);
+    counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len + tag_len());
 
+    // With authenticated frames the tag follows the payload, and nothing may
+    // act on a frame before it is verified: take it whole first.
+    PooledBuffer verified;
+    if (auth) {
+      verified = BufferPool::global().get(h.payload_len);
+      FrameAuthenticator::Tag tag;
+      if (!recv_all(fd.get(), verified.data(), h.payload_len, &why) || !recv_all(fd.get(), tag.data(), tag.size(), &why)) {
+        break;
+      }
+      if (!auth->verify(&h, sizeof(h), key.data(), key.size(), verified.data(), h.payload_len, tag.data())) {
+        why = "frame authentication failed (the frame was tampered with, replayed, reordered or injected)";
+        break;
+      }
+    }
     uint64_t consumed = 0;
     bool read_ok = true;
     PartialReader read = [&](void *dst, size_t len) {
@@ -279,8 +300,12 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
         read_ok = false;
         return false;
       }
+      if (auth) {
+        if (len > 0) std::memcpy(dst, verified.data() + consumed, len);
+      } else {
+        read_ok = recv_all(fd.get(), dst, len, &why);
+      }
       consumed += len;
-      read_ok = recv_all(fd.get(), dst, len, &why);
       return read_ok;
     };
     if (h.type == static_cast<uint8_t>(FrameType::kGoodbye)) {
@@ -296,6 +321,7 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
       break;
     }
     // Skip whatever of the payload nobody wanted.
+    if (auth) consumed = h.payload_len;
     while (read_ok && consumed < h.payload_len) {
       scratch.resize(std::min<uint64_t>(h.payload_len - consumed, 1 << 20));
       size_t n = scratch.size();
@@ -313,7 +339,11 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
 
 // ---------------------------------------------------------------- sending
 
-Status Transport::connect_to(int dst, Fd *out) {
+HandshakeIdentity Transport::identity() const {
+  return HandshakeIdentity{opt_.job_id, opt_.cluster.version(), opt_.authenticate_frames};
+}
+
+Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth) {
   const PeerID &peer = opt_.cluster.peer(dst);
   const PeerID &self = opt_.cluster.peer(opt_.self_rank);
   bool use_unix = opt_.same_host_unix_sockets && peer.host == self.host;
@@ -343,9 +373,11 @@ Status Transport::connect_to(int dst, Fd *out) {
       // of blocking a sender thread forever.
       set_io_timeout(fd.get(), opt_.timeout_seconds);
       std::string err;
-      if (!client_handshake(fd.get(), opt_.secret, {opt_.job_id, opt_.cluster.version()}, self.str(), nullptr, &err)) {
+      SessionKey key;
+      if (!client_handshake(fd.get(), opt_.secret, identity(), self.str(), &key, &err)) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
       }
+      if (opt_.authenticate_frames) *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
       *out = std::move(fd);
       return Status::OK();
     }
@@ -357,13 +389,19 @@ Status Transport::connect_to(int dst, Fd *out) {
                      std::to_string(static_cast<int>(opt_.timeout_seconds)) + "s: " + last_error);
 }
 
-Status Transport::write_frame(int dst, int fd, SendItem &item, bool wait) {
-  const size_t total = sizeof(item.header) + item.key.size() + item.len;
+Status Transport::write_frame(int dst, int fd, FrameAuthenticator *auth, SendItem &item, bool wait) {
+  const size_t total = frame_bytes(item);
+  if (auth && !item.tagged) {
+    // Signed exactly once, in wire order: only the link's one busy writer gets here.
+    item.tag = auth->sign(&item.header, sizeof(item.header), item.key.data(), item.key.size(), item.data, item.len);
+    item.tagged = true;
+  }
   while (item.written < total) {
-    struct iovec iov[3];
+    struct iovec iov[4];
     iov[0] = {&item.header, sizeof(item.header)};
     iov[1] = {const_cast<char *>(item.key.data()), item.key.size()};
     iov[2] = {const_cast<void *>(item.data), item.len};
+    iov[3] = {item.tag.data(), tag_len()};
     // Skip what an earlier, partial write already sent.
     int first = 0;
     size_t skip = item.written;
@@ -372,7 +410,7 @@ Status Transport::write_frame(int dst, int fd, SendItem &item, bool wait) {
     iov[first].iov_len -= skip;
     struct msghdr msg = {};
     msg.msg_iov = iov + first;
-    msg.msg_iovlen = 3 - first;
+    msg.msg_iovlen = 4 - first;
     ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -398,11 +436,12 @@ void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mut
   // lock is not held during the (possibly long) write.
   link.busy = true;
   int fd = link.fd.get();
+  FrameAuthenticator *auth = link.auth.get();
   lock.unlock();
-  Status s = write_frame(dst, fd, item, wait);
+  Status s = write_frame(dst, fd, auth, item, wait);
   lock.lock();
   link.busy = false;
-  if (s.ok() && item.written < sizeof(item.header) + item.key.size() + item.len) {
+  if (s.ok() && item.written < frame_bytes(item)) {
     // The socket is full and the caller may not wait (a TF kernel thread):
     // the sender thread writes the rest, before anything queued after it.
     link.queue.push_front(std::move(item));
@@ -456,10 +495,12 @@ void Transport::sender_loop(int dst) {
     if (!link.fd.valid() && link.broken.ok()) {
       lock.unlock();
       Fd fd;
-      Status s = connect_to(dst, &fd);
+      std::unique_ptr<FrameAuthenticator> auth;
+      Status s = connect_to(dst, &fd, &auth);
       lock.lock();
       if (s.ok()) {
         link.fd = std::move(fd);
+        link.auth = std::move(auth);
       } else {
         lock.unlock();
         break_link(dst, s);

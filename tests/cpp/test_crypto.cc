@@ -239,21 +239,21 @@ std::string be32(uint32_t v) {
 
 // The ctx field of handshake.h's wire format, written independently.
 std::string ctx(const kungfu::HandshakeIdentity &job) {
-  return be32(job.cluster_version) + be32(uint32_t(job.job_id.size())) +
-         job.job_id;
+  return be32(job.cluster_version) + be32(job.authenticate_frames ? 1u : 0u) +
+         be32(uint32_t(job.job_id.size())) + job.job_id;
 }
 
 std::string server_hello(const std::string &nonce,
                          const kungfu::HandshakeIdentity &job = kJob) {
-  return "KFAUTHS2" + nonce + ctx(job);
+  return "KFAUTHS3" + nonce + ctx(job);
 }
 
 // Reads a server hello; returns its nonce ("" if it could not be read).
 std::string read_server_nonce(int fd) {
-  char head[8 + 16 + 8];
+  char head[8 + 16 + 12];
   std::string err;
   if (!kungfu::recv_all(fd, head, sizeof(head), &err)) return "";
-  const uint8_t *p = reinterpret_cast<const uint8_t *>(head) + 28;
+  const uint8_t *p = reinterpret_cast<const uint8_t *>(head) + 32;
   uint32_t job_len = (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) |
                      (uint32_t(p[2]) << 8) | uint32_t(p[3]);
   std::string job(job_len, '\0');
@@ -274,12 +274,12 @@ std::string client_msg(const std::string &secret,
                        const kungfu::HandshakeIdentity &job = kJob) {
   const std::string mac =
       mac_of(secret, "kungfu-client" + server_nonce + kClientNonce + ctx(job) + id);
-  return "KFAUTHC2" + kClientNonce + ctx(job) + be32(uint32_t(id.size())) + id +
+  return "KFAUTHC3" + kClientNonce + ctx(job) + be32(uint32_t(id.size())) + id +
          mac;
 }
 
 // Bytes a real client sends for id "h:1" under kJob.
-constexpr size_t kClientHelloLen = 8 + 16 + 8 + 5 + 4 + 3 + 32;
+constexpr size_t kClientHelloLen = 8 + 16 + 12 + 5 + 4 + 3 + 32;
 
 void test_handshake_ok() {
   Result s, c;
@@ -364,7 +364,7 @@ void test_handshake_job_binding() {
   Result s5;
   run_pair(real_server("s3cret", &s5), [](int fd) {
     std::string m = client_msg("s3cret", read_server_nonce(fd), "h:1", {"job-9", 7});
-    m.replace(8 + 16 + 8, 5, "job-1");
+    m.replace(8 + 16 + 12, 5, "job-1");
     send_raw(fd, m);
   });
   CHECK(!s5.ok);
@@ -486,40 +486,40 @@ void test_handshake_hostile_clients() {
       "closed by peer while reading client magic");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC2" + std::string(5, 'n'));
+        send_raw(fd, "KFAUTHC3" + std::string(5, 'n'));
       },
       "closed by peer while reading client nonce");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC2" + kNonceN + be32(7) + be32(0xffffffffu));
+        send_raw(fd, "KFAUTHC3" + kNonceN + be32(7) + be32(0) + be32(0xffffffffu));
       },
       "client job id length 4294967295 exceeds limit of 128 bytes");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) + be32(0xffffffffu));
+        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(0xffffffffu));
       },
       "client id length 4294967295 exceeds limit of 256 bytes");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) +
+        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) +
                          be32(uint32_t(kungfu::kHandshakeMaxIdLen + 1)) +
                          std::string(400, 'i'));
       },
       "exceeds limit");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) + be32(0));
+        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(0));
       },
       "empty client id");
   // Job id and id promised but the peer hangs up mid-way.
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC2" + kNonceN + be32(7) + be32(5) + "jo");
+        send_raw(fd, "KFAUTHC3" + kNonceN + be32(7) + be32(0) + be32(5) + "jo");
       },
       "closed by peer while reading client job id");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC2" + kNonceN + ctx(kJob) + be32(10) + "abc");
+        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(10) + "abc");
       },
       "closed by peer while reading client id");
   // Correct everything except a truncated MAC.
@@ -541,7 +541,7 @@ void test_handshake_hostile_clients() {
   expect_server_rejects(
       [](int fd, const std::string &nonce) {
         std::string m = client_msg("s3cret", nonce, "h:1");
-        m[8 + 16 + 8 + 5 + 4 + 2] = '2';
+        m[8 + 16 + 12 + 5 + 4 + 2] = '2';
         send_raw(fd, m);
       },
       "client MAC mismatch");
@@ -607,7 +607,7 @@ void test_handshake_timeouts() {
   // whole handshake, so dribbling cannot keep the server busy.
   expect_server_rejects(
       [](int fd, const std::string &) {
-        const std::string magic = "KFAUTHC2";
+        const std::string magic = "KFAUTHC3";
         for (char ch : magic) {
           if (!send_raw(fd, std::string(1, ch))) return;
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -672,7 +672,7 @@ void test_handshake_hostile_servers() {
   CHECK_ERR(c4.err, "reading server magic");
 
   Result c5;
-  run_pair([](int fd) { send_raw(fd, "KFAUTHS2" + kNonceN + be32(7) + be32(1u << 31)); },
+  run_pair([](int fd) { send_raw(fd, "KFAUTHS3" + kNonceN + be32(7) + be32(0) + be32(1u << 31)); },
            real_client("s3cret", "h:1", &c5));
   CHECK(!c5.ok);
   CHECK_ERR(c5.err, "server job id length 2147483648 exceeds limit of 128 bytes");

@@ -20,6 +20,7 @@ void set_good_env() {
   unsetenv("KUNGFU_TIMEOUT");
   unsetenv("KUNGFU_CLUSTER_VERSION");
   unsetenv("KUNGFU_TOPOLOGY");
+  unsetenv("KUNGFU_AUTHENTICATE_FRAMES");
 }
 
 // from_env with `variable` set to `value` fails, naming the variable.
@@ -58,6 +59,7 @@ void test_bad_values() {
   RuntimeOptions o;
   Status s = RuntimeOptions::from_env(&o);
   CHECK(!s.ok() && !contains(s.message(), "precious"));
+  for (const char *v : {"yes", "true", "2"}) expect_rejected("KUNGFU_AUTHENTICATE_FRAMES", v);
   expect_rejected("KUNGFU_SELF", "127.0.0.1:10009");
   expect_rejected("KUNGFU_SELF", "nonsense");
 }
