@@ -81,40 +81,33 @@ void OpRegistry::abort(const std::string &name, uint64_t instance, const Status 
   if (op) op->fail(why, false);
 }
 
-void OpRegistry::peer_lost(int rank, const Status &why) {
+void OpRegistry::fail_where(const std::function<bool(const PendingOp &)> &doomed_if, const Status &why,
+                            bool tell_peers) {
   std::vector<std::shared_ptr<PendingOp>> doomed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto &kv : ops_) {
       auto op = kv.second.op.lock();
-      if (op && op->needs(rank)) doomed.push_back(std::move(op));
+      if (op && doomed_if(*op)) doomed.push_back(std::move(op));
     }
   }
-  for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), true);
+  for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), tell_peers);
+}
+
+void OpRegistry::peer_lost(int rank, const Status &why) {
+  fail_where([rank](const PendingOp &op) { return op.needs(rank); }, why, true);
 }
 
 void OpRegistry::peer_left(int rank, const Status &why) {
-  std::vector<std::shared_ptr<PendingOp>> doomed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto &kv : ops_) {
-      auto op = kv.second.op.lock();
-      if (op && op->only_with(rank)) doomed.push_back(std::move(op));
-    }
-  }
-  for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), false);
+  fail_where([rank](const PendingOp &op) { return op.only_with(rank); }, why, false);
 }
 
 void OpRegistry::close(const Status &why) {
-  std::vector<std::shared_ptr<PendingOp>> doomed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = why;
-    for (auto &kv : ops_) {
-      if (auto op = kv.second.op.lock()) doomed.push_back(std::move(op));
-    }
   }
-  for (auto &op : doomed) op->fail(Status(why.code(), op->describe() + ": " + why.message()), false);
+  fail_where([](const PendingOp &) { return true; }, why, false);
 }
 
 void OpRegistry::watch() {

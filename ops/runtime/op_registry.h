@@ -71,6 +71,8 @@ class OpRegistry {
   };
   void watch();
   Status check_addable(const std::string &name) const;  // mu_ held
+  // Fails (outside the lock) every op in flight for which `doomed_if` holds.
+  void fail_where(const std::function<bool(const PendingOp &)> &doomed_if, const Status &why, bool tell_peers);
   std::chrono::steady_clock::time_point deadline() const;
 
   const double timeout_seconds_;

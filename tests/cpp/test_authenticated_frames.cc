@@ -15,6 +15,7 @@
 #include "test_util.h"
 
 using namespace kungfu;
+using kftest::all_reduce_everywhere;
 using kftest::contains;
 
 namespace {
@@ -29,21 +30,6 @@ std::vector<std::unique_ptr<Runtime>> authenticated_cluster(int n, const std::ve
     CHECK_OK(Runtime::create(o, &rts[r]));
   }
   return rts;
-}
-
-std::vector<Status> all_reduce_everywhere(std::vector<std::unique_ptr<Runtime>> &rts, const std::string &name,
-                                          std::vector<std::vector<float>> &in) {
-  std::vector<std::future<Status>> fs;
-  for (size_t r = 0; r < rts.size(); ++r) {
-    auto p = std::make_shared<std::promise<Status>>();
-    fs.push_back(p->get_future());
-    std::vector<float> &v = in[r];
-    rts[r]->all_reduce(name, Buffer{v.data(), v.data(), TensorDesc{DType::kFloat32, {int64_t(v.size())}, v.size()}, nullptr},
-                       ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
-  }
-  std::vector<Status> out;
-  for (auto &f : fs) out.push_back(f.get());
-  return out;
 }
 
 void test_exact_results_with_authenticated_frames() {

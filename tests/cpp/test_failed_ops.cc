@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 using namespace kungfu;
+using kftest::all_reduce_everywhere;
 using kftest::contains;
 using kftest::make_cluster;
 
@@ -15,21 +16,6 @@ namespace {
 using Cluster_ = std::vector<std::unique_ptr<Runtime>>;
 
 // Starts an all-reduce of `inputs[r]` on every rank at once; the statuses.
-std::vector<Status> all_reduce_everywhere(Cluster_ &rts, const std::string &name,
-                                          std::vector<std::vector<float>> &inputs) {
-  std::vector<std::future<Status>> fs;
-  for (size_t r = 0; r < rts.size(); ++r) {
-    auto p = std::make_shared<std::promise<Status>>();
-    fs.push_back(p->get_future());
-    std::vector<float> &v = inputs[r];
-    Buffer b{v.data(), v.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(v.size())}, v.size()}, nullptr};
-    rts[r]->all_reduce(name, b, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
-  }
-  std::vector<Status> out;
-  for (auto &f : fs) out.push_back(f.get());
-  return out;
-}
-
 // The measurement: at np=3, after an all-reduce failed on a shape
 // mismatch, the retry under the same name with consistent shapes must give
 // numpy's sum on every rank (it gave 145 where the sum is 66).

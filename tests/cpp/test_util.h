@@ -137,4 +137,23 @@ kungfu::Status wait_for(F start) {
   return f.get();
 }
 
+// Starts an all-reduce (sum) of inputs[r] on every runtime at once, in place;
+// the statuses in rank order.
+inline std::vector<kungfu::Status> all_reduce_everywhere(std::vector<std::unique_ptr<kungfu::Runtime>> &rts,
+                                                         const std::string &name,
+                                                         std::vector<std::vector<float>> &inputs) {
+  std::vector<std::future<kungfu::Status>> fs;
+  for (size_t r = 0; r < rts.size(); ++r) {
+    auto p = std::make_shared<std::promise<kungfu::Status>>();
+    fs.push_back(p->get_future());
+    std::vector<float> &v = inputs[r];
+    kungfu::Buffer b{v.data(), v.data(),
+                     kungfu::TensorDesc{kungfu::DType::kFloat32, {static_cast<int64_t>(v.size())}, v.size()}, nullptr};
+    rts[r]->all_reduce(name, b, kungfu::ReduceOp::kSum, [p](const kungfu::Status &s) { p->set_value(s); });
+  }
+  std::vector<kungfu::Status> out;
+  for (auto &f : fs) out.push_back(f.get());
+  return out;
+}
+
 }  // namespace kftest
