@@ -15,7 +15,6 @@ namespace {
 
 using Cluster_ = std::vector<std::unique_ptr<Runtime>>;
 
-// Starts an all-reduce of `inputs[r]` on every rank at once; the statuses.
 // The measurement: at np=3, after an all-reduce failed on a shape
 // mismatch, the retry under the same name with consistent shapes must give
 // numpy's sum on every rank (it gave 145 where the sum is 66).
