@@ -164,9 +164,10 @@ struct Soak {
     ok = all_ok(st, "request latest", op) && ok;
     for (int r = 0; r < kNp; ++r) ok = ok && got[r] == saved[(r + 1) % kNp] && latest[r] == saved[(r + 1) % kNp];
     // Induced failure: nobody saved this one.
-    float dummy[4];
+    auto dummy = std::make_shared<std::vector<float>>(4 * kNp);
     st = on_all([&](int r, DoneCallback d) {
-      rts[r]->request((r + 1) % kNp, "missing", static_cast<uint64_t>(op), dummy, sizeof(dummy), nullptr, d);
+      rts[r]->request((r + 1) % kNp, "missing", static_cast<uint64_t>(op), dummy->data() + 4 * r, 4 * sizeof(float),
+                      dummy, d);
     });
     for (const Status &s : st) {
       if (s.code() != Code::kNotFound) {
@@ -200,10 +201,13 @@ struct Soak {
   // Induced failure: rank 2 disagrees on the shape; every rank must fail, naming the mismatch.
   bool shape_mismatch(int op) {
     ++failures_induced;
-    std::vector<std::vector<float>> v(kNp);
-    for (int r = 0; r < kNp; ++r) v[r] = input_of(op, r, r == 2 ? 5 : 4);
+    // A failed op may still be writing into (or sending from) its buffers
+    // when it reports: the keepalive owns them until it is done with them.
+    auto v = std::make_shared<std::vector<std::vector<float>>>(kNp);
+    for (int r = 0; r < kNp; ++r) (*v)[r] = input_of(op, r, r == 2 ? 5 : 4);
     auto st = on_all([&](int r, DoneCallback d) {
-      rts[r]->all_reduce("grad", Buffer{v[r].data(), v[r].data(), desc_of(v[r].size()), nullptr}, ReduceOp::kSum, d);
+      std::vector<float> &b = (*v)[r];
+      rts[r]->all_reduce("grad", Buffer{b.data(), b.data(), desc_of(b.size()), v}, ReduceOp::kSum, d);
     });
     bool ok = true;
     for (int r = 0; r < kNp; ++r) {
@@ -220,10 +224,10 @@ struct Soak {
   bool skipped_op(int op) {
     ++failures_induced;
     std::string name = "skipped-" + std::to_string(op);
-    std::vector<float> v(8, 1.0f);
-    std::vector<std::vector<float>> bufs(kNp, v);
+    auto bufs = std::make_shared<std::vector<std::vector<float>>>(kNp, std::vector<float>(8, 1.0f));
     auto st = on_ranks({0, 1, 2}, [&](int r, DoneCallback d) {
-      rts[r]->all_reduce(name, Buffer{bufs[r].data(), bufs[r].data(), desc_of(8), nullptr}, ReduceOp::kSum, d);
+      std::vector<float> &b = (*bufs)[r];
+      rts[r]->all_reduce(name, Buffer{b.data(), b.data(), desc_of(8), bufs}, ReduceOp::kSum, d);
     });
     bool ok = true;
     for (int r = 0; r < 3; ++r) {
@@ -256,6 +260,14 @@ struct Soak {
 // buffer-pool noise). No new thread may appear once every link is up.
 constexpr long kRssSlackKb = 4 * 1024;
 constexpr long kThreadSlack = 0;
+// Under a sanitizer RSS is mostly the sanitizer's own (ASan's quarantine of
+// freed memory grows to 256 MiB, TSan's shadow and history): printed, not
+// bounded. Threads are bounded everywhere.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kBoundRss = false;
+#else
+constexpr bool kBoundRss = true;
+#endif
 
 void test_soak() {
   const char *env = std::getenv("KUNGFU_SOAK_OPS");
@@ -289,7 +301,7 @@ void test_soak() {
               ops, soak.failures_induced, kNp, secs, warmup, rss_warm, rss_max, rss_max - rss_warm, kRssSlackKb,
               threads_warm, threads_max, kThreadSlack, pending, parked);
   CHECK(wrong == 0);
-  CHECK(rss_max - rss_warm <= kRssSlackKb);
+  CHECK(!kBoundRss || rss_max - rss_warm <= kRssSlackKb);
   CHECK(threads_max - threads_warm <= kThreadSlack);
   CHECK(parked == 0);
 }
