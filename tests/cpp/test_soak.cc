@@ -297,8 +297,8 @@ void test_soak() {
     parked += rt->parked_requests();
   }
   std::printf("soak: %d ops (%d induced failures) at np=%d in %.1f s; after %d warm-up ops: RSS %ld kB -> max %ld kB"
-              " (+%ld kB, bound +%ld kB), threads %ld -> max %ld (bound +%ld); pending messages %zu, parked %zu\n",
-              ops, soak.failures_induced, kNp, secs, warmup, rss_warm, rss_max, rss_max - rss_warm, kRssSlackKb,
+              " (+%ld kB, bound +%ld kB; -1: none under a sanitizer), threads %ld -> max %ld (bound +%ld); pending messages %zu, parked %zu\n",
+              ops, soak.failures_induced, kNp, secs, warmup, rss_warm, rss_max, rss_max - rss_warm, kBoundRss ? kRssSlackKb : -1L,
               threads_warm, threads_max, kThreadSlack, pending, parked);
   CHECK(wrong == 0);
   CHECK(!kBoundRss || rss_max - rss_warm <= kRssSlackKb);
