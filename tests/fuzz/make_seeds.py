@@ -29,7 +29,7 @@ def frame(kind, key=b"", payload=b"", dtype=0, flags=0, seq=0, dims=(), version=
 
 
 def floats(*xs):
-    return struct.pack("<%df" % len(xs), *xs)
+    return struct.pack(f"<{len(xs)}f", *xs)
 
 
 FRAMES = {
