@@ -6,6 +6,8 @@
 #   make constraints  re-pin constraints.txt to what .venv holds
 #   make test      C++ runtime tests (tests/cpp/test_*.cc) then pytest
 #   make sanitize  C++ runtime tests under AddressSanitizer + UBSan
+#   make tsan      C++ runtime tests under ThreadSanitizer (tests/cpp/tsan.supp)
+#   make fuzz      libFuzzer targets (tests/fuzz/fuzz_*.cc), FUZZ_SECONDS each
 #   make demo      4-worker training demo (models/train.py)
 #   make bench     allreduce benchmark: ours, MWMS, Open MPI, raw transport
 #   make bench-frame-auth  cost of per-frame HMAC authentication vs memcpy
@@ -66,6 +68,37 @@ $$($(3)): $(1)/%: tests/cpp/%.cc $$($(1)_OBJS) Makefile
 endef
 $(eval $(call cpp_rules,build/cpp,$(CPP_FLAGS),CPP_TESTS))
 $(eval $(call cpp_rules,build/cpp-san,$(SAN_FLAGS),SAN_TESTS))
+# ThreadSanitizer. KUNGFU_FLOOD_CONNECTIONS shrinks test_flood's 50,000
+# connections, which take too long under TSAN's slowdown.
+TSAN_FLAGS := $(CPP_COMMON) -fsanitize=thread -fno-omit-frame-pointer -g -O1
+$(eval $(call cpp_rules,build/cpp-tsan,$(TSAN_FLAGS),TSAN_TESTS))
+TSAN_FLOOD_CONNECTIONS ?= 2000
+
+# ---------------------------------------------------------------- fuzzing
+# One libFuzzer program per parser (tests/fuzz/fuzz_X.cc, linked with the
+# runtime built by clang with the same sanitizers) in build/fuzz/. Seeds are
+# in tests/fuzz/corpus/fuzz_X/ (tests/fuzz/make_seeds.py writes them; crash
+# regressions are added there by hand). New inputs the fuzzer finds go to
+# build/fuzz/corpus/fuzz_X/, not into git. An input that makes a worker
+# allocate more than FUZZ_MALLOC_MB at once or FUZZ_RSS_MB in all is a failure.
+FUZZ_CXX ?= clang++
+FUZZ_SECONDS ?= 60
+FUZZ_RSS_MB ?= 512
+FUZZ_MALLOC_MB ?= 256
+FUZZ_SMOKE_RUNS ?= 2000
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.cc)
+FUZZ_COMMON := -std=c++17 -Wall -Wextra -pthread -Iops/runtime -g -O1 -fno-omit-frame-pointer \
+	-fno-sanitize-recover=undefined
+FUZZ_OPTS = -rss_limit_mb=$(FUZZ_RSS_MB) -malloc_limit_mb=$(FUZZ_MALLOC_MB) -timeout=20 -print_final_stats=1
+FUZZ_BINS := $(patsubst tests/fuzz/%.cc,build/fuzz/%,$(FUZZ_SRCS))
+FUZZ_OBJS := $(patsubst ops/runtime/%.cc,build/fuzz/obj/%.o,$(RUNTIME_SRCS))
+$(FUZZ_OBJS): build/fuzz/obj/%.o: ops/runtime/%.cc Makefile | fuzz-compiler
+	@mkdir -p $(@D)
+	$(FUZZ_CXX) $(FUZZ_COMMON) -fsanitize=fuzzer-no-link,address,undefined -MMD -MP -c $< -o $@
+$(FUZZ_BINS): build/fuzz/%: tests/fuzz/%.cc $(FUZZ_OBJS) Makefile | fuzz-compiler
+	@mkdir -p $(@D)
+	$(FUZZ_CXX) $(FUZZ_COMMON) -fsanitize=fuzzer,address,undefined -MMD -MP $< $(FUZZ_OBJS) $(CPP_LIBS) -o $@
+-include $(FUZZ_OBJS:.o=.d) $(FUZZ_BINS:=.d)
 
 # Runs every program in $(1); fails at the end if any failed.
 define run_cpp_tests
@@ -78,7 +111,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize demo bench bench-frame-auth bench-training bench-strategies lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -86,7 +119,8 @@ install: sysdeps $(INSTALL_STAMP) $(SO)
 # libcrypto.so for the C++ tests). Required: the build fails without it.
 # Then, best effort only (root + apt-get): iproute2 for the multi-host tests
 # (network namespaces, `ip netns`); Open MPI (mpirun, mpicc) for the
-# benchmark's MPI_Allreduce anchor and its test.
+# benchmark's MPI_Allreduce anchor and its test; clang (libFuzzer) for
+# `make fuzz` and the fuzz smoke run of `make cpp-test`.
 sysdeps:
 	@if [ ! -f /usr/include/openssl/evp.h ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -106,14 +140,17 @@ sysdeps:
 	if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then \
 		missing="$$missing openmpi-bin libopenmpi-dev"; \
 	fi; \
+	if ! command -v $(FUZZ_CXX) >/dev/null 2>&1; then \
+		missing="$$missing clang"; \
+	fi; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "installing$$missing"; \
 			( export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
 			  apt-get install -y -qq $$missing ) || \
-			echo "warning: could not install$$missing; multi-host tests or the MPI benchmark may not run"; \
+			echo "warning: could not install$$missing; multi-host tests, the MPI benchmark or the fuzzers may not run"; \
 		else \
-			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests or the MPI benchmark may not run"; \
+			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests, the MPI benchmark or the fuzzers may not run"; \
 		fi; \
 	fi
 
@@ -148,12 +185,42 @@ $(SO): $(BUILD_INPUTS) | $(INSTALL_STAMP)
 test: install cpp-test
 	$(PY) -m pytest -x -q -p no:cacheprovider tests
 
-cpp-test: $(CPP_TESTS)
+cpp-test: $(CPP_TESTS) fuzz-smoke
 	$(call run_cpp_tests,$(CPP_TESTS))
 
 sanitize: $(SAN_TESTS)
 	$(call run_cpp_tests,$(SAN_TESTS))
 sanitize: export UBSAN_OPTIONS := halt_on_error=1:print_stacktrace=1
+
+tsan: $(TSAN_TESTS)
+	$(call run_cpp_tests,$(TSAN_TESTS))
+tsan: export TSAN_OPTIONS := halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/cpp/tsan.supp
+tsan: export KUNGFU_FLOOD_CONNECTIONS := $(TSAN_FLOOD_CONNECTIONS)
+
+.PHONY: fuzz-compiler
+fuzz-compiler:
+	@command -v $(FUZZ_CXX) >/dev/null 2>&1 || { \
+		echo "error: $(FUZZ_CXX) not found: the fuzz targets need clang's libFuzzer; run \`make sysdeps\` (apt-get install clang)"; \
+		exit 1; }
+
+# Each target for FUZZ_SECONDS, growing build/fuzz/corpus/<target>/ from the seeds.
+fuzz: $(FUZZ_BINS)
+	@for b in $(FUZZ_BINS); do \
+		t=$$(basename $$b); mkdir -p build/fuzz/corpus/$$t; \
+		echo "== $$t for $(FUZZ_SECONDS) s"; \
+		$$b $(FUZZ_OPTS) -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=build/fuzz/$$t- \
+			build/fuzz/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
+	done
+
+# The suite's short run: every seed and crash regression, then FUZZ_SMOKE_RUNS mutations.
+fuzz-smoke: $(FUZZ_BINS)
+	@for b in $(FUZZ_BINS); do \
+		t=$$(basename $$b); echo "== $$t: $(FUZZ_SMOKE_RUNS) runs"; \
+		rm -rf build/fuzz/smoke/$$t; mkdir -p build/fuzz/smoke/$$t; \
+		$$b $(FUZZ_OPTS) -runs=$(FUZZ_SMOKE_RUNS) -seed=1 -artifact_prefix=build/fuzz/$$t- \
+			build/fuzz/smoke/$$t tests/fuzz/corpus/$$t 2>&1 | tail -n 12; \
+		[ $${PIPESTATUS[0]} = 0 ] || { echo "FAILED: $$t"; exit 1; }; \
+	done
 
 demo: install
 	$(VENV)/bin/kungfu-run -np 4 $(PY) models/train.py

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "status.h"
+
 namespace kungfu {
 
 constexpr uint32_t kFrameMagic = 0x4b46544d;  // "KFTM"
@@ -59,5 +61,10 @@ struct FrameHeader {
 };
 
 static_assert(sizeof(FrameHeader) == 104, "frame header layout is part of the wire format");
+
+// What a receiver checks before it trusts a header to size anything: the
+// magic, the key length and the number of dims. OK or InvalidArgument naming
+// the field and its value. Pure, so the fuzzer can drive it directly.
+Status check_frame_header(const FrameHeader &header);
 
 }  // namespace kungfu

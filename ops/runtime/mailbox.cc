@@ -1,7 +1,9 @@
 #include "mailbox.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
+#include <memory>
 
 namespace kungfu {
 
@@ -61,6 +63,30 @@ bool Mailbox::cancel(int src, const std::string &key, uint64_t token) {
     }
   }
   return false;
+}
+
+bool read_payload(const PartialReader &read, uint64_t len, PooledBuffer *out) {
+  if (len <= kEagerPayloadBytes) {
+    *out = BufferPool::global().get(len);
+    return read(out->data(), len);
+  }
+  // Large: one copy of the received bytes per doubling (less than len in all),
+  // which a payload this size amortises; only a lying header pays more.
+  size_t cap = kEagerPayloadBytes;
+  std::unique_ptr<char[]> buf(new char[cap]);
+  size_t got = 0;
+  while (true) {
+    if (!read(buf.get() + got, cap - got)) return false;
+    got = cap;
+    if (got == len) break;
+    size_t next = len - cap <= cap ? len : 2 * cap;  // min(len, 2 * cap) without overflow
+    std::unique_ptr<char[]> bigger(new char[next]);
+    std::memcpy(bigger.get(), buf.get(), got);
+    buf = std::move(bigger);
+    cap = next;
+  }
+  *out = PooledBuffer(std::move(buf), len, &BufferPool::global());
+  return true;
 }
 
 namespace {
@@ -136,8 +162,7 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
         ok = read(w.dst, header.payload_len);
         msg.direct = static_cast<const char *>(w.dst);
       } else {
-        msg.owned = BufferPool::global().get(header.payload_len);
-        ok = read(msg.owned.data(), header.payload_len);
+        ok = read_payload(read, header.payload_len, &msg.owned);
       }
       if (!ok) {
         Status lost = Unavailable("connection to peer lost while receiving '" + msg.key + "'");
@@ -150,8 +175,7 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
   }
   // Nobody is waiting yet: buffer the payload, then re-check, because a
   // consumer may have arrived while we were reading.
-  msg.owned = BufferPool::global().get(header.payload_len);
-  if (!read(msg.owned.data(), header.payload_len)) return false;
+  if (!read_payload(read, header.payload_len, &msg.owned)) return false;
   std::unique_lock<std::mutex> lock(mu_);
   if (is_retired(header, msg.key)) return true;  // retired while we read it
   Slot &slot = slots_[sk];

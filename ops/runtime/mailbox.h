@@ -42,6 +42,13 @@ using MessageCallback = std::function<void(const Status &, Message &)>;
 // Reads the next `len` bytes of the current frame's payload into `dst`.
 using PartialReader = std::function<bool(void *dst, size_t len)>;
 
+// Reads a `len`-byte payload into a pooled buffer. The buffer grows as the
+// bytes arrive (at most kEagerPayloadBytes, then doubling), so a header that
+// claims more than the peer sends never makes us allocate what it claims.
+// False if reading failed.
+constexpr size_t kEagerPayloadBytes = size_t(64) << 20;
+bool read_payload(const PartialReader &read, uint64_t len, PooledBuffer *out);
+
 // Consumes a payload block by block as it comes off the socket: `offset` and
 // `len` are in bytes. Lets a reduction run on cache-hot data instead of first
 // landing the whole payload in memory.

@@ -3,6 +3,7 @@
 #include "env_values.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -503,8 +504,8 @@ bool Runtime::receive_push(int src, const FrameHeader &header, const std::string
   DType dtype = static_cast<DType>(header.dtype);
   // The whole payload first, then one add under the accumulator's lock: a
   // take never sees half a push, and never waits on the network.
-  PooledBuffer payload = BufferPool::global().get(header.payload_len);
-  if (!read(payload.data(), header.payload_len)) return false;
+  PooledBuffer payload;
+  if (!read_payload(read, header.payload_len, &payload)) return false;
   accumulators_.add(name, opt_.cluster.describe(src), dtype, header.payload_len / dtype_size(dtype), payload.data());
   return true;
 }
@@ -551,7 +552,16 @@ bool Runtime::receive_push_rows(int src, const FrameHeader &header, const std::s
   if (valid) {
     desc = RowsDesc{static_cast<DType>(header.dtype), static_cast<size_t>(header.dims[0]),
                     static_cast<size_t>(header.dims[1])};
-    valid = header.payload_len == header.seq * (sizeof(int64_t) + desc.row_bytes());
+    // Divisions, not products: a product of claimed sizes can wrap around
+    // and make a short payload claim billions of rows (or a table of a few
+    // bytes claim billions of elements).
+    const size_t elem = dtype_size(desc.dtype);
+    valid = desc.row_len <= SIZE_MAX / elem - sizeof(int64_t) &&
+            (desc.row_len == 0 || desc.num_rows <= SIZE_MAX / desc.row_bytes());
+    if (valid) {
+      const uint64_t per_row = sizeof(int64_t) + desc.row_bytes();
+      valid = header.payload_len % per_row == 0 && header.payload_len / per_row == header.seq;
+    }
   }
   if (!valid) {
     // Not something a peer of this build sends; the transport skips the payload.
@@ -560,8 +570,8 @@ bool Runtime::receive_push_rows(int src, const FrameHeader &header, const std::s
     return true;
   }
   // The whole payload first, then one add under the accumulator's lock.
-  PooledBuffer payload = BufferPool::global().get(header.payload_len);
-  if (!read(payload.data(), header.payload_len)) return false;
+  PooledBuffer payload;
+  if (!read_payload(read, header.payload_len, &payload)) return false;
   size_t n = header.seq;
   std::vector<int64_t> rows(n);
   if (n > 0) std::memcpy(rows.data(), payload.data(), n * sizeof(int64_t));  // aligned for the adds

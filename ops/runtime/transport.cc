@@ -270,8 +270,9 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   while (true) {
     FrameHeader h;
     if (!recv_all(fd.get(), &h, sizeof(h), &why)) break;
-    if (h.magic != kFrameMagic || h.key_len > kMaxKeyLen || h.ndims > kMaxDims) {
-      why = "malformed frame header";
+    Status header_ok = check_frame_header(h);
+    if (!header_ok.ok()) {
+      why = header_ok.message();
       break;
     }
     std::string key(h.key_len, '\0');

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,12 +20,13 @@
 
 namespace kftest {
 
-inline int &failures() {
-  static int n = 0;
+// Atomic: tests CHECK from callbacks and helper threads too.
+inline std::atomic<int> &failures() {
+  static std::atomic<int> n{0};
   return n;
 }
-inline int &checks() {
-  static int n = 0;
+inline std::atomic<int> &checks() {
+  static std::atomic<int> n{0};
   return n;
 }
 
@@ -48,7 +50,7 @@ inline int &checks() {
   } while (0)
 
 inline int report() {
-  std::printf("%d passed, %d failed\n", checks() - failures(), failures());
+  std::printf("%d passed, %d failed\n", checks() - failures(), failures().load());
   return failures() == 0 ? 0 : 1;
 }
 
