@@ -283,9 +283,10 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     // act on a frame before it is verified: take it whole first.
     PooledBuffer verified;
     if (auth) {
-      verified = BufferPool::global().get(h.payload_len);
+      // Grown as the bytes arrive: the claimed length is not verified yet.
+      PartialReader from_socket = [&](void *dst, size_t len) { return recv_all(fd.get(), dst, len, &why); };
       FrameAuthenticator::Tag tag;
-      if (!recv_all(fd.get(), verified.data(), h.payload_len, &why) || !recv_all(fd.get(), tag.data(), tag.size(), &why)) {
+      if (!read_payload(from_socket, h.payload_len, &verified) || !recv_all(fd.get(), tag.data(), tag.size(), &why)) {
         break;
       }
       if (!auth->verify(&h, sizeof(h), key.data(), key.size(), verified.data(), h.payload_len, tag.data())) {

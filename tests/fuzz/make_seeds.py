@@ -52,16 +52,17 @@ FRAMES = {
 }
 
 
-def client_hello(job=b"fuzz-job", version=3, peer_id=b"127.0.0.1:10001"):
-    ctx = struct.pack(">II", version, len(job)) + job
-    return b"KFAUTHC2" + bytes(range(16)) + ctx + struct.pack(">I", len(peer_id)) + peer_id + bytes(32)
+def client_hello(job=b"fuzz-job", version=3, peer_id=b"127.0.0.1:10001", flags=0):
+    ctx = struct.pack(">III", version, flags, len(job)) + job
+    return b"KFAUTHC3" + bytes(range(16)) + ctx + struct.pack(">I", len(peer_id)) + peer_id + bytes(32)
 
 
 HANDSHAKES = {
     "client_hello": client_hello(),
     "other_job": client_hello(job=b"old-run"),
     "other_version": client_hello(version=2),
-    "magic_only": b"KFAUTHC2",
+    "frame_auth": client_hello(flags=1),
+    "magic_only": b"KFAUTHC3",
 }
 
 
