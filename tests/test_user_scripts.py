@@ -87,7 +87,7 @@ def test_distributed_gradient_tape_rejects_non_tapes(not_a_tape):
 
 def test_distributed_gradient_tape_rejects_wrapping_twice_and_bad_threshold():
     with tf.GradientTape() as tape:
-        pass
+        tape.watch(tf.constant(1.0))  # a real, finished tape
     wrapped = kungfu_tf.DistributedGradientTape(tape)
     with pytest.raises(TypeError, match="once"):
         kungfu_tf.DistributedGradientTape(wrapped)
