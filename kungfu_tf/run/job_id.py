@@ -7,10 +7,9 @@ that holds the same secret cannot join, or be joined by, this run.
 """
 
 import re
-import secrets
 from collections.abc import Mapping
 
-from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.host_shared_value import resolve_host_shared_value
 
 JOB_ID_ENV = "KUNGFU_JOB_ID"
 MAX_JOB_ID_LEN = 128  # kHandshakeMaxJobIdLen in ops/runtime/handshake.h
@@ -36,18 +35,12 @@ def resolve_job_id(environ: Mapping[str, str], multi_host: bool) -> str:
         LaunchError: if the variable is malformed, or missing for a
             multi-host job.
     """
-    value = environ.get(JOB_ID_ENV, "")
-    if value:
-        if not _JOB_ID_RE.fullmatch(value):
-            raise LaunchError(
-                f"{JOB_ID_ENV} must be 1 to {MAX_JOB_ID_LEN} printable ASCII "
-                f"characters, got {value!r}"
-            )
-        return value
-    if multi_host:
-        raise LaunchError(
-            f"a multi-host job needs the same {JOB_ID_ENV} exported on every "
-            f"host, a new one for each run, e.g. export {JOB_ID_ENV}=$(python3 -c "
-            "'import secrets; print(secrets.token_hex(16))')"
-        )
-    return secrets.token_hex(16)
+    return resolve_host_shared_value(
+        environ,
+        JOB_ID_ENV,
+        _JOB_ID_RE,
+        f"{JOB_ID_ENV} must be 1 to {MAX_JOB_ID_LEN} printable ASCII characters, got {environ.get(JOB_ID_ENV)!r}",
+        16,
+        multi_host,
+        export_hint=", a new one for each run",
+    )

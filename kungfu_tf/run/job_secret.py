@@ -1,9 +1,8 @@
 """The shared secret workers use to authenticate each other's connections."""
 
-import secrets
 from collections.abc import Mapping
 
-from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.host_shared_value import resolve_host_shared_value
 from kungfu_tf.run.worker_env import JOB_SECRET_PATTERN, SECRET_ENV
 
 
@@ -19,15 +18,6 @@ def resolve_job_secret(environ: Mapping[str, str], multi_host: bool) -> str:
         LaunchError: if the variable is malformed, or missing for a
             multi-host job.
     """
-    value = environ.get(SECRET_ENV, "")
-    if value:
-        if not JOB_SECRET_PATTERN.fullmatch(value):
-            raise LaunchError(f"{SECRET_ENV} must be 64 hexadecimal characters")
-        return value
-    if multi_host:
-        raise LaunchError(
-            f"a multi-host job needs the same {SECRET_ENV} exported on every "
-            f"host, e.g. export {SECRET_ENV}=$(python3 -c "
-            "'import secrets; print(secrets.token_hex(32))')"
-        )
-    return secrets.token_hex(32)
+    return resolve_host_shared_value(
+        environ, SECRET_ENV, JOB_SECRET_PATTERN, f"{SECRET_ENV} must be 64 hexadecimal characters", 32, multi_host
+    )
