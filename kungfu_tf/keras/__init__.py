@@ -17,12 +17,14 @@ Example:
 from kungfu_tf.keras.broadcast import BroadcastGlobalVariablesCallback
 from kungfu_tf.keras.lr_warmup import LearningRateWarmupCallback
 from kungfu_tf.keras.metric_average import MetricAverageCallback
+from kungfu_tf.keras.policy_callback import PolicyCallback
 from kungfu_tf.keras.rank_zero import RankZeroOnly, verbose
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
+    "PolicyCallback",
     "RankZeroOnly",
     "verbose",
 ]

@@ -8,5 +8,6 @@ Example:
 """
 
 from kungfu_tf.v1.hooks import BroadcastGlobalVariablesHook
+from kungfu_tf.v1.policy_hook import PolicyHook
 
-__all__ = ["BroadcastGlobalVariablesHook"]
+__all__ = ["BroadcastGlobalVariablesHook", "PolicyHook"]

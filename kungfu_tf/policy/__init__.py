@@ -1,0 +1,33 @@
+"""Adaptation policies (KungFu §3): change batch size, learning rate and topology while training runs.
+
+Example:
+    >>> import kungfu_tf.policy as kfp
+    >>> class DoubleAtEpoch2(kfp.BasePolicy):
+    ...     def after_epoch(self, ctx):
+    ...         if ctx.epoch == 2:
+    ...             ctx.set_batch_size(2 * ctx.batch_size)
+    >>> runner = kfp.PolicyRunner([DoubleAtEpoch2()], batch_size=64)
+"""
+
+from kungfu_tf.policy.adaptive_topology import AdaptiveTopologyPolicy
+from kungfu_tf.policy.base_policy import BasePolicy
+from kungfu_tf.policy.context import PolicyContext
+from kungfu_tf.policy.errors import PeerPolicyError, PolicyDisagreementError
+from kungfu_tf.policy.gns_batch_size import GNSBatchSizePolicy
+from kungfu_tf.policy.hysteresis import Hysteresis
+from kungfu_tf.policy.learning_rate_rule import LR_RULES, scaled_learning_rate
+from kungfu_tf.policy.runner import Decision, PolicyRunner
+
+__all__ = [
+    "LR_RULES",
+    "AdaptiveTopologyPolicy",
+    "BasePolicy",
+    "Decision",
+    "GNSBatchSizePolicy",
+    "Hysteresis",
+    "PeerPolicyError",
+    "PolicyContext",
+    "PolicyDisagreementError",
+    "PolicyRunner",
+    "scaled_learning_rate",
+]

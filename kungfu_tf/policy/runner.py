@@ -1,0 +1,402 @@
+"""``PolicyRunner``: runs adaptation policies between training steps and applies their requests consistently.
+
+The Keras ``PolicyCallback`` and the v1 ``PolicyHook`` drive one; a custom
+``tf.function`` loop drives it directly:
+
+Example:
+    >>> import tensorflow as tf
+    >>> import kungfu_tf
+    >>> from kungfu_tf.data import adaptive_batch, shard
+    >>> from kungfu_tf.policy import GNSBatchSizePolicy, PolicyRunner
+    >>> runner = PolicyRunner([GNSBatchSizePolicy(max_batch_size=1024)], batch_size=64,
+    ...                       optimizer=opt, lr_rule="sqrt", log_dir="logs")  # doctest: +SKIP
+    >>> ds = adaptive_batch(shard(dataset), runner.local_batch_size)      # doctest: +SKIP
+    >>> with runner.training():                                          # doctest: +SKIP
+    ...     for epoch in range(10):
+    ...         with runner.epoch_scope():
+    ...             for x, y in ds:
+    ...                 with runner.step():
+    ...                     train_step(x, y)    # a tf.function, traced once
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from kungfu_tf.ops import adapt, config, monitor
+from kungfu_tf.policy.agreement import CHANGES, FAILED, IDLE, Agreement
+from kungfu_tf.policy.base_policy import HOOKS, BasePolicy, overrides
+from kungfu_tf.policy.context import PolicyContext
+from kungfu_tf.policy.errors import PeerPolicyError, PolicyDisagreementError
+from kungfu_tf.policy.hysteresis import Hysteresis
+from kungfu_tf.policy.learning_rate_rule import check_rule, scaled_learning_rate
+from kungfu_tf.policy.summary_log import SummaryLog
+from kungfu_tf.policy.variable_access import EagerVariableAccess, VariableAccess
+
+# The adaptable settings, in the order they are applied (the learning rate
+# may follow the batch size; the topology is independent).
+SETTINGS = ("batch_size", "learning_rate", "topology")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One applied or refused request: at ``step`` (steps completed), ``name`` went ``old`` -> ``new``."""
+
+    step: int
+    name: str
+    old: Any
+    new: Any
+    requested_by: str
+    reason: str = ""
+    refused: str = ""  # why it was refused; "" if applied
+
+    def __str__(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
+        if self.refused:
+            return f"step {self.step}: {self.name} {self.old} -> {self.new} refused: {self.refused} [{self.requested_by}{why}]"
+        return f"step {self.step}: {self.name} {self.old} -> {self.new} [{self.requested_by}{why}]"
+
+
+class PolicyRunner:
+    """Calls the policies' hooks in the given order and applies their requests between steps.
+
+    Drive it with ``before_train()``, ``before_epoch()``, ``before_step()``,
+    ``after_step()``, ``after_epoch()``, ``after_train()`` or the context
+    managers ``training()``, ``epoch_scope()``, ``step()``; every worker must
+    drive it alike (same policies, same calls).
+
+    After each hook phase that some policy overrides, the workers run one
+    round (:mod:`kungfu_tf.policy.agreement`): all requests of that phase are
+    checked with consensus and applied together (batch size, then learning
+    rate, then topology), followed by a barrier, so every worker runs the
+    next step with the same settings. Workers asking for different values
+    all raise :class:`PolicyDisagreementError`; a hook that raises on one
+    worker raises there and :class:`PeerPolicyError` on the others.
+
+    Args:
+        policies: :class:`BasePolicy` instances, run in this order.
+        batch_size: the initial *global* batch size; needed to adapt it. The
+            per-worker size ``batch_size // size`` is in the int64 variable
+            ``local_batch_size``: build the input with
+            ``kungfu_tf.data.adaptive_batch(ds, runner.local_batch_size)``.
+        optimizer: a Keras 3 optimizer whose learning rate is adapted (and
+            whose ``kungfu_monitor`` is used); or give ``learning_rate``, a
+            ``tf.Variable`` the step reads.
+        monitor: a ``GradientMonitor``; default ``optimizer.kungfu_monitor``.
+        lr_rule: "linear", "sqrt", "adascale" or None: how the learning rate
+            follows a batch-size change (see
+            :func:`~kungfu_tf.policy.learning_rate_rule.scaled_learning_rate`).
+        min_dwell_steps, min_relative_change: batch-size hysteresis
+            (:class:`~kungfu_tf.policy.hysteresis.Hysteresis`).
+        log_dir: rank 0 writes TensorBoard scalars of every metric there,
+            every ``log_every`` steps, and the decisions as text.
+        verbose: rank 0 prints every decision.
+
+    Metrics (``ctx.metrics`` after a step): the monitor's values (``gns``,
+    ``noise_trace``, ``grad_sq_norm``, ``grad_variance``, ``compute_time``,
+    ``worker_compute_times``, ...) and ``step_time`` (seconds between
+    ``before_step`` and ``after_step``, this worker), ``throughput`` (global
+    batch / step_time), ``worker_throughput`` (per worker: local batch /
+    its compute time, with a monitor), ``batch_size``, ``learning_rate``,
+    ``cluster_size``, ``topology``, ``link_rates`` (bytes/s to each peer).
+
+    Raises:
+        ValueError: at construction or ``before_train``: a bad argument, an
+            ``lr_rule`` without a learning rate, a policy that needs a
+            monitor without one.
+    """
+
+    def __init__(
+        self,
+        policies: Sequence[BasePolicy],
+        *,
+        batch_size: int | None = None,
+        optimizer: Any = None,
+        learning_rate: Any = None,
+        monitor: Any = None,
+        lr_rule: str | None = None,
+        min_dwell_steps: int = 0,
+        min_relative_change: float = 0.0,
+        log_dir: str | None = None,
+        log_every: int = 1,
+        verbose: bool = True,
+        access: VariableAccess | None = None,
+    ):
+        self.policies = list(policies)
+        for i, p in enumerate(self.policies):
+            if not isinstance(p, BasePolicy):
+                raise TypeError(f"policies[{i}] must be a kungfu_tf.policy.BasePolicy, got {p!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
+            raise ValueError(f"batch_size must be a positive int (the global batch) or None, got {batch_size!r}")
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every <= 0:
+            raise ValueError(f"log_every must be a positive int, got {log_every!r}")
+        self.lr_rule = check_rule(lr_rule)
+        self.hysteresis = Hysteresis(min_dwell_steps, min_relative_change)
+        self.rank = config.current_int(config.rank)
+        self.size = config.current_int(config.cluster_size)
+        if batch_size is not None and batch_size % self.size:
+            raise ValueError(f"batch_size {batch_size} (global) is not a multiple of the cluster size {self.size}")
+        self.batch_size = batch_size
+        local = 0 if batch_size is None else batch_size // self.size
+        self.access = access if access is not None else EagerVariableAccess(local, optimizer, learning_rate, monitor)
+        self.log_dir = log_dir
+        self.log_every = log_every
+        self.verbose = verbose
+        self.history: list[Decision] = []
+        self.context = PolicyContext(self)
+        self.epoch = 0
+        self.steps_done = 0
+        self.hook_step = 0
+        self.samples = 0
+        self.topology = ""
+        self.learning_rate: float | None = None
+        self._agreement = Agreement()
+        self._used = {hook: [p for p in self.policies if overrides(p, hook)] for hook in HOOKS}
+        self._last_batch_change: int | None = None
+        self._step_started: float | None = None
+        self._summary: SummaryLog | None = None
+        self._started = False
+
+    @property
+    def local_batch_size(self) -> Any:
+        """The int64 variable holding the per-worker batch size (feed it to ``adaptive_batch``)."""
+        return self.access.local_batch_size
+
+    @property
+    def monitor(self) -> Any:
+        return self.access.monitor
+
+    # --- phases --------------------------------------------------------------
+    def before_train(self) -> None:
+        """Checks the setup on every worker, then runs ``before_train``."""
+        self._check_requirements()
+        self.topology = self._read_topology()
+        if self.access.has_learning_rate():
+            self.learning_rate = self.access.read_learning_rate()
+        self._agree_on_setup()
+        if self.batch_size is not None:
+            self.access.assign_local_batch_size(self.batch_size // self.size)
+        if self.log_dir is not None and self.rank == 0:
+            self._summary = SummaryLog(self.log_dir)
+        self._started = True
+        self.context.metrics.update(self._parameters())
+        self._run("before_train")
+
+    def after_train(self) -> None:
+        self._run("after_train")
+        if self._summary is not None:
+            self._summary.flush()
+
+    def before_epoch(self) -> None:
+        self._run("before_epoch")
+
+    def after_epoch(self) -> None:
+        self._run("after_epoch")
+        self.epoch += 1
+
+    def before_step(self) -> None:
+        self.hook_step = self.steps_done
+        self._run("before_step")
+        self._step_started = time.perf_counter()
+
+    def after_step(self) -> None:
+        elapsed = None if self._step_started is None else time.perf_counter() - self._step_started
+        self._step_started = None
+        self.hook_step = self.steps_done
+        self.steps_done += 1
+        if self.batch_size is not None:
+            self.samples += self.batch_size
+        self.context.metrics = self._step_metrics(elapsed)
+        if self._summary is not None and self.hook_step % self.log_every == 0:
+            self._summary.scalars(self.hook_step, self.context.metrics)
+        self._run("after_step")
+
+    @contextlib.contextmanager
+    def training(self) -> Iterator[PolicyRunner]:
+        """``before_train()``, the body, ``after_train()`` (skipped when the body raises)."""
+        self.before_train()
+        yield self
+        self.after_train()
+
+    @contextlib.contextmanager
+    def epoch_scope(self) -> Iterator[PolicyRunner]:
+        """``before_epoch()``, the body (one epoch), ``after_epoch()``."""
+        self.before_epoch()
+        yield self
+        self.after_epoch()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[PolicyRunner]:
+        """``before_step()``, the body (one training step), ``after_step()``."""
+        self.before_step()
+        yield self
+        self.after_step()
+
+    # --- internals -----------------------------------------------------------
+    def _check_requirements(self) -> None:
+        needy = [type(p).__name__ for p in self.policies if p.needs_monitor]
+        if needy and self.access.monitor is None:
+            raise ValueError(
+                f"{', '.join(needy)} needs gradient statistics, but the runner has no GradientMonitor: wrap the "
+                "optimizer as SynchronousSGDOptimizer(opt, monitor=GradientMonitor(batch_size=...)) or pass monitor="
+            )
+        if self.lr_rule is not None and not self.access.has_learning_rate():
+            raise ValueError(
+                f"lr_rule={self.lr_rule!r} needs a learning rate to set: give the runner the optimizer "
+                "(optimizer=; a compiled Keras model has one) or learning_rate=<tf.Variable>"
+            )
+        if self.lr_rule is not None and self.batch_size is None:
+            raise ValueError(f"lr_rule={self.lr_rule!r} follows the batch size, but the runner got no batch_size=")
+        if self.lr_rule == "adascale" and self.access.monitor is None:
+            raise ValueError("lr_rule='adascale' needs a GradientMonitor (its noise_trace and grad_sq_norm)")
+
+    def _agree_on_setup(self) -> None:
+        # Workers running different policies (or settings) would issue
+        # different collectives and hang; say so instead, naming the setting.
+        setup = {
+            "policies": [type(p).__qualname__ for p in self.policies],
+            "batch_size": self.batch_size,
+            "lr_rule": self.lr_rule,
+            "hysteresis": [self.hysteresis.min_dwell_steps, self.hysteresis.min_relative_change],
+        }
+        self._require_agreement(setup, "the policy runner's setup")
+
+    def _run(self, hook: str) -> None:
+        if not self._started:
+            raise RuntimeError(f"PolicyRunner.{hook}() before before_train()")
+        used = self._used[hook]
+        if not used:
+            return
+        ctx = self.context
+        ctx.requests.clear(), ctx.reasons.clear(), ctx.requested_by.clear()
+        failure: tuple[str, BaseException] | None = None
+        for policy in used:
+            ctx._hook, ctx._policy = hook, type(policy).__name__
+            try:
+                getattr(policy, hook)(ctx)
+            except Exception as e:  # noqa: BLE001 -- any failure: every worker must learn of it, see _settle
+                failure = (f"{type(policy).__name__}.{hook}", e)
+                break
+            finally:
+                ctx._hook = None
+        self._settle(failure)
+
+    def _settle(self, failure: tuple[str, BaseException] | None) -> None:
+        ctx = self.context
+        mine = FAILED if failure else (CHANGES if ctx.requests else IDLE)
+        status = self._agreement.status(mine)
+        if status == IDLE:
+            return
+        if status == FAILED:
+            text = "" if failure is None else f"{failure[0]} failed on rank {self.rank}: {type(failure[1]).__name__}: {failure[1]}"
+            texts = [t for t in self._agreement.gather_text(text) if t]
+            ctx.requests.clear()
+            if failure is not None:
+                raise failure[1]
+            raise PeerPolicyError("; ".join(texts))
+        requests = {name: ctx.requests.get(name) for name in SETTINGS}
+        self._require_agreement(requests, "the requested changes")
+        self._apply(dict(ctx.requests), dict(ctx.requested_by), dict(ctx.reasons))
+        ctx.requests.clear()
+        self._agreement.barrier()
+
+    def _require_agreement(self, values: dict[str, Any], what: str) -> None:
+        payload = json.dumps(values, sort_keys=True)
+        if self._agreement.agree(payload.encode()):
+            return
+        by_rank = [json.loads(t) if t else {} for t in self._agreement.gather_text(payload)]
+        differing = [k for k in values if len({json.dumps(r.get(k)) for r in by_rank}) > 1]
+        detail = "; ".join(
+            f"{k}: " + ", ".join(f"rank {r} {_shown(v.get(k))}" for r, v in enumerate(by_rank)) for k in differing
+        )
+        self.context.requests.clear()
+        raise PolicyDisagreementError(
+            f"workers differ on {what} ({', '.join(differing)}): {detail}; nothing was changed on any worker"
+        )
+
+    def _apply(self, requests: dict[str, Any], by: dict[str, str], reasons: dict[str, str]) -> None:
+        step = self.steps_done
+        if "batch_size" in requests and requests["batch_size"] != self.batch_size:
+            old, new = self.batch_size, requests["batch_size"]
+            refusal = self.hysteresis.refusal(step, self._last_batch_change, old, new)
+            self._decide(Decision(step, "batch_size", old, new, by["batch_size"], reasons.get("batch_size", ""), refusal or ""))
+            if refusal is None:
+                if self.lr_rule is not None and "learning_rate" not in requests:
+                    # Computed before the batch variable changes (the
+                    # statistics belong to the old batch), applied below.
+                    requests["learning_rate"] = scaled_learning_rate(
+                        self.lr_rule, self.learning_rate, old, new, self.context.metrics
+                    )
+                    by["learning_rate"] = f"lr_rule={self.lr_rule}"
+                self.access.assign_local_batch_size(new // self.size)
+                self.batch_size = new
+                self._last_batch_change = step
+        if "learning_rate" in requests and requests["learning_rate"] != self.learning_rate:
+            old_lr, new_lr = self.learning_rate, float(requests["learning_rate"])
+            self.access.assign_learning_rate(new_lr)
+            self.learning_rate = new_lr
+            self._decide(Decision(step, "learning_rate", old_lr, new_lr, by["learning_rate"], reasons.get("learning_rate", "")))
+        if "topology" in requests and requests["topology"] != self.topology:
+            old_t, new_t = self.topology, requests["topology"]
+            with tf.init_scope():
+                switched = bool(adapt.set_topology(new_t, key="kungfu_policy/set_topology").numpy())
+            if not switched:  # cannot happen after our consensus, unless another caller interfered
+                raise PolicyDisagreementError(f"workers differ on topology: set_topology({new_t!r}) was refused")
+            self.topology = self._read_topology()
+            self._decide(Decision(step, "topology", old_t, new_t, by["topology"], reasons.get("topology", "")))
+        self.context.metrics.update(self._parameters())
+
+    def _decide(self, decision: Decision) -> None:
+        self.history.append(decision)
+        if self.verbose and self.rank == 0:
+            print(f"[kungfu_tf.policy] {decision}", flush=True)
+        if self._summary is not None:
+            self._summary.text(decision.step, "decisions", str(decision))
+
+    def _read_topology(self) -> str:
+        with tf.init_scope():
+            return config.topology().numpy().decode()
+
+    def _parameters(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"cluster_size": self.size, "topology": self.topology}
+        if self.batch_size is not None:
+            out["batch_size"] = self.batch_size
+        if self.learning_rate is not None:
+            out["learning_rate"] = self.learning_rate
+        return out
+
+    def _step_metrics(self, elapsed: float | None) -> dict[str, Any]:
+        metrics = {k: _python(v) for k, v in self.access.read_monitor().items()}
+        metrics.update(self._parameters())
+        if elapsed is not None and elapsed > 0:
+            metrics["step_time"] = elapsed
+            if self.batch_size is not None:
+                metrics["throughput"] = self.batch_size / elapsed
+        times = metrics.get("worker_compute_times")
+        if self.batch_size is not None and isinstance(times, list):
+            local = self.batch_size // self.size
+            metrics["worker_throughput"] = [local / t if t > 0 else math.nan for t in times]
+        with tf.init_scope():
+            metrics["link_rates"] = [float(r) for r in monitor.comm_rates().numpy()]
+        return metrics
+
+
+def _python(value: Any) -> Any:
+    """A monitor value as a Python number or list (from numpy or tensors)."""
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return value
+
+
+def _shown(value: Any) -> str:
+    return "no change" if value is None else repr(value)

@@ -1,0 +1,107 @@
+"""``VariableAccess``: how a runner reads and assigns the variables the traced step reads.
+
+The runner is framework-free; it changes training only through the
+variables the step already reads (no re-trace): the per-worker batch size
+(read by :func:`kungfu_tf.data.adaptive_batch` and by the monitor), the
+learning rate (the optimizer's variable) and the monitor's statistics.
+:class:`EagerVariableAccess` does it eagerly (Keras ``fit`` and
+``tf.function`` loops); the v1 ``PolicyHook`` has a ``Session`` one.
+
+Example:
+    >>> from kungfu_tf.policy.variable_access import EagerVariableAccess
+    >>> access = EagerVariableAccess(local_batch_size=32)
+    >>> access.assign_local_batch_size(16); int(access.local_batch_size.numpy())
+    16
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import tensorflow as tf
+
+
+class VariableAccess(Protocol):
+    """What a :class:`~kungfu_tf.policy.PolicyRunner` needs from the training program."""
+
+    local_batch_size: Any
+    monitor: Any
+
+    def has_learning_rate(self) -> bool: ...
+    def read_learning_rate(self) -> float: ...
+    def assign_learning_rate(self, value: float) -> None: ...
+    def assign_local_batch_size(self, value: int) -> None: ...
+    def read_monitor(self) -> dict[str, Any]: ...
+
+
+def learning_rate_variable(optimizer: Any) -> Any:
+    """The variable behind ``optimizer``'s learning rate; ValueError if it is a schedule or missing."""
+    if optimizer is None:
+        return None
+    variable = getattr(optimizer, "_learning_rate", None)  # Keras 3 keeps it here
+    if variable is None or not hasattr(variable, "assign"):
+        raise ValueError(
+            f"the optimizer {type(optimizer).__name__}'s learning rate must be a variable (a number when "
+            f"compiled), not a LearningRateSchedule or a callable, got {variable!r}"
+        )
+    return variable
+
+
+class EagerVariableAccess:
+    """Eager reads and assignments; the runner's ``local_batch_size`` variable lives here.
+
+    ``optimizer``: a Keras 3 optimizer whose ``learning_rate`` is adapted;
+    ``learning_rate``: a ``tf.Variable`` to adapt instead (custom loops);
+    ``monitor``: a ``GradientMonitor`` (``values()``, ``local_batch_size``).
+    """
+
+    def __init__(self, local_batch_size: int = 0, optimizer: Any = None, learning_rate: Any = None, monitor: Any = None):
+        with tf.init_scope():
+            self.local_batch_size = tf.Variable(int(local_batch_size), dtype=tf.int64, trainable=False,
+                                                name="kungfu_local_batch_size")  # fmt: skip
+        self.monitor = monitor
+        self._lr = learning_rate
+        self.bind(optimizer=optimizer, monitor=monitor)
+
+    def bind(self, optimizer: Any = None, monitor: Any = None) -> None:
+        """Adopts ``optimizer``'s learning rate (unless one was given) and its ``kungfu_monitor``."""
+        if optimizer is not None and self._lr is None:
+            self._lr = learning_rate_variable(optimizer)
+        if monitor is None and optimizer is not None:
+            monitor = getattr(optimizer, "kungfu_monitor", None)
+        if monitor is not None:
+            self.monitor = monitor
+
+    def has_learning_rate(self) -> bool:
+        return self._lr is not None
+
+    def read_learning_rate(self) -> float:
+        with tf.init_scope():
+            return float(self._lr.numpy())
+
+    def assign_learning_rate(self, value: float) -> None:
+        with tf.init_scope():
+            self._lr.assign(value)
+
+    def assign_local_batch_size(self, value: int) -> None:
+        with tf.init_scope():
+            self.local_batch_size.assign(value)
+            if self.monitor is not None and getattr(self.monitor, "local_batch_size", None) is not None:
+                self.monitor.local_batch_size.assign(value)
+
+    def read_monitor(self) -> dict[str, Any]:
+        if self.monitor is None:
+            return {}
+        with tf.init_scope():
+            return dict(self.monitor.values())
+
+
+def finite_or_nan(value: Any) -> Any:
+    """A Python number or list of numbers from a monitor value (NaN stays NaN)."""
+    if isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
