@@ -178,7 +178,7 @@ def scenario_loop(log_dir: str) -> None:
             tops.append(ops.topology().numpy().decode())
     want_rows = [2, 2, 4, 4, 4, 4, 4, 4, 4]
     chk.equal(rows, want_rows, "loop: rows per step (change after step 1 applies at step 2; later ones refused)")
-    f32 = lambda v: float(np.float32(v))  # noqa: E731
+    f32 = lambda v: float(np.float32(v))
     want_lrs = [f32(0.05)] * 2 + [f32(f32(0.05) * 2)] * 5 + [f32(0.02)] * 2
     chk.close(lrs, want_lrs, 1e-7, "loop: learning rate per step (linear rule, then explicit)")
     chk.equal(train_step.experimental_get_tracing_count(), 1, "loop: the step is traced once")

@@ -1,0 +1,168 @@
+"""Adaptation policies in one process (a one-worker cluster): adaptive_batch, learning-rate rules,
+hysteresis against an oscillating policy, GNSBatchSizePolicy's decisions, bad arguments.
+
+The multi-worker behaviour is in tests/test_policy.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kungfu_tf.data import adaptive_batch
+from kungfu_tf.policy import (
+    BasePolicy,
+    GNSBatchSizePolicy,
+    PolicyRunner,
+    scaled_learning_rate,
+)
+from kungfu_tf.policy.hysteresis import Hysteresis
+
+
+def test_adaptive_batch_follows_the_variable_at_once_without_retracing():
+    size = tf.Variable(2, dtype=tf.int64)
+    ds = adaptive_batch(tf.data.Dataset.range(100).map(lambda i: (i, tf.fill([2], i))), size, granularity=1)
+    assert ds.element_spec[0].shape.as_list() == [None] and ds.element_spec[1].shape.as_list() == [None, 2]
+
+    @tf.function
+    def step(iterator):
+        x, _ = next(iterator)
+        return x
+
+    it = iter(ds)
+    got, start = [], 0
+    for want in (2, 3, 5, 1, 4):
+        size.assign(want)
+        batch = step(it).numpy()
+        got.append(batch.tolist())
+        assert batch.tolist() == list(range(start, start + want)), (want, batch)
+        start += want
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_adaptive_batch_granularity_and_leftovers():
+    size = tf.Variable(4, dtype=tf.int64)
+    it = iter(adaptive_batch(tf.data.Dataset.range(11), size, granularity=4))
+    assert next(it).numpy().tolist() == [0, 1, 2, 3]
+    size.assign(6)  # not a multiple: rows left over start the next batch
+    assert next(it).numpy().tolist() == [4, 5, 6, 7, 8, 9]
+    with pytest.raises(StopIteration):  # an incomplete last batch is dropped
+        next(it)
+
+
+def test_adaptive_batch_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="batch_size must be an int64 scalar tf.Variable"):
+        adaptive_batch(tf.data.Dataset.range(4), tf.Variable(2))  # int32
+    with pytest.raises(ValueError, match="granularity must be a positive int, got 0"):
+        adaptive_batch(tf.data.Dataset.range(4), tf.Variable(2, dtype=tf.int64), granularity=0)
+
+
+def test_learning_rate_rules_against_their_formulas():
+    assert scaled_learning_rate("linear", 0.1, 64, 256) == pytest.approx(0.4)
+    assert scaled_learning_rate("sqrt", 0.1, 64, 256) == pytest.approx(0.2)
+    # AdaScale (Johnson et al.): gain(B) = (σ²_B0 + μ²) / (σ²_B0·B0/B + μ²), σ²_B0 = tr(Σ)/B0.
+    trace, g2, b0 = 300.0, 2.0, 32
+
+    def gain(b):
+        return (trace / b0 + g2) / (trace / b + g2)
+
+    got = scaled_learning_rate("adascale", 0.1, 64, 256, {"noise_trace": trace, "grad_sq_norm": g2})
+    assert got == pytest.approx(0.1 * gain(256) / gain(64))
+    assert 0.1 < got < 0.4  # between no scaling and linear
+    with pytest.raises(ValueError, match="lr_rule='adascale' needs the GradientMonitor's 'noise_trace'"):
+        scaled_learning_rate("adascale", 0.1, 64, 128, {"noise_trace": math.nan, "grad_sq_norm": 1.0})
+    with pytest.raises(ValueError, match="lr_rule must be one of linear, sqrt, adascale or None, got 'cubic'"):
+        scaled_learning_rate("cubic", 0.1, 64, 128)
+
+
+class Oscillating(BasePolicy):
+    """Asks for 4 and 8 alternately after every step (what AdaptDL's batch did)."""
+
+    def after_step(self, ctx):
+        ctx.set_batch_size(8 if ctx.batch_size == 4 else 4)
+
+
+def batch_per_step(steps: int, **hysteresis) -> list[int]:
+    runner = PolicyRunner([Oscillating()], batch_size=4, verbose=False, **hysteresis)
+    sizes = []
+    with runner.training():
+        for _ in range(steps):
+            with runner.step():
+                sizes.append(int(runner.local_batch_size.numpy()))
+    return sizes
+
+
+def test_hysteresis_stops_oscillation():
+    assert batch_per_step(6) == [4, 8, 4, 8, 4, 8]  # without it: a change after every step
+    assert batch_per_step(9, min_dwell_steps=3) == [4, 8, 8, 8, 4, 4, 4, 8, 8]
+    assert batch_per_step(5, min_relative_change=1.5) == [4] * 5  # x2 / x0.5 are too small
+    with pytest.raises(ValueError, match="min_dwell_steps must be an int >= 0, got -1"):
+        Hysteresis(min_dwell_steps=-1)
+
+
+class FakeContext:
+    """The part of PolicyContext GNSBatchSizePolicy uses; applies requests at once."""
+
+    def __init__(self, batch_size: int, size: int = 2):
+        self.batch_size, self.size, self.step, self.epoch = batch_size, size, 0, 0
+        self.metrics: dict = {}
+        self.requests: list[int] = []
+
+    def set_batch_size(self, value, reason=""):
+        self.requests.append(value)
+        self.batch_size = value
+
+
+def test_gns_policy_scales_by_growth_bounded_and_rounded():
+    policy = GNSBatchSizePolicy(max_batch_size=200, threshold=1.5, every=1, round_to=4)
+    ctx = FakeContext(batch_size=16, size=2)
+    for gns in (10.0, 12.0, 17.0, 20.0, 40.0, 1000.0):
+        ctx.metrics["gns"] = gns
+        policy.after_step(ctx)
+    # 17/10 = 1.7 -> 16*1.7 = 27.2 -> multiple of 8: 24; then ref 17: 20 is x1.18;
+    # 40/17 = 2.35 -> 56.4 -> 56; 1000/40 -> capped at 200 -> 200.
+    assert ctx.requests == [24, 56, 200]
+    ctx.metrics["gns"] = 1e6
+    policy.after_step(ctx)
+    assert ctx.requests == [24, 56, 200]  # at the maximum: no request
+
+
+def test_gns_policy_keeps_its_reference_when_a_change_was_refused():
+    policy = GNSBatchSizePolicy(max_batch_size=1000, threshold=1.5, every=1)
+    ctx = FakeContext(batch_size=10, size=1)
+    ctx.set_batch_size = lambda value, reason="": ctx.requests.append(value)  # refused: batch stays
+    for gns in (10.0, 16.0, 16.0):
+        ctx.metrics["gns"] = gns
+        policy.after_step(ctx)
+    assert ctx.requests == [16, 16]  # still x1.6 from the reference 10, asked again
+    ctx.metrics["gns"] = math.nan
+    policy.after_step(ctx)
+    assert ctx.requests == [16, 16]  # no estimate: no decision
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be a positive int, got 0"),
+        ({"max_batch_size": 64, "threshold": 1.0}, "threshold must be a number > 1, got 1.0"),
+        ({"max_batch_size": 64, "unit": "minute"}, "unit must be one of step, epoch, got 'minute'"),
+    ],
+)
+def test_gns_policy_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GNSBatchSizePolicy(**kwargs)
+
+
+def test_runner_rejects_bad_arguments_and_calls_outside_hooks():
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        PolicyRunner([], batch_size=0)
+    with pytest.raises(TypeError, match=r"policies\[0\] must be a kungfu_tf.policy.BasePolicy"):
+        PolicyRunner([object()])
+    runner = PolicyRunner([], batch_size=4, verbose=False)
+    runner.before_train()
+    with pytest.raises(RuntimeError, match="set_batch_size may only be called from a policy hook"):
+        runner.context.set_batch_size(8)
+    assert np.array_equal(runner.local_batch_size.numpy(), 4)
