@@ -166,3 +166,51 @@ def test_runner_rejects_bad_arguments_and_calls_outside_hooks():
     with pytest.raises(RuntimeError, match="set_batch_size may only be called from a policy hook"):
         runner.context.set_batch_size(8)
     assert np.array_equal(runner.local_batch_size.numpy(), 4)
+
+
+class ListingOne(BasePolicy):
+    """The README's custom policy (KungFu's Listing 1 on kungfu_tf), verbatim."""
+
+    needs_monitor = True
+
+    def __init__(self):
+        self.prev = None
+
+    def after_epoch(self, ctx):
+        gns = ctx.metrics["gns"]  # computed from all workers' gradients
+        if self.prev is not None and gns > self.prev:
+            ctx.set_batch_size(int(ctx.batch_size * gns / self.prev) // ctx.size * ctx.size)
+        self.prev = gns
+
+
+class EpochGnsMonitor:
+    """Stand-in for GradientMonitor (values(), local_batch_size): gns 100, 100, 300, ... per epoch of 2 steps."""
+
+    def __init__(self):
+        self.local_batch_size = tf.Variable(0, dtype=tf.int64)
+        self.calls = 0
+
+    def values(self):
+        self.calls += 1
+        return {"gns": 100.0 if self.calls <= 4 else 300.0}
+
+
+def test_readme_policy_with_keras_fit_epoch_hooks():
+    import keras
+
+    import kungfu_tf.keras as kfk
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 3)).astype(np.float32), rng.normal(size=(64, 1)).astype(np.float32)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.1)
+    opt.kungfu_monitor = EpochGnsMonitor()
+    model.compile(optimizer=opt, loss="mse")
+    cb = kfk.PolicyCallback([ListingOne()], batch_size=2, lr_rule="linear", verbose=False)
+    ds = adaptive_batch(tf.data.Dataset.from_tensor_slices((x, y)), cb.local_batch_size)
+    history = model.fit(ds, epochs=3, steps_per_epoch=2, verbose=0, shuffle=False, callbacks=[cb])
+    # Epoch 0 ends at gns 100 (reference), epoch 1 at 100, epoch 2 at 300: x3 after the last epoch.
+    assert [d.new for d in cb.runner.history] == [6, pytest.approx(0.3)]
+    assert history.history["batch_size"] == [2, 2, 6]
+    assert int(opt.kungfu_monitor.local_batch_size.numpy()) == 6
+    assert float(opt.learning_rate.numpy()) == pytest.approx(0.3)

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Protocol
 
 import tensorflow as tf
@@ -68,10 +67,10 @@ class EagerVariableAccess:
         """Adopts ``optimizer``'s learning rate (unless one was given) and its ``kungfu_monitor``."""
         if optimizer is not None and self._lr is None:
             self._lr = learning_rate_variable(optimizer)
-        if monitor is None and optimizer is not None:
-            monitor = getattr(optimizer, "kungfu_monitor", None)
         if monitor is not None:
             self.monitor = monitor
+        elif self.monitor is None and optimizer is not None:  # an explicit monitor= wins
+            self.monitor = getattr(optimizer, "kungfu_monitor", None)
 
     def has_learning_rate(self) -> bool:
         return self._lr is not None
@@ -96,12 +95,3 @@ class EagerVariableAccess:
         with tf.init_scope():
             return dict(self.monitor.values())
 
-
-def finite_or_nan(value: Any) -> Any:
-    """A Python number or list of numbers from a monitor value (NaN stays NaN)."""
-    if isinstance(value, (list, tuple)):
-        return [float(v) for v in value]
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
