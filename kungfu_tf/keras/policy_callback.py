@@ -27,7 +27,9 @@ class PolicyCallback(keras.callbacks.Callback):
     when training begins. Keras fetches each batch inside the traced train
     function, after ``on_train_batch_begin``, so a change applied between
     steps shapes the very next batch; the train function is not traced
-    again. Every keyword is the runner's (``batch_size``, ``lr_rule``,
+    again. With ``compile(steps_per_execution=k)`` Keras calls the batch
+    hooks once per k steps, so policies see (and change) every k-th step.
+    Every keyword is the runner's (``batch_size``, ``lr_rule``,
     ``monitor``, ``min_dwell_steps``, ``min_relative_change``, ``log_dir``,
     ...). Place it before callbacks that read the learning rate.
 

@@ -38,7 +38,8 @@ class AdaptiveTopologyPolicy(BasePolicy):
         drop: relative drop below the best window that starts a trial.
         window: steps per measurement window.
         trial_steps, settle_steps: steps measured / skipped per candidate.
-        metric: the throughput metric (default "throughput", samples/s).
+        metric: the throughput metric (default "throughput", samples/s;
+            steps/s when the runner has no batch size).
 
     Example:
         >>> import kungfu_tf.keras as kfk
@@ -78,6 +79,8 @@ class AdaptiveTopologyPolicy(BasePolicy):
 
     def after_step(self, ctx: PolicyContext) -> None:
         value = ctx.metrics.get(self.metric)
+        if value is None and self.metric == "throughput" and ctx.metrics.get("step_time"):
+            value = 1.0 / ctx.metrics["step_time"]  # no batch size given: steps/s
         if self._skip:
             self._skip -= 1
             return

@@ -11,12 +11,19 @@ Example:
     >>> runner = PolicyRunner([GNSBatchSizePolicy(max_batch_size=1024)], batch_size=64,
     ...                       optimizer=opt, lr_rule="sqrt", log_dir="logs")  # doctest: +SKIP
     >>> ds = adaptive_batch(shard(dataset), runner.local_batch_size)      # doctest: +SKIP
+    >>> train_step = tf.function(step_fn, input_signature=ds.element_spec)  # batch dim None: one trace
     >>> with runner.training():                                          # doctest: +SKIP
     ...     for epoch in range(10):
     ...         with runner.epoch_scope():
     ...             for x, y in ds:
     ...                 with runner.step():
-    ...                     train_step(x, y)    # a tf.function, traced once
+    ...                     train_step(x, y)
+
+A plain ``tf.function`` traces again for every new input shape; give it
+``input_signature=ds.element_spec`` (as above) or pass it the iterator and
+call ``next`` inside (as Keras does). Requests made in ``after_step`` shape
+the next batch; in a ``for x in ds`` loop a request made in ``before_step``
+comes after that step's batch was fetched, so it shapes the one after.
 """
 
 from __future__ import annotations

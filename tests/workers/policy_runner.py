@@ -280,8 +280,10 @@ def scenario_v1() -> None:
     x, y = regression_data(40 * SIZE, seed=4)
     with tf.Graph().as_default():
         lr = tf.Variable(0.1, dtype=tf.float32, name="lr")
+        monitor = GraphMonitor()
         hook = PolicyHook([Scripted({1: [("set_batch_size", 3 * SIZE)], 3: [("set_topology", "BINARY_TREE")]})],
-                          batch_size=SIZE, learning_rate=lr, lr_rule="linear", verbose=False)  # fmt: skip
+                          batch_size=SIZE, learning_rate=lr, lr_rule="linear", monitor=monitor,
+                          verbose=False)  # fmt: skip
         # kungfu_tf.data.shard reads the cardinality eagerly (not in a v1 graph): tf.data's shard, equal lengths.
         ds = adaptive_batch(tf.data.Dataset.from_tensor_slices((x, y)).shard(SIZE, RANK), hook.local_batch_size)
         iterator = tf.compat.v1.data.make_initializable_iterator(ds)
@@ -290,17 +292,27 @@ def scenario_v1() -> None:
         loss = tf.reduce_mean(tf.square(tf.linalg.matvec(bx, w) - by))
         grad = ops.all_reduce(tf.gradients(loss, [w])[0], op="mean", name="v1_grad")
         train = w.assign_sub(lr * grad)
-        rows_op, lr_read = tf.shape(bx)[0], lr.read_value()
+        rows_op, lr_read, mon_read = tf.shape(bx)[0], lr.read_value(), monitor.local_batch_size.read_value()
         scaffold = tf.compat.v1.train.Scaffold(local_init_op=tf.group(tf.compat.v1.local_variables_initializer(),
                                                                       iterator.initializer))  # fmt: skip
-        rows, lrs = [], []
+        rows, lrs, mon = [], [], []
         with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], scaffold=scaffold, config=_session_config()) as sess:
             for _ in range(5):
-                r, _, lr_now = sess.run([rows_op, train, lr_read])
-                rows.append(int(r)), lrs.append(float(lr_now))
+                r, _, lr_now, m = sess.run([rows_op, train, lr_read, mon_read])
+                rows.append(int(r)), lrs.append(float(lr_now)), mon.append(int(m))
     chk.equal(rows, [1, 1, 3, 3, 3], "v1: rows per step")
     chk.close(lrs, [0.1, 0.1, 0.3, 0.3, 0.3], 1e-6, "v1: lr follows linear")
     chk.equal(ops.topology().numpy().decode(), "BINARY_TREE", "v1: topology switched")
+    chk.equal(mon, [1, 1, 3, 3, 3], "v1: monitor.local_batch_size follows")
+    chk.equal(hook.runner.context.metrics.get("gns"), 7.5, "v1: monitor tensors read into metrics")
+
+
+class GraphMonitor:
+    """Test stand-in for a GradientMonitor built in a v1 graph (contract: tensors, local_batch_size)."""
+
+    def __init__(self):
+        self.local_batch_size = tf.Variable(0, dtype=tf.int64, name="monitor_local_batch_size")
+        self.tensors = {"gns": tf.Variable(7.5, dtype=tf.float64, name="monitor_gns")}
 
 
 def _session_config():
