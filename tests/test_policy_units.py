@@ -214,3 +214,23 @@ def test_readme_policy_with_keras_fit_epoch_hooks():
     assert history.history["batch_size"] == [2, 2, 6]
     assert int(opt.kungfu_monitor.local_batch_size.numpy()) == 6
     assert float(opt.learning_rate.numpy()) == pytest.approx(0.3)
+
+
+class DoubleAfterStep0(BasePolicy):
+    def after_step(self, ctx):
+        if ctx.step == 0:
+            ctx.set_batch_size(2 * ctx.batch_size)
+
+
+def test_custom_loop_with_input_signature_traces_once():
+    runner = PolicyRunner([DoubleAfterStep0()], batch_size=2, verbose=False)
+    ds = adaptive_batch(tf.data.Dataset.range(20), runner.local_batch_size)
+    train_step = tf.function(lambda x: tf.shape(x)[0], input_signature=[ds.element_spec])
+    rows = []
+    with runner.training(), runner.epoch_scope():
+        for x in ds.take(3):
+            with runner.step():
+                rows.append(int(train_step(x)))
+    assert rows == [2, 4, 4]
+    assert train_step.experimental_get_tracing_count() == 1
+    assert (runner.epoch, runner.steps_done, runner.samples) == (1, 3, 10)
