@@ -110,7 +110,9 @@ int main(int argc, char **argv) {
       opt.topology = topo;
       // Frame authentication as the workers of a job would read it.
       const char *auth = std::getenv("KUNGFU_AUTHENTICATE_FRAMES");
-      opt.authenticate_frames = auth && std::string(auth) == "1";
+      opt.frame_auth = auth == nullptr || *auth == '\0' ? kungfu::FrameAuthPolicy::kAcrossHosts
+                       : std::string(auth) == "1"       ? kungfu::FrameAuthPolicy::kAlways
+                                                        : kungfu::FrameAuthPolicy::kNever;
       std::_Exit(run_worker(opt, bytes / 4, iters, repeats, argv[2]));
     }
     children.push_back(pid);

@@ -242,7 +242,8 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   } close_when_done{this, fd, conn};
   std::string client_id, err;
   SessionKey session_key;
-  bool proven = server_handshake(fd.get(), opt_.secret, identity(), &client_id, &session_key, &err);
+  const HandshakeIdentity self = identity(connects_two_hosts(fd.get()));
+  bool proven = server_handshake(fd.get(), opt_.secret, self, &client_id, &session_key, &err);
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
     --handshaking_;
@@ -263,7 +264,11 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   }
 
   std::unique_ptr<FrameAuthenticator> auth;
-  if (opt_.authenticate_frames) auth = std::make_unique<FrameAuthenticator>(session_key, FrameDirection::kClientToServer);
+  if (self.authenticate_frames) {
+    auth = std::make_unique<FrameAuthenticator>(session_key, FrameDirection::kClientToServer);
+    note_authenticated_connection();
+  }
+  const size_t tag_len = auth ? FrameAuthenticator::kTagLen : 0;
   std::vector<char> scratch;
   std::string why;
   bool said_goodbye = false;
@@ -277,7 +282,7 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     }
     std::string key(h.key_len, '\0');
     if (!recv_all(fd.get(), key.data(), key.size(), &why)) break;
-    counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len + tag_len());
+    counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len + tag_len);
 
     // With authenticated frames the tag follows the payload, and nothing may
     // act on a frame before it is verified: take it whole first.
@@ -341,8 +346,21 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
 
 // ---------------------------------------------------------------- sending
 
-HandshakeIdentity Transport::identity() const {
-  return HandshakeIdentity{opt_.job_id, opt_.cluster.version(), opt_.authenticate_frames};
+HandshakeIdentity Transport::identity(bool across_hosts) const {
+  HandshakeIdentity self;
+  self.job_id = opt_.job_id;
+  self.cluster_version = opt_.cluster.version();
+  self.authenticate_frames = authenticates_frames(opt_.frame_auth, across_hosts);
+  self.frame_auth_policy = opt_.frame_auth;
+  self.across_hosts = across_hosts;
+  return self;
+}
+
+void Transport::note_authenticated_connection() {
+  if (authenticated_.fetch_add(1) == 0 && opt_.frame_auth == FrameAuthPolicy::kAcrossHosts) {
+    fprintf(stderr, "kungfu: %s authenticates the frames of its connections to other hosts (AES-GMAC; "
+            "KUNGFU_AUTHENTICATE_FRAMES=0 turns it off)\n", opt_.cluster.describe(opt_.self_rank).c_str());
+  }
 }
 
 Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth) {
@@ -376,10 +394,14 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
       set_io_timeout(fd.get(), opt_.timeout_seconds);
       std::string err;
       SessionKey key;
-      if (!client_handshake(fd.get(), opt_.secret, identity(), self.str(), &key, &err)) {
+      const HandshakeIdentity us = identity(connects_two_hosts(fd.get()));
+      if (!client_handshake(fd.get(), opt_.secret, us, self.str(), &key, &err)) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
       }
-      if (opt_.authenticate_frames) *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
+      if (us.authenticate_frames) {
+        *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
+        note_authenticated_connection();
+      }
       *out = std::move(fd);
       return Status::OK();
     }
@@ -403,7 +425,7 @@ Status Transport::write_frame(int dst, int fd, FrameAuthenticator *auth, SendIte
     iov[0] = {&item.header, sizeof(item.header)};
     iov[1] = {const_cast<char *>(item.key.data()), item.key.size()};
     iov[2] = {const_cast<void *>(item.data), item.len};
-    iov[3] = {item.tag.data(), tag_len()};
+    iov[3] = {item.tag.data(), item.tagged ? item.tag.size() : 0};
     // Skip what an earlier, partial write already sent.
     int first = 0;
     size_t skip = item.written;
