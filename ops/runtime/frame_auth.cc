@@ -92,8 +92,8 @@ void FrameAuthenticator::add_aad(const void *data, size_t len) {
   }
 }
 
-void FrameAuthenticator::begin_frame(const void *header, size_t header_len, const void *key, size_t key_len) {
-  // Never wraps in practice (2^64 frames); if it did, nonces would repeat.
+void FrameAuthenticator::begin_segment() {
+  // Never wraps in practice (2^64 tags); if it did, nonces would repeat.
   require(seq_ != UINT64_MAX, "frame sequence number exhausted");
   uint8_t nonce[kNonceLen];
   put_be(nonce, static_cast<uint8_t>(direction_), 4);
@@ -102,6 +102,10 @@ void FrameAuthenticator::begin_frame(const void *header, size_t header_len, cons
   // an unfinished frame is dropped with it).
   if (EVP_EncryptInit_ex(ctx_, nullptr, nullptr, nullptr, nonce) != 1) crypto_failure("EVP_EncryptInit_ex (nonce)");
   in_frame_ = true;
+}
+
+void FrameAuthenticator::begin_frame(const void *header, size_t header_len, const void *key, size_t key_len) {
+  begin_segment();
   uint8_t len[4];
   put_be(len, header_len, 4);
   add_aad(len, sizeof(len));

@@ -27,16 +27,27 @@
 //    whether a frame matched, and the first mismatch ends the stream (the
 //    connection is closed), so a forger gets one guess per connection.
 //
-// The sequence number counts the frames of one direction of one connection
+// A payload longer than kSegmentLen is tagged in segments of kSegmentLen
+// bytes (the last one shorter), so that a receiver can verify and use the
+// first segments while later ones are still on the wire (streaming) instead
+// of holding the whole frame first. On the wire:
+//   header | key | segment 0 | tag 0 | segment 1 | tag 1 | ... | tag n-1
+// with n = max(1, ceil(payload_len / kSegmentLen)). Tag 0 is the frame's
+// tag as above over header, key and segment 0 only; tag i > 0 has
+// AAD = segment i alone (begin_segment). Every tag takes the next sequence
+// number, so segments can no more be dropped, replayed or reordered than
+// frames, and the header that tag 0 covers fixes where the frame ends.
+//
+// The sequence number counts the tags of one direction of one connection
 // from 0, and each side keeps its own count rather than reading one off the
 // wire, so a frame that is replayed, dropped, reordered or moved to the
 // other direction fails to verify. Once a frame fails, every later one fails
 // too: the stream cannot be trusted to resync and the connection must be
 // closed.
 //
-// The payload can be fed in pieces, so a receiver sees the tag only after
-// the payload: it must not act on a frame's contents until verify_frame()
-// returned true.
+// The payload can be fed in pieces, so a receiver sees a tag only after the
+// bytes it covers: it must not act on them until verify_frame() returned
+// true.
 #pragma once
 
 #include <array>
@@ -77,7 +88,15 @@ class FrameAuthenticator {
  public:
   static constexpr size_t kTagLen = 16;
   static constexpr size_t kNonceLen = 12;
+  // The mailbox's streaming block (mailbox.h: kStreamBlock): a verified
+  // segment is consumed while it is still in cache.
+  static constexpr size_t kSegmentLen = size_t(128) << 10;
   using Tag = std::array<uint8_t, kTagLen>;
+
+  // How many segments (and tags) a payload of `payload_len` bytes takes.
+  static uint64_t segments(uint64_t payload_len) {
+    return payload_len == 0 ? 1 : (payload_len - 1) / kSegmentLen + 1;
+  }
 
   // Keys one AES-256-GCM context for the whole connection direction: the
   // key schedule and hash key are computed here once, and each frame only
@@ -90,6 +109,9 @@ class FrameAuthenticator {
   // Starts the next frame: its header and key. A frame that was begun but not
   // ended is abandoned (and its sequence number is not used).
   void begin_frame(const void *header, size_t header_len, const void *key, size_t key_len);
+  // Starts the next segment (after the first) of the current frame's payload;
+  // like begin_frame, abandons anything unfinished.
+  void begin_segment();
   // Feeds the next `len` bytes of the current frame's payload.
   void add_payload(const void *data, size_t len);
   // Sender: returns the current frame's tag and moves to the next sequence

@@ -113,13 +113,18 @@ class Transport {
     size_t len;
     std::shared_ptr<const void> keepalive;
     SendCallback on_sent;
-    size_t written = 0;  // bytes of header + key + payload (+ tag) already sent
-    FrameAuthenticator::Tag tag{};  // computed before the first byte is written
-    bool tagged = false;            // on a link that authenticates frames
+    size_t written = 0;  // bytes of the frame on the wire (tags included) already sent
+    bool authenticated = false;  // set by the first write on a link that authenticates frames
+    // The tag of segment signed_segments - 1 (frame_auth.h), computed just
+    // before that segment's first byte is written.
+    FrameAuthenticator::Tag tag{};
+    uint64_t signed_segments = 0;
   };
-  // Bytes of `item` on the wire: header, key, payload and (once tagged) the tag.
+  // Bytes of `item` on the wire: header, key, payload and, once known to be
+  // authenticated, one tag per segment.
   static size_t frame_bytes(const SendItem &item) {
-    return sizeof(item.header) + item.key.size() + item.len + (item.tagged ? FrameAuthenticator::kTagLen : 0);
+    return sizeof(item.header) + item.key.size() + item.len +
+           (item.authenticated ? FrameAuthenticator::segments(item.len) * FrameAuthenticator::kTagLen : 0);
   }
   struct Link {  // our outgoing connection to one peer
     std::mutex mu;

@@ -198,13 +198,20 @@ class BitFlippingProxy {
 // fails naming why; without it the same flipped bit silently changes the sum
 // (which is what the option is for, across hosts one does not control).
 void test_tampered_frame_is_caught() {
-  for (bool authenticate : {true, false}) {
+  // Authenticated frames stream in 128 KiB segments (frame_auth.h): flip a
+  // bit in the first, a middle and the last segment of the 1 MiB frame.
+  struct Case {
+    bool authenticate;
+    size_t flip_at;  // bytes into the connection (the handshake takes ~200)
+  };
+  for (const Case &c : {Case{true, 1000}, Case{true, 200000}, Case{true, 1048000}, Case{false, 200000}}) {
+    const bool authenticate = c.authenticate;
     uint16_t p0 = kftest::free_port(), p1 = kftest::free_port(), proxy_port = kftest::free_port();
     // A reduce to rank 0 uses the link 1 -> 0 only, so the two views of the
     // cluster differ only in where rank 1 finds rank 0.
     std::vector<PeerID> seen_by_0 = {{"127.0.0.1", p0}, {"127.0.0.2", p1}};
     std::vector<PeerID> seen_by_1 = {{"127.0.0.3", proxy_port}, {"127.0.0.2", p1}};
-    BitFlippingProxy proxy({"127.0.0.3", proxy_port}, {"127.0.0.1", p0}, 200000);
+    BitFlippingProxy proxy({"127.0.0.3", proxy_port}, {"127.0.0.1", p0}, c.flip_at);
     std::vector<std::unique_ptr<Runtime>> rts(2);
     for (int r = 0; r < 2; ++r) {
       RuntimeOptions o = kftest::options(r == 0 ? seen_by_0 : seen_by_1, r, TopologyKind::kStar, 3);
@@ -226,6 +233,7 @@ void test_tampered_frame_is_caught() {
     CHECK(proxy.flipped());
     if (authenticate) {
       CHECK(!root.ok());
+      if (!contains(root.message(), "frame authentication failed")) std::fprintf(stderr, "  %s\n", root.ToString().c_str());
       CHECK(contains(root.message(), "frame authentication failed"));
     } else {
       bool all_three = true;

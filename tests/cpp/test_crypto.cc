@@ -915,6 +915,23 @@ void test_frame_auth() {
     CHECK(tag_str(a.end_frame()) == tags[0]);
   }
 
+  // A frame in segments: the first tag covers header, key and segment 0, each
+  // later one its segment alone, each under the next sequence number.
+  {
+    FrameAuthenticator a(k, c2s);
+    const std::string seg0(1000, 's'), seg1(300, 't');
+    a.begin_frame("hdr", 3, "key", 3);
+    a.add_payload(seg0.data(), seg0.size());
+    CHECK(tag_str(a.end_frame()) == reference_tag(k, c2s, 0, "hdr", "key", seg0));
+    a.begin_segment();
+    a.add_payload(seg1.data(), seg1.size());
+    CHECK(tag_str(a.end_frame()) == reference_gmac(k.data(), be32(uint32_t(c2s)) + be64(1), seg1));
+    CHECK(a.next_sequence() == 2);
+    CHECK(FrameAuthenticator::segments(0) == 1 && FrameAuthenticator::segments(1) == 1);
+    CHECK(FrameAuthenticator::segments(FrameAuthenticator::kSegmentLen) == 1);
+    CHECK(FrameAuthenticator::segments(FrameAuthenticator::kSegmentLen + 1) == 2);
+  }
+
   // A frame begun and abandoned does not use up a sequence number.
   {
     FrameAuthenticator a(k, c2s);
