@@ -10,7 +10,7 @@
 #   make fuzz      libFuzzer targets (tests/fuzz/fuzz_*.cc), FUZZ_SECONDS each
 #   make demo      4-worker training demo (models/train.py)
 #   make bench     allreduce benchmark: ours, MWMS, Open MPI, raw transport
-#   make bench-frame-auth  cost of per-frame HMAC authentication vs memcpy
+#   make bench-frame-auth  cost of per-frame authentication (GMAC, HMAC) vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make lint      ruff
@@ -230,7 +230,7 @@ bench: install
 
 # Per-frame authentication cost (frame_auth.h) against memcpy, per MiB.
 FRAME_AUTH_BENCH := build/bench/frame_auth_cost
-FRAME_AUTH_OBJS := $(addprefix build/cpp/obj/,secret.o hmac.o frame_auth.o)
+FRAME_AUTH_OBJS := $(addprefix build/cpp/obj/,secret.o hmac.o libcrypto.o frame_auth.o)
 $(FRAME_AUTH_BENCH): benchmarks/frame_auth_cost.cc $(FRAME_AUTH_OBJS) Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(CPP_FLAGS) $< $(FRAME_AUTH_OBJS) $(CPP_LIBS) -o $@

@@ -2,8 +2,13 @@
 // np forked processes on loopback, each with its own runtime. Separates what
 // the runtime costs from what TF op dispatch costs in the main benchmark.
 //
-//   runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS
-//   (KUNGFU_AUTHENTICATE_FRAMES=1 tags and verifies every frame)
+//   runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [PEERS RANK]
+//   (KUNGFU_AUTHENTICATE_FRAMES=1 tags and verifies every frame, =0 none;
+//   unset: only frames between hosts)
+//
+// With PEERS (host:port,... of all NP ranks) and RANK, runs that one rank in
+// this process instead of forking NP on loopback: start one per host (or
+// network namespace) to measure across a link.
 //
 // Prints one line from rank 0:
 //   RESULT {"np": 2, "topology": "STAR", "size": 4, "median_s": ..., "samples": [...]}
@@ -81,8 +86,8 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS\n");
+  if (argc != 6 && argc != 8) {
+    std::fprintf(stderr, "usage: runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [PEERS RANK]\n");
     return 2;
   }
   int np = std::atoi(argv[1]);
@@ -94,13 +99,24 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "bad arguments: %s\n", s.ok() ? "np, bytes (multiple of 4), iters, repeats" : s.ToString().c_str());
     return 2;
   }
-  // Ports next to a random base: the benchmark runs alone on loopback.
-  int base = 20000 + static_cast<int>(getpid() % 20000);
   std::vector<kungfu::PeerID> peers;
-  for (int r = 0; r < np; ++r) peers.push_back(kungfu::PeerID{"127.0.0.1", static_cast<uint16_t>(base + r)});
+  int only_rank = -1;
+  if (argc == 8) {
+    s = kungfu::parse_peer_list(argv[6], &peers);
+    only_rank = std::atoi(argv[7]);
+    if (!s.ok() || static_cast<int>(peers.size()) != np || only_rank < 0 || only_rank >= np) {
+      std::fprintf(stderr, "bad PEERS or RANK: %s\n", s.ok() ? "NP peers and 0 <= RANK < NP" : s.ToString().c_str());
+      return 2;
+    }
+  } else {
+    // Ports next to a random base: the benchmark runs alone on loopback.
+    int base = 20000 + static_cast<int>(getpid() % 20000);
+    for (int r = 0; r < np; ++r) peers.push_back(kungfu::PeerID{"127.0.0.1", static_cast<uint16_t>(base + r)});
+  }
   std::vector<pid_t> children;
   for (int r = 0; r < np; ++r) {
-    pid_t pid = fork();
+    if (only_rank >= 0 && r != only_rank) continue;
+    pid_t pid = only_rank >= 0 ? 0 : fork();
     if (pid == 0) {
       kungfu::RuntimeOptions opt;
       opt.cluster = kungfu::Cluster(0, peers);
@@ -110,8 +126,12 @@ int main(int argc, char **argv) {
       opt.topology = topo;
       // Frame authentication as the workers of a job would read it.
       const char *auth = std::getenv("KUNGFU_AUTHENTICATE_FRAMES");
-      opt.authenticate_frames = auth && std::string(auth) == "1";
-      std::_Exit(run_worker(opt, bytes / 4, iters, repeats, argv[2]));
+      opt.frame_auth = auth == nullptr || *auth == '\0' ? kungfu::FrameAuthPolicy::kAcrossHosts
+                       : std::string(auth) == "1"       ? kungfu::FrameAuthPolicy::kAlways
+                                                        : kungfu::FrameAuthPolicy::kNever;
+      int rc = run_worker(opt, bytes / 4, iters, repeats, argv[2]);
+      if (only_rank >= 0) return rc;
+      std::_Exit(rc);
     }
     children.push_back(pid);
   }

@@ -14,7 +14,9 @@ results against numpy and prints "checked N results".
   on both ends of the veth; a 4 MiB all_reduce per topology must still be
   right (timing is not asserted).
 
-Both also check the veth counters: the data really crossed between the hosts.
+Both also check the veth counters: the data really crossed between the hosts,
+and that every worker authenticated the frames of its connections to the other
+host, as it does by default (KUNGFU_AUTHENTICATE_FRAMES unset), saying so once.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ SHAPED_CHECKS = TOPOLOGIES * 2  # set_topology + one 4 MiB all_reduce
 JOB_TIMEOUT = 75  # seconds, for both launchers together
 CHECKED = re.compile(r"^\[(\d+)\] checked (\d+) results$", re.MULTILINE)
 WORKER_LINE = re.compile(r"^\[(\d+)\]", re.MULTILINE)
+AUTHENTICATING = re.compile(
+    r"^\[(\d+)\] kungfu: rank \1 \(\S+\) authenticates the frames of its connections to other hosts", re.MULTILINE
+)
 
 
 @pytest.fixture
@@ -128,6 +133,10 @@ def assert_jobs_ok(results: dict[int, tuple[int, str, str]], checks: int) -> Non
         assert ranks == {2 * i, 2 * i + 1}, f"host {i} relayed ranks {ranks}\n" + describe(results)
     counts = {int(r): int(n) for _, out, _ in results.values() for r, n in CHECKED.findall(out)}
     assert counts == dict.fromkeys(range(NP), checks), f"checked counts {counts}\n" + describe(results)
+    # Frame authentication is on by default between hosts: every worker has
+    # a connection to the other host and says once that it authenticates it.
+    said = [int(r) for _, out, err in results.values() for r in AUTHENTICATING.findall(out + err)]
+    assert sorted(said) == list(range(NP)), f"ranks announcing frame authentication: {said}\n" + describe(results)
 
 
 def test_collectives_across_two_hosts(two_hosts, tmp_path):

@@ -65,24 +65,48 @@ uint32_t get_be32(const uint8_t *p) {
 // "job 'x' at cluster version 3", quoting a peer's unverified claim safely.
 std::string describe(const HandshakeIdentity &who) {
   std::string job = is_clean(who.job_id.data(), who.job_id.size()) ? "'" + who.job_id + "'" : "(unprintable)";
-  return "job " + job + " at cluster version " + std::to_string(who.cluster_version) +
-         (who.authenticate_frames ? " with" : " without") + " frame authentication";
+  return "job " + job + " at cluster version " + std::to_string(who.cluster_version);
 }
 
-bool same(const HandshakeIdentity &a, const HandshakeIdentity &b) {
-  return a.job_id == b.job_id && a.cluster_version == b.cluster_version &&
-         a.authenticate_frames == b.authenticate_frames;
+// "authenticates frames on this connection (KUNGFU_AUTHENTICATE_FRAMES unset
+// (authenticated across hosts only), and the connection joins two hosts)".
+std::string describe_frame_auth(const HandshakeIdentity &who) {
+  std::string out = who.authenticate_frames ? "authenticates frames on this connection ("
+                                            : "does not authenticate frames on this connection (";
+  out += describe_policy(who.frame_auth_policy);
+  if (who.frame_auth_policy == FrameAuthPolicy::kAcrossHosts) {
+    out += who.across_hosts ? ", and it sees the connection as joining two hosts"
+                            : ", and it sees the connection as within one host";
+  }
+  return out + ")";
+}
+
+bool same_job(const HandshakeIdentity &a, const HandshakeIdentity &b) {
+  return a.job_id == b.job_id && a.cluster_version == b.cluster_version;
+}
+
+// Both ends of a connection must frame it alike.
+std::string frame_auth_mismatch(const std::string &peer, const HandshakeIdentity &theirs,
+                                const HandshakeIdentity &ours) {
+  return "frame authentication differs: " + peer + " " + describe_frame_auth(theirs) + ", this worker " +
+         describe_frame_auth(ours) + "; set KUNGFU_AUTHENTICATE_FRAMES alike on every host";
 }
 
 // Bits of the ctx flags field.
 constexpr uint32_t kFlagAuthenticateFrames = 1;
+constexpr int kPolicyShift = 1;  // bits 1-2: FrameAuthPolicy
+constexpr uint32_t kPolicyMask = 3;
+constexpr uint32_t kFlagAcrossHosts = 8;
 
 // The ctx field of the wire format: version u32 | flags u32 | job_len u32 | job_id.
 std::string encode_identity(const HandshakeIdentity &who) {
   std::string out(3 * kU32, '\0');
   uint8_t *p = reinterpret_cast<uint8_t *>(&out[0]);
   put_be32(p, who.cluster_version);
-  put_be32(p + kU32, who.authenticate_frames ? kFlagAuthenticateFrames : 0);
+  const uint32_t flags = (who.authenticate_frames ? kFlagAuthenticateFrames : 0) |
+                         (static_cast<uint32_t>(who.frame_auth_policy) << kPolicyShift) |
+                         (who.across_hosts ? kFlagAcrossHosts : 0);
+  put_be32(p + kU32, flags);
   put_be32(p + 2 * kU32, static_cast<uint32_t>(who.job_id.size()));
   return out + who.job_id;
 }
@@ -217,6 +241,12 @@ class Deadline {
               recv_u32(&flags, whose + " flags", err) &&
               recv_string(kHandshakeMaxJobIdLen, true, whose + " job id", &out->job_id, err);
     out->authenticate_frames = (flags & kFlagAuthenticateFrames) != 0;
+    // Only explains a mismatch; an unknown value reads as the default.
+    const uint32_t policy = (flags >> kPolicyShift) & kPolicyMask;
+    out->frame_auth_policy = policy <= static_cast<uint32_t>(FrameAuthPolicy::kAlways)
+                                 ? static_cast<FrameAuthPolicy>(policy)
+                                 : FrameAuthPolicy::kAcrossHosts;
+    out->across_hosts = (flags & kFlagAcrossHosts) != 0;
     return ok;
   }
 
@@ -280,9 +310,12 @@ bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentit
   if (!is_clean(id.data(), id.size())) {
     return fail(err, "client id contains control characters");
   }
-  if (!same(claimed, self)) {
+  if (!same_job(claimed, self)) {
     return fail(err, "client " + id + " knows the secret but belongs to " + describe(claimed) + "; this worker is " +
                          describe(self) + " (a worker left over from another run?)");
+  }
+  if (claimed.authenticate_frames != self.authenticate_frames) {
+    return fail(err, frame_auth_mismatch("client " + id, claimed, self));
   }
 
   const HmacDigest proof = compute_mac(secret, kServerLabel, client_nonce, server_nonce, self, id);
@@ -336,9 +369,12 @@ bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentit
   if (!io.send(msg.data(), msg.size(), "client hello", err)) return false;
 
   // Sent our hello even so: the server then names the mismatch in its own log.
-  if (!same(server_claims, self)) {
+  if (!same_job(server_claims, self)) {
     return fail(err, "server belongs to " + describe(server_claims) + "; this worker is " + describe(self) +
                          " (a worker left over from another run?)");
+  }
+  if (server_claims.authenticate_frames != self.authenticate_frames) {
+    return fail(err, frame_auth_mismatch("the server", server_claims, self));
   }
 
   HmacDigest server_mac;

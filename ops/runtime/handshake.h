@@ -4,7 +4,10 @@
 //
 // Wire protocol (all integers big-endian; ctx = version u32 | flags u32 |
 // job_len u32 | job_id[job_len], the sender's own job identity; flags bit 0:
-// frames are authenticated):
+// frames on this connection are authenticated, bits 1-2: the sender's
+// KUNGFU_AUTHENTICATE_FRAMES (FrameAuthPolicy), bit 3: the sender sees the
+// connection as joining two hosts; only bit 0 must agree, the others let a
+// mismatch be explained):
 //   server -> client  "KFAUTHS3" | server_nonce[16] | ctx
 //   client -> server  "KFAUTHC3" | client_nonce[16] | ctx | id_len u32 | id
 //                     | HMAC(secret, "kungfu-client" | server_nonce
@@ -29,6 +32,7 @@
 #include <cstdint>
 #include <string>
 
+#include "frame_auth.h"
 #include "secret.h"
 
 namespace kungfu {
@@ -44,8 +48,11 @@ struct HandshakeIdentity {
   std::string job_id;
   uint32_t cluster_version = 0;
   // Whether every frame on the connection carries a tag (frame_auth.h); two
-  // ends that disagree fail the handshake rather than misread each other.
+  // ends that disagree fail the handshake rather than misread each other,
+  // and are told both sides' reasons:
   bool authenticate_frames = false;
+  FrameAuthPolicy frame_auth_policy = FrameAuthPolicy::kAcrossHosts;  // the setting that decided it
+  bool across_hosts = false;  // how this side sees the connection (socket_io.h: connects_two_hosts)
 };
 
 // Run by the side that accepted the connection. On success returns true, sets

@@ -2,7 +2,6 @@
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
 #include <openssl/rand.h>
@@ -11,38 +10,17 @@
 #include <cstdio>
 #include <cstdlib>
 
-// TensorFlow's headers ship BoringSSL's <openssl/...> (not on our include
-// path today); compiling against them while linking OpenSSL would break the
-// ABI silently, so refuse to.
-#if defined(OPENSSL_IS_BORINGSSL) || !defined(OPENSSL_VERSION_MAJOR) || OPENSSL_VERSION_MAJOR < 3
-#error "ops/runtime needs OpenSSL >= 3 headers (Debian: libssl-dev)"
-#endif
+#include "libcrypto.h"
 
 namespace kungfu {
 
 namespace {
 
-// These calls fail only when memory is exhausted or libcrypto itself is
-// broken; a MAC that silently came out wrong would be worse than stopping.
-[[noreturn]] void crypto_failure(const char *what) {
-  char buf[256] = "no OpenSSL error queued";
-  unsigned long e = ERR_get_error();
-  if (e != 0) ERR_error_string_n(e, buf, sizeof(buf));
-  std::fprintf(stderr, "kungfu: fatal: OpenSSL %s failed: %s\n", what, buf);
-  std::abort();
-}
-
 // Fetched once: a fetch looks the algorithm up under a global lock, too slow
 // to repeat per frame. EVP_MAC objects may be shared between threads.
 EVP_MAC *hmac_algorithm() {
   static EVP_MAC *const mac = [] {
-    // No atexit cleanup: connection threads may still authenticate while the
-    // process exits, and OPENSSL_cleanup would free state under them. No
-    // system openssl.cnf either: the runtime needs only the built-in default
-    // provider, and a host's configuration should not change the protocol.
-    if (OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT | OPENSSL_INIT_NO_LOAD_CONFIG, nullptr) != 1) {
-      crypto_failure("initialisation");
-    }
+    init_libcrypto();
     EVP_MAC *m = EVP_MAC_fetch(nullptr, OSSL_MAC_NAME_HMAC, nullptr);
     if (m == nullptr) crypto_failure("EVP_MAC_fetch(HMAC)");
     return m;
@@ -95,6 +73,7 @@ bool constant_time_equal(const uint8_t *a, const uint8_t *b, size_t n) {
 }
 
 bool random_bytes(void *out, size_t n) {
+  init_libcrypto();
   unsigned char *p = static_cast<unsigned char *>(out);
   while (n > 0) {
     const int chunk = n > static_cast<size_t>(INT_MAX) ? INT_MAX : static_cast<int>(n);

@@ -94,7 +94,9 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
   if (!authenticate.empty() && authenticate != "0" && authenticate != "1") {
     return InvalidArgument("KUNGFU_AUTHENTICATE_FRAMES='" + authenticate + "': expected 0 or 1");
   }
-  o.authenticate_frames = authenticate == "1";
+  o.frame_auth = authenticate.empty()  ? FrameAuthPolicy::kAcrossHosts
+                 : authenticate == "1" ? FrameAuthPolicy::kAlways
+                                       : FrameAuthPolicy::kNever;
   o.job_id = env("KUNGFU_JOB_ID");
   s = check_job_id(o.job_id, o.cluster.size());
   if (!s.ok()) return s;
@@ -139,7 +141,7 @@ Status Runtime::create(RuntimeOptions options, std::unique_ptr<Runtime> *out) {
     t.self_rank = rt->opt_.self_rank;
     t.secret = rt->opt_.secret;
     t.job_id = rt->opt_.job_id;
-    t.authenticate_frames = rt->opt_.authenticate_frames;
+    t.frame_auth = rt->opt_.frame_auth;
     t.timeout_seconds = rt->opt_.timeout_seconds;
     t.same_host_unix_sockets = rt->opt_.same_host_unix_sockets;
     rt->transport_ = std::make_unique<Transport>(t, rt.get());

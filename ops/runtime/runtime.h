@@ -30,15 +30,16 @@ struct RuntimeOptions {
   int self_rank = 0;
   SecretString secret;
   std::string job_id;  // this run of the job (KUNGFU_JOB_ID); connections of other runs are rejected
-  // Tag and verify every frame (KUNGFU_AUTHENTICATE_FRAMES=1); see TransportOptions.
-  bool authenticate_frames = false;
+  // Which connections tag and verify every frame (KUNGFU_AUTHENTICATE_FRAMES:
+  // unset = those between two hosts, 0 = none, 1 = all); see TransportOptions.
+  FrameAuthPolicy frame_auth = FrameAuthPolicy::kAcrossHosts;
   double timeout_seconds = 120;
   TopologyKind topology = TopologyKind::kAuto;
   size_t chunk_bytes = 1 << 20;
   bool same_host_unix_sockets = true;
 
   // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
-  // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET and KUNGFU_JOB_ID. Without KUNGFU_PEERS: a one-worker cluster.
+  // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET, KUNGFU_JOB_ID and KUNGFU_AUTHENTICATE_FRAMES. Without KUNGFU_PEERS: a one-worker cluster.
   static Status from_env(RuntimeOptions *out);
 };
 
@@ -153,6 +154,7 @@ class Runtime : public FrameHandler {
 
   const TrafficCounters &counters() const { return transport_->counters(); }
   uint64_t rejected_connections() const { return transport_->rejected_connections(); }
+  uint64_t authenticated_connections() const { return transport_->authenticated_connections(); }
   size_t pending_messages() const { return mailbox_.pending_messages(); }
   // request_at_least()s (ours or peers') waiting here for a save (for tests and leak checks).
   size_t parked_requests() const { return store_.waiting() + rows_.waiting(); }

@@ -1,6 +1,9 @@
 #include "socket_io.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -96,6 +99,25 @@ void set_io_timeout(int fd, double seconds) {
   tv.tv_usec = static_cast<suseconds_t>((seconds - tv.tv_sec) * 1e6);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+bool connects_two_hosts(int fd) {
+  struct sockaddr_storage peer = {};
+  socklen_t len = sizeof(peer);
+  if (::getpeername(fd, reinterpret_cast<struct sockaddr *>(&peer), &len) != 0) return true;
+  if (peer.ss_family == AF_UNIX) return false;
+  if (peer.ss_family != AF_INET) return true;
+  const in_addr_t addr = reinterpret_cast<const struct sockaddr_in *>(&peer)->sin_addr.s_addr;
+  if ((ntohl(addr) >> 24) == 127) return false;
+  struct ifaddrs *ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return true;
+  bool ours = false;
+  for (struct ifaddrs *i = ifs; i != nullptr && !ours; i = i->ifa_next) {
+    ours = i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+           reinterpret_cast<const struct sockaddr_in *>(i->ifa_addr)->sin_addr.s_addr == addr;
+  }
+  ::freeifaddrs(ifs);
+  return !ours;
 }
 
 }  // namespace kungfu

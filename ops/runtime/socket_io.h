@@ -39,4 +39,10 @@ bool recv_all(int fd, void *buf, size_t len, std::string *err);
 // Sets SO_RCVTIMEO/SO_SNDTIMEO; 0 disables the timeout.
 void set_io_timeout(int fd, double seconds);
 
+// Whether the connected socket `fd` joins this host to another one: false
+// for a Unix socket, a loopback address (127/8) or a peer address that one
+// of this host's (this network namespace's) interfaces holds; true for any
+// other TCP peer, and when the peer's address cannot be read.
+bool connects_two_hosts(int fd);
+
 }  // namespace kungfu

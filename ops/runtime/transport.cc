@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <cstdio>
 
@@ -79,6 +80,111 @@ bool connect_until(int fd, const struct sockaddr *addr, socklen_t len, std::chro
   ::fcntl(fd, F_SETFL, flags);  // blocking again: the handshake and sends set their own timeouts
   return true;
 }
+
+// Reads the payload of one authenticated frame segment by segment
+// (frame_auth.h) and hands out only verified bytes. Segment 0, which also
+// covers the header and key, is verified before the frame is handed to
+// anyone; a later read that covers whole segments lands straight in the
+// caller's buffer and returns once their tags matched, and a segment read in
+// parts is verified in `segment_` first. So a large frame streams (its first
+// segments are used while the rest is still arriving) and nothing acts on
+// bytes before their tag matched; a frame whose later segment fails has
+// been partly used (only genuine bytes) and breaks the connection.
+class VerifiedPayload {
+ public:
+  // `forged` runs when a tag does not match, before the read fails: a
+  // reader fails its op with a generic "connection lost", and the op should
+  // rather fail with the reason (`why`).
+  VerifiedPayload(int fd, FrameAuthenticator &auth, std::string &why, std::function<void()> forged)
+      : fd_(fd), auth_(auth), why_(why), forged_(std::move(forged)) {
+    segment_.resize(FrameAuthenticator::kSegmentLen);
+  }
+
+  // Starts the frame: reads and verifies its first segment.
+  bool begin(const FrameHeader &h, const std::string &key) {
+    header_ = &h;
+    key_ = &key;
+    next_ = 0;
+    held_ = held_len_ = 0;
+    const size_t n = next_segment_len();
+    if (!load(segment_.data(), n, true)) return false;
+    held_len_ = n;
+    return true;
+  }
+
+  bool read(void *dst, size_t len) {
+    char *out = static_cast<char *>(dst);
+    while (len > 0) {
+      if (held_ < held_len_) {
+        const size_t n = std::min(len, held_len_ - held_);
+        std::memcpy(out, segment_.data() + held_, n);
+        held_ += n;
+        out += n;
+        len -= n;
+        continue;
+      }
+      const size_t n = next_segment_len();
+      if (n == 0) {
+        why_ = "handler read past the end of a frame";
+        return false;
+      }
+      if (len >= n) {  // a whole segment: straight into the caller's buffer
+        if (!load(out, n, false)) return false;
+        out += n;
+        len -= n;
+      } else {
+        if (!load(segment_.data(), n, false)) return false;
+        held_ = 0;
+        held_len_ = n;
+      }
+    }
+    return true;
+  }
+
+  // Reads (and verifies) whatever of the frame nobody wanted.
+  bool finish() {
+    held_ = held_len_ = 0;
+    for (size_t n; (n = next_segment_len()) > 0;) {
+      if (!load(segment_.data(), n, false)) return false;
+    }
+    return true;
+  }
+
+ private:
+  size_t next_segment_len() const {
+    return static_cast<size_t>(std::min<uint64_t>(FrameAuthenticator::kSegmentLen, header_->payload_len - next_));
+  }
+
+  // The next segment (n bytes) into dst, then its tag; `first`: segment 0,
+  // whose tag covers the header and key too.
+  bool load(char *dst, size_t n, bool first) {
+    FrameAuthenticator::Tag tag;
+    if (!recv_all(fd_, dst, n, &why_) || !recv_all(fd_, tag.data(), tag.size(), &why_)) return false;
+    if (first) {
+      auth_.begin_frame(header_, sizeof(*header_), key_->data(), key_->size());
+    } else {
+      auth_.begin_segment();
+    }
+    auth_.add_payload(dst, n);
+    next_ += n;
+    if (!auth_.verify_frame(tag.data())) {
+      why_ = "frame authentication failed (the frame was tampered with, replayed, reordered or injected)";
+      forged_();
+      return false;
+    }
+    return true;
+  }
+
+  const int fd_;
+  FrameAuthenticator &auth_;
+  std::string &why_;
+  const std::function<void()> forged_;
+  std::vector<char> segment_;
+  const FrameHeader *header_ = nullptr;
+  const std::string *key_ = nullptr;
+  uint64_t next_ = 0;              // payload offset of the next segment on the wire
+  size_t held_ = 0, held_len_ = 0;  // unread part of segment_
+};
 
 }  // namespace
 
@@ -242,7 +348,8 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   } close_when_done{this, fd, conn};
   std::string client_id, err;
   SessionKey session_key;
-  bool proven = server_handshake(fd.get(), opt_.secret, identity(), &client_id, &session_key, &err);
+  const HandshakeIdentity self = identity(connects_two_hosts(fd.get()));
+  bool proven = server_handshake(fd.get(), opt_.secret, self, &client_id, &session_key, &err);
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
     --handshaking_;
@@ -263,10 +370,20 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   }
 
   std::unique_ptr<FrameAuthenticator> auth;
-  if (opt_.authenticate_frames) auth = std::make_unique<FrameAuthenticator>(session_key, FrameDirection::kClientToServer);
+  if (self.authenticate_frames) {
+    auth = std::make_unique<FrameAuthenticator>(session_key, FrameDirection::kClientToServer);
+    note_authenticated_connection();
+  }
+  std::unique_ptr<VerifiedPayload> verified;
   std::vector<char> scratch;
   std::string why;
   bool said_goodbye = false;
+  auto lost = [&] { return Unavailable("lost connection from " + opt_.cluster.describe(src) + ": " + why); };
+  if (auth) {
+    verified = std::make_unique<VerifiedPayload>(fd.get(), *auth, why, [&] {
+      if (!stopping_ && !leaving_) handler_->on_peer_lost(src, lost());
+    });
+  }
   while (true) {
     FrameHeader h;
     if (!recv_all(fd.get(), &h, sizeof(h), &why)) break;
@@ -277,23 +394,11 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     }
     std::string key(h.key_len, '\0');
     if (!recv_all(fd.get(), key.data(), key.size(), &why)) break;
-    counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len + tag_len());
+    const uint64_t tags = auth ? FrameAuthenticator::segments(h.payload_len) : 0;
+    counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len + tags * FrameAuthenticator::kTagLen);
+    // Nothing may act on a header, key or payload byte before its tag matched.
+    if (verified && !verified->begin(h, key)) break;
 
-    // With authenticated frames the tag follows the payload, and nothing may
-    // act on a frame before it is verified: take it whole first.
-    PooledBuffer verified;
-    if (auth) {
-      // Grown as the bytes arrive: the claimed length is not verified yet.
-      PartialReader from_socket = [&](void *dst, size_t len) { return recv_all(fd.get(), dst, len, &why); };
-      FrameAuthenticator::Tag tag;
-      if (!read_payload(from_socket, h.payload_len, &verified) || !recv_all(fd.get(), tag.data(), tag.size(), &why)) {
-        break;
-      }
-      if (!auth->verify(&h, sizeof(h), key.data(), key.size(), verified.data(), h.payload_len, tag.data())) {
-        why = "frame authentication failed (the frame was tampered with, replayed, reordered or injected)";
-        break;
-      }
-    }
     uint64_t consumed = 0;
     bool read_ok = true;
     PartialReader read = [&](void *dst, size_t len) {
@@ -302,11 +407,7 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
         read_ok = false;
         return false;
       }
-      if (auth) {
-        if (len > 0) std::memcpy(dst, verified.data() + consumed, len);
-      } else {
-        read_ok = recv_all(fd.get(), dst, len, &why);
-      }
+      read_ok = verified ? verified->read(dst, len) : recv_all(fd.get(), dst, len, &why);
       consumed += len;
       return read_ok;
     };
@@ -323,7 +424,10 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
       break;
     }
     // Skip whatever of the payload nobody wanted.
-    if (auth) consumed = h.payload_len;
+    if (verified) {
+      read_ok = read_ok && verified->finish();
+      consumed = h.payload_len;
+    }
     while (read_ok && consumed < h.payload_len) {
       scratch.resize(std::min<uint64_t>(h.payload_len - consumed, 1 << 20));
       size_t n = scratch.size();
@@ -334,15 +438,26 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   }
   // After a goodbye the end of the stream is expected; while we leave, so is
   // a peer closing on us. Anything else is a crash.
-  if (!stopping_ && !leaving_ && !said_goodbye) {
-    handler_->on_peer_lost(src, Unavailable("lost connection from " + opt_.cluster.describe(src) + ": " + why));
-  }
+  if (!stopping_ && !leaving_ && !said_goodbye) handler_->on_peer_lost(src, lost());
 }
 
 // ---------------------------------------------------------------- sending
 
-HandshakeIdentity Transport::identity() const {
-  return HandshakeIdentity{opt_.job_id, opt_.cluster.version(), opt_.authenticate_frames};
+HandshakeIdentity Transport::identity(bool across_hosts) const {
+  HandshakeIdentity self;
+  self.job_id = opt_.job_id;
+  self.cluster_version = opt_.cluster.version();
+  self.authenticate_frames = authenticates_frames(opt_.frame_auth, across_hosts);
+  self.frame_auth_policy = opt_.frame_auth;
+  self.across_hosts = across_hosts;
+  return self;
+}
+
+void Transport::note_authenticated_connection() {
+  if (authenticated_.fetch_add(1) == 0 && opt_.frame_auth == FrameAuthPolicy::kAcrossHosts) {
+    fprintf(stderr, "kungfu: %s authenticates the frames of its connections to other hosts (AES-GMAC; "
+            "KUNGFU_AUTHENTICATE_FRAMES=0 turns it off)\n", opt_.cluster.describe(opt_.self_rank).c_str());
+  }
 }
 
 Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth) {
@@ -376,10 +491,14 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
       set_io_timeout(fd.get(), opt_.timeout_seconds);
       std::string err;
       SessionKey key;
-      if (!client_handshake(fd.get(), opt_.secret, identity(), self.str(), &key, &err)) {
+      const HandshakeIdentity us = identity(connects_two_hosts(fd.get()));
+      if (!client_handshake(fd.get(), opt_.secret, us, self.str(), &key, &err)) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
       }
-      if (opt_.authenticate_frames) *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
+      if (us.authenticate_frames) {
+        *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
+        note_authenticated_connection();
+      }
       *out = std::move(fd);
       return Status::OK();
     }
@@ -392,27 +511,54 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
 }
 
 Status Transport::write_frame(int dst, int fd, FrameAuthenticator *auth, SendItem &item, bool wait) {
+  if (auth) item.authenticated = true;
   const size_t total = frame_bytes(item);
-  if (auth && !item.tagged) {
-    // Signed exactly once, in wire order: only the link's one busy writer gets here.
-    item.tag = auth->sign(&item.header, sizeof(item.header), item.key.data(), item.key.size(), item.data, item.len);
-    item.tagged = true;
-  }
+  const size_t prefix = sizeof(item.header) + item.key.size();
+  const uint64_t segments = FrameAuthenticator::segments(item.len);
+  constexpr size_t kSeg = FrameAuthenticator::kSegmentLen, kTag = FrameAuthenticator::kTagLen;
   while (item.written < total) {
+    // The bytes of the wire still to write: everything, or (authenticated)
+    // what is left of the current segment and its tag.
     struct iovec iov[4];
-    iov[0] = {&item.header, sizeof(item.header)};
-    iov[1] = {const_cast<char *>(item.key.data()), item.key.size()};
-    iov[2] = {const_cast<void *>(item.data), item.len};
-    iov[3] = {item.tag.data(), tag_len()};
+    int n_iov = 0;
+    size_t start = 0;  // wire offset of iov[0]
+    if (!item.authenticated) {
+      iov[n_iov++] = {&item.header, sizeof(item.header)};
+      iov[n_iov++] = {const_cast<char *>(item.key.data()), item.key.size()};
+      iov[n_iov++] = {const_cast<void *>(item.data), item.len};
+    } else {
+      const uint64_t seg = item.written < prefix ? 0 : std::min<uint64_t>((item.written - prefix) / (kSeg + kTag), segments - 1);
+      const size_t seg_off = seg * kSeg;
+      const size_t seg_len = std::min(kSeg, item.len - seg_off);
+      if (item.signed_segments == seg) {
+        // Signed exactly once, in wire order: only the link's one busy writer gets here.
+        if (seg == 0) {
+          auth->begin_frame(&item.header, sizeof(item.header), item.key.data(), item.key.size());
+        } else {
+          auth->begin_segment();
+        }
+        auth->add_payload(static_cast<const char *>(item.data) + seg_off, seg_len);
+        item.tag = auth->end_frame();
+        ++item.signed_segments;
+      }
+      if (seg == 0) {
+        iov[n_iov++] = {&item.header, sizeof(item.header)};
+        iov[n_iov++] = {const_cast<char *>(item.key.data()), item.key.size()};
+      } else {
+        start = prefix + seg * (kSeg + kTag);
+      }
+      iov[n_iov++] = {const_cast<char *>(static_cast<const char *>(item.data)) + seg_off, seg_len};
+      iov[n_iov++] = {item.tag.data(), kTag};
+    }
     // Skip what an earlier, partial write already sent.
     int first = 0;
-    size_t skip = item.written;
+    size_t skip = item.written - start;
     while (skip >= iov[first].iov_len) skip -= iov[first++].iov_len;
     iov[first].iov_base = static_cast<char *>(iov[first].iov_base) + skip;
     iov[first].iov_len -= skip;
     struct msghdr msg = {};
     msg.msg_iov = iov + first;
-    msg.msg_iovlen = 4 - first;
+    msg.msg_iovlen = n_iov - first;
     ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
     if (n < 0) {
       if (errno == EINTR) continue;

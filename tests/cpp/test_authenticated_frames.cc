@@ -1,8 +1,10 @@
 // Frame authentication in the transport (KUNGFU_AUTHENTICATE_FRAMES): with it
 // on, every collective and point-to-point exchange still gives exact results,
 // frames of every size are tagged and verified (partial writes included), and
-// two workers that disagree on the setting fail their handshake with a clear
-// reason instead of misreading each other's frames.
+// two workers that disagree on a connection fail its handshake with both
+// settings named instead of misreading each other's frames. By default only
+// connections between two hosts authenticate (tests/test_multihost_collectives.py
+// checks that side); here, on one host, none do.
 #include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,13 +22,15 @@ using kftest::contains;
 
 namespace {
 
-std::vector<std::unique_ptr<Runtime>> authenticated_cluster(int n, const std::vector<bool> &authenticate,
-                                                            TopologyKind topo, double timeout = 10) {
+std::vector<std::unique_ptr<Runtime>> authenticated_cluster(int n, const std::vector<FrameAuthPolicy> &policy,
+                                                            TopologyKind topo, double timeout = 10,
+                                                            bool unix_sockets = true) {
   std::vector<PeerID> peers = kftest::local_peers(n);
   std::vector<std::unique_ptr<Runtime>> rts(n);
   for (int r = 0; r < n; ++r) {
     RuntimeOptions o = kftest::options(peers, r, topo, timeout);
-    o.authenticate_frames = authenticate[r];
+    o.frame_auth = policy[r];
+    o.same_host_unix_sockets = unix_sockets;
     CHECK_OK(Runtime::create(o, &rts[r]));
   }
   return rts;
@@ -34,7 +38,8 @@ std::vector<std::unique_ptr<Runtime>> authenticated_cluster(int n, const std::ve
 
 void test_exact_results_with_authenticated_frames() {
   for (TopologyKind topo : {TopologyKind::kStar, TopologyKind::kRing}) {
-    auto rts = authenticated_cluster(3, {true, true, true}, topo);
+    const FrameAuthPolicy on = FrameAuthPolicy::kAlways;
+    auto rts = authenticated_cluster(3, {on, on, on}, topo);
     for (size_t count : {size_t(1), size_t(1000), size_t(300000), size_t(4 << 20)}) {  // up to 16 MiB: partial writes
       std::vector<std::vector<float>> in(3);
       for (int r = 0; r < 3; ++r) {
@@ -55,21 +60,77 @@ void test_exact_results_with_authenticated_frames() {
       rts[0]->request(2, "model", 7, got.data(), got.size() * sizeof(float), nullptr, d);
     }));
     CHECK(got == blob);
+    // Every rank sent or received through an authenticated connection.
+    for (auto &rt : rts) CHECK(rt->authenticated_connections() > 0);
   }
 }
 
+// Same-host connections (Unix sockets, loopback TCP) are not authenticated
+// unless KUNGFU_AUTHENTICATE_FRAMES=1: nobody can tamper with them without
+// already owning the host.
+void test_same_host_connections_are_not_authenticated_by_default() {
+  for (bool unix_sockets : {true, false}) {
+    const FrameAuthPolicy dflt = FrameAuthPolicy::kAcrossHosts;
+    auto rts = authenticated_cluster(2, {dflt, dflt}, TopologyKind::kStar, 10, unix_sockets);
+    std::vector<std::vector<float>> in = {std::vector<float>(1000, 1), std::vector<float>(1000, 2)};
+    std::vector<Status> st = all_reduce_everywhere(rts, "local", in);
+    for (int r = 0; r < 2; ++r) {
+      CHECK_OK(st[r]);
+      CHECK(in[r] == std::vector<float>(1000, 3));
+      CHECK(rts[r]->authenticated_connections() == 0);
+    }
+  }
+}
+
+// Which sockets count as joining two hosts.
+void test_connects_two_hosts() {
+  int pair[2];
+  CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+  Fd a(pair[0]), b(pair[1]);
+  CHECK(!connects_two_hosts(a.get()));
+  CHECK(connects_two_hosts(-1));  // unreadable: authenticate rather than not
+  // TCP to a loopback address other than 127.0.0.1.
+  Fd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.5", &addr.sin_addr);
+  CHECK(::bind(listener.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0);
+  CHECK(::listen(listener.get(), 1) == 0);
+  socklen_t len = sizeof(addr);
+  CHECK(::getsockname(listener.get(), reinterpret_cast<sockaddr *>(&addr), &len) == 0);
+  Fd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  CHECK(::connect(client.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0);
+  Fd server(::accept(listener.get(), nullptr, nullptr));
+  CHECK(!connects_two_hosts(client.get()));
+  CHECK(!connects_two_hosts(server.get()));
+}
+
 void test_disagreeing_workers_fail_their_handshake() {
-  // Rank 1 (the client) fails at once, naming the mismatch; rank 0 cannot
-  // hear from an unauthenticated peer at all and times out.
-  auto rts = authenticated_cluster(2, {true, false}, TopologyKind::kStar, 2);
-  std::vector<std::vector<float>> in = {std::vector<float>(4, 1), std::vector<float>(4, 2)};
-  std::vector<Status> st = all_reduce_everywhere(rts, "mixed", in);
-  CHECK(!st[0].ok() && !st[1].ok());
-  bool named = false;
-  for (const Status &s : st) named = named || contains(s.message(), "frame authentication");
-  if (!named) std::fprintf(stderr, "  %s\n  %s\n", st[0].ToString().c_str(), st[1].ToString().c_str());
-  CHECK(named);
-  CHECK(in[0][0] == 1 && in[1][0] == 2);  // nothing was mixed in
+  // A client fails at once, naming both sides' settings; a rank that cannot
+  // hear from its peer at all times out.
+  struct Case {
+    FrameAuthPolicy a, b;
+    std::vector<const char *> named;
+  };
+  for (const Case &c : {Case{FrameAuthPolicy::kAlways, FrameAuthPolicy::kNever,
+                             {"KUNGFU_AUTHENTICATE_FRAMES=1", "KUNGFU_AUTHENTICATE_FRAMES=0"}},
+                        Case{FrameAuthPolicy::kAlways, FrameAuthPolicy::kAcrossHosts,
+                             {"KUNGFU_AUTHENTICATE_FRAMES=1", "KUNGFU_AUTHENTICATE_FRAMES unset",
+                              "sees the connection as within one host"}}}) {
+    auto rts = authenticated_cluster(2, {c.a, c.b}, TopologyKind::kStar, 2);
+    std::vector<std::vector<float>> in = {std::vector<float>(4, 1), std::vector<float>(4, 2)};
+    std::vector<Status> st = all_reduce_everywhere(rts, "mixed", in);
+    CHECK(!st[0].ok() && !st[1].ok());
+    bool named = false;
+    for (const Status &s : st) {
+      bool all = contains(s.message(), "frame authentication differs");
+      for (const char *what : c.named) all = all && contains(s.message(), what);
+      named = named || all;
+    }
+    if (!named) std::fprintf(stderr, "  %s\n  %s\n", st[0].ToString().c_str(), st[1].ToString().c_str());
+    CHECK(named);
+    CHECK(in[0][0] == 1 && in[1][0] == 2);  // nothing was mixed in
+  }
 }
 
 // A man in the middle on the link from rank 1 to rank 0: forwards every byte
@@ -137,17 +198,24 @@ class BitFlippingProxy {
 // fails naming why; without it the same flipped bit silently changes the sum
 // (which is what the option is for, across hosts one does not control).
 void test_tampered_frame_is_caught() {
-  for (bool authenticate : {true, false}) {
+  // Authenticated frames stream in 128 KiB segments (frame_auth.h): flip a
+  // bit in the first, a middle and the last segment of the 1 MiB frame.
+  struct Case {
+    bool authenticate;
+    size_t flip_at;  // bytes into the connection (the handshake takes ~200)
+  };
+  for (const Case &c : {Case{true, 1000}, Case{true, 200000}, Case{true, 1048000}, Case{false, 200000}}) {
+    const bool authenticate = c.authenticate;
     uint16_t p0 = kftest::free_port(), p1 = kftest::free_port(), proxy_port = kftest::free_port();
     // A reduce to rank 0 uses the link 1 -> 0 only, so the two views of the
     // cluster differ only in where rank 1 finds rank 0.
     std::vector<PeerID> seen_by_0 = {{"127.0.0.1", p0}, {"127.0.0.2", p1}};
     std::vector<PeerID> seen_by_1 = {{"127.0.0.3", proxy_port}, {"127.0.0.2", p1}};
-    BitFlippingProxy proxy({"127.0.0.3", proxy_port}, {"127.0.0.1", p0}, 200000);
+    BitFlippingProxy proxy({"127.0.0.3", proxy_port}, {"127.0.0.1", p0}, c.flip_at);
     std::vector<std::unique_ptr<Runtime>> rts(2);
     for (int r = 0; r < 2; ++r) {
       RuntimeOptions o = kftest::options(r == 0 ? seen_by_0 : seen_by_1, r, TopologyKind::kStar, 3);
-      o.authenticate_frames = authenticate;
+      o.frame_auth = authenticate ? FrameAuthPolicy::kAlways : FrameAuthPolicy::kNever;
       CHECK_OK(Runtime::create(o, &rts[r]));
     }
     const size_t count = 1 << 18;  // 1 MiB: the flip lands inside a payload
@@ -165,6 +233,7 @@ void test_tampered_frame_is_caught() {
     CHECK(proxy.flipped());
     if (authenticate) {
       CHECK(!root.ok());
+      if (!contains(root.message(), "frame authentication failed")) std::fprintf(stderr, "  %s\n", root.ToString().c_str());
       CHECK(contains(root.message(), "frame authentication failed"));
     } else {
       bool all_three = true;
@@ -180,6 +249,9 @@ void test_tampered_frame_is_caught() {
 int main() {
   return kftest::run_tests({
       {"exact_results_with_authenticated_frames", test_exact_results_with_authenticated_frames},
+      {"same_host_connections_are_not_authenticated_by_default",
+       test_same_host_connections_are_not_authenticated_by_default},
+      {"connects_two_hosts", test_connects_two_hosts},
       {"disagreeing_workers_fail_their_handshake", test_disagreeing_workers_fail_their_handshake},
       {"tampered_frame_is_caught", test_tampered_frame_is_caught},
   });

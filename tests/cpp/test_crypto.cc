@@ -1,9 +1,12 @@
 // Tests for HMAC-SHA256 (OpenSSL), key material, the connection handshake
-// and per-frame authentication.
+// and per-frame authentication (AES-256-GMAC).
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -780,16 +783,79 @@ kungfu::SessionKey make_key(uint8_t seed) {
 
 std::string be64(uint64_t v) { return be32(uint32_t(v >> 32)) + be32(uint32_t(v)); }
 
-// frame_auth.h's tag, computed independently with the one-shot HMAC.
+// frame_auth.h's tag (AES-256-GMAC), computed independently: GHASH written
+// out from NIST SP 800-38D (Algorithm 1, bit by bit) and AES as a bare block
+// cipher (ECB of one block), none of OpenSSL's GCM code.
+using Block = std::array<uint8_t, 16>;
+
+Block aes256_block(const uint8_t key[32], const Block &in) {
+  EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+  Block out{};
+  int n = 0;
+  bool ok = ctx && EVP_EncryptInit_ex(ctx, EVP_aes_256_ecb(), nullptr, key, nullptr) == 1 &&
+            EVP_CIPHER_CTX_set_padding(ctx, 0) == 1 && EVP_EncryptUpdate(ctx, out.data(), &n, in.data(), 16) == 1 &&
+            n == 16;
+  EVP_CIPHER_CTX_free(ctx);
+  CHECK(ok);
+  return out;
+}
+
+// X * Y in GF(2^128) with GCM's bit order (bit 0 = the first byte's MSB).
+Block gf_multiply(const Block &x, const Block &y) {
+  Block z{}, v = y;
+  for (int i = 0; i < 128; ++i) {
+    if ((x[i / 8] >> (7 - i % 8)) & 1) {
+      for (int j = 0; j < 16; ++j) z[j] ^= v[j];
+    }
+    const bool lsb = v[15] & 1;
+    for (int j = 15; j > 0; --j) v[j] = uint8_t((v[j] >> 1) | (v[j - 1] << 7));
+    v[0] >>= 1;
+    if (lsb) v[0] ^= 0xe1;
+  }
+  return z;
+}
+
+// GMAC(key, iv (12 bytes), aad): GCM with an empty plaintext.
+std::string reference_gmac(const uint8_t key[32], const std::string &iv, const std::string &aad) {
+  const Block h = aes256_block(key, Block{});
+  Block x{};
+  auto absorb = [&](const uint8_t *b, size_t n) {  // one block, zero-padded
+    for (size_t j = 0; j < n; ++j) x[j] ^= b[j];
+    x = gf_multiply(x, h);
+  };
+  for (size_t off = 0; off < aad.size(); off += 16) {
+    absorb(reinterpret_cast<const uint8_t *>(aad.data()) + off, std::min<size_t>(16, aad.size() - off));
+  }
+  Block lengths{};  // len(A) in bits, then len(C) = 0, both 64-bit big-endian
+  const uint64_t bits = uint64_t(aad.size()) * 8;
+  for (int j = 0; j < 8; ++j) lengths[j] = uint8_t(bits >> (56 - 8 * j));
+  absorb(lengths.data(), 16);
+  Block j0{};
+  std::memcpy(j0.data(), iv.data(), 12);
+  j0[15] = 1;
+  const Block mask = aes256_block(key, j0);
+  std::string tag(16, '\0');
+  for (int j = 0; j < 16; ++j) tag[j] = char(x[j] ^ mask[j]);
+  return tag;
+}
+
+void test_reference_gmac() {
+  // The GCM specification's test case 13 (AES-256, all-zero key and IV,
+  // nothing to authenticate) pins the reference itself.
+  const uint8_t zero_key[32] = {};
+  const std::string t = reference_gmac(zero_key, std::string(12, '\0'), "");
+  const uint8_t expected[16] = {0x53, 0x0f, 0x8a, 0xfb, 0xc7, 0x45, 0x36, 0xb9,
+                                0xa9, 0x63, 0xb4, 0xf1, 0xc4, 0xcb, 0x73, 0x8b};
+  CHECK(t == std::string(reinterpret_cast<const char *>(expected), 16));
+}
+
 std::string reference_tag(const kungfu::SessionKey &k, FrameDirection dir,
                           uint64_t seq, const std::string &header,
                           const std::string &key, const std::string &payload) {
-  const std::string in = std::string(1, char(dir)) + be64(seq) +
-                         be32(uint32_t(header.size())) + header +
-                         be32(uint32_t(key.size())) + key + payload +
-                         be64(payload.size());
-  const std::string secret(reinterpret_cast<const char *>(k.data()), k.size());
-  return mac_of(secret, in).substr(0, FrameAuthenticator::kTagLen);
+  const std::string nonce = be32(uint32_t(dir)) + be64(seq);
+  const std::string aad = be32(uint32_t(header.size())) + header +
+                          be32(uint32_t(key.size())) + key + payload;
+  return reference_gmac(k.data(), nonce, aad);
 }
 
 struct Frame {
@@ -847,6 +913,23 @@ void test_frame_auth() {
       step = step * 13 % 70001 + 1;
     }
     CHECK(tag_str(a.end_frame()) == tags[0]);
+  }
+
+  // A frame in segments: the first tag covers header, key and segment 0, each
+  // later one its segment alone, each under the next sequence number.
+  {
+    FrameAuthenticator a(k, c2s);
+    const std::string seg0(1000, 's'), seg1(300, 't');
+    a.begin_frame("hdr", 3, "key", 3);
+    a.add_payload(seg0.data(), seg0.size());
+    CHECK(tag_str(a.end_frame()) == reference_tag(k, c2s, 0, "hdr", "key", seg0));
+    a.begin_segment();
+    a.add_payload(seg1.data(), seg1.size());
+    CHECK(tag_str(a.end_frame()) == reference_gmac(k.data(), be32(uint32_t(c2s)) + be64(1), seg1));
+    CHECK(a.next_sequence() == 2);
+    CHECK(FrameAuthenticator::segments(0) == 1 && FrameAuthenticator::segments(1) == 1);
+    CHECK(FrameAuthenticator::segments(FrameAuthenticator::kSegmentLen) == 1);
+    CHECK(FrameAuthenticator::segments(FrameAuthenticator::kSegmentLen + 1) == 2);
   }
 
   // A frame begun and abandoned does not use up a sequence number.
@@ -939,6 +1022,7 @@ int main() {
   test_handshake_hostile_servers();
   test_handshake_bad_self_id();
   test_job_id_from_env();
+  test_reference_gmac();
   test_frame_auth();
   test_frame_auth_rejects();
   std::printf("%d passed, 0 failed\n", g_passed);

@@ -43,6 +43,14 @@ void test_good_values() {
   CHECK(o.self_rank == 1);
   CHECK(o.timeout_seconds == 2.5);
   CHECK(o.cluster.version() == 4294967295u);
+  // Frame authentication: across hosts unless set; 0 and 1 force it.
+  CHECK(o.frame_auth == FrameAuthPolicy::kAcrossHosts);
+  for (auto [value, policy] : {std::pair{"0", FrameAuthPolicy::kNever}, std::pair{"1", FrameAuthPolicy::kAlways}}) {
+    setenv("KUNGFU_AUTHENTICATE_FRAMES", value, 1);
+    RuntimeOptions forced;
+    CHECK_OK(RuntimeOptions::from_env(&forced));
+    CHECK(forced.frame_auth == policy);
+  }
 }
 
 void test_bad_values() {
