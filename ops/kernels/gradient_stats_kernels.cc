@@ -50,7 +50,19 @@ absl::Status visit_floats(const Tensor &t, Fn fn) {
   }
 }
 
+// float and double go through Eigen's vectorised reduction (a pass over a
+// large model's gradients is then memory-bound, not bound by one scalar
+// add chain); half and bfloat16 are rare for gradients and take the loop.
 double sum_of_squares(const Tensor &t, absl::Status *status) {
+  *status = absl::OkStatus();
+  if (t.dtype() == tensorflow::DT_FLOAT) {
+    Eigen::Tensor<double, 0, Eigen::RowMajor> sum = t.flat<float>().template cast<double>().square().sum();
+    return sum();
+  }
+  if (t.dtype() == tensorflow::DT_DOUBLE) {
+    Eigen::Tensor<double, 0, Eigen::RowMajor> sum = t.flat<double>().square().sum();
+    return sum();
+  }
   double sum = 0.0;
   *status = visit_floats(t, [&sum](const auto *p, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {

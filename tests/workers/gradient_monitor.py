@@ -285,11 +285,11 @@ def main() -> None:
     rank = ops.rank().numpy().item()
     assert ops.cluster_size().numpy() == size
     chk = Checker(rank)
-    check_function(chk, rank, size, ckpt_dir)
-    check_keras(chk, rank, size)
-    check_v1(chk, rank, size)
-    check_strategy(chk, rank, size)
-    check_compute_times(chk, rank, size)
+    for part in (check_function, check_keras, check_v1, check_strategy, check_compute_times):
+        start = time.perf_counter()
+        part(chk, rank, size, ckpt_dir) if part is check_function else part(chk, rank, size)
+        if rank == 0:
+            print(f"{part.__name__}: {time.perf_counter() - start:.1f} s", flush=True)
     chk.done()
 
 
