@@ -163,6 +163,12 @@ def test_one_worker_without_tf_function_and_values():
     values = monitor.values()
     assert values["grad_sq_norm"] == pytest.approx(0.0) and values["noise_trace"] == pytest.approx(1.0)
     assert isinstance(values["worker_compute_times"], list) and values["monitor_step"] == 2
+    # A non-finite gradient (and the next step, which pairs with it) leaves the averages alone.
+    opt.apply_gradients([(tf.constant([np.inf, 0.0]), w)])
+    opt.apply_gradients([(tf.constant([1.0, 0.0]), w)])
+    after = monitor.values()
+    assert np.isnan(after["gns_raw"]) and after["monitor_step"] == 4
+    assert (after["grad_sq_norm"], after["noise_trace"]) == (values["grad_sq_norm"], values["noise_trace"])
 
 
 # ------------------------------------------------------------------ errors

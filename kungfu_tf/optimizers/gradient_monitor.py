@@ -299,6 +299,9 @@ class GradientMonitor(tf.Module):
             valid = size_f > 1.0
             keep = []
         grad_sq, trace = monitor_ops.gns_estimates(small_sq, big_sq, small_b, big_b)
+        # A step with a non-finite gradient (e.g. a loss-scale overflow) would
+        # poison the moving averages for good: it is left out.
+        valid = tf.logical_and(valid, tf.logical_and(tf.math.is_finite(grad_sq), tf.math.is_finite(trace)))
         s = tf.constant(self.smoothing, tf.float64)
         ema_trace = tf.where(valid, s * self.ema_noise_trace + (1.0 - s) * trace, self.ema_noise_trace)
         ema_grad = tf.where(valid, s * self.ema_grad_sq_norm + (1.0 - s) * grad_sq, self.ema_grad_sq_norm)
