@@ -167,3 +167,42 @@ def squares(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """
     xs = _float_tensors(tensors, "squares")
     return list(library().kungfu_squares(xs)) if xs else []
+
+
+def gns_update(
+    small_sq_norm: tf.Tensor,
+    big_sq_norm: tf.Tensor,
+    small_batch: tf.Tensor,
+    big_batch: tf.Tensor,
+    valid: tf.Tensor,
+    ema_noise_trace: tf.Tensor,
+    ema_grad_sq_norm: tf.Tensor,
+    ema_count: tf.Tensor,
+    smoothing: float,
+) -> dict[str, tf.Tensor]:
+    """One step of the smoothed gradient noise scale, as one kernel.
+
+    The estimates of :func:`gns_estimates` are folded into exponential moving
+    averages with decay ``smoothing`` (skipped when ``valid`` is False or an
+    estimate is not finite), then bias-corrected. Returns the new state
+    ("ema_noise_trace", "ema_grad_sq_norm", "ema_count") and "noise_trace",
+    "grad_sq_norm", "gns" (their ratio) and "gns_raw" (this step's ratio).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> f64 = lambda v: tf.constant(v, tf.float64)
+        >>> out = gns_update(f64(5.0), f64(3.0), f64(4.0), f64(12.0), True, f64(0.0), f64(0.0), tf.constant(0, tf.int64), 0.5)
+        >>> [round(float(out[k]), 9) for k in ("grad_sq_norm", "noise_trace", "gns")], int(out["ema_count"])
+        ([2.0, 12.0, 6.0], 1)
+    """
+    f64 = [tf.cast(x, tf.float64) for x in (small_sq_norm, big_sq_norm, small_batch, big_batch)]
+    outputs = library().kungfu_gns_update(
+        *f64,
+        tf.convert_to_tensor(valid, tf.bool),
+        tf.cast(ema_noise_trace, tf.float64),
+        tf.cast(ema_grad_sq_norm, tf.float64),
+        tf.cast(ema_count, tf.int64),
+        smoothing=float(smoothing),
+    )
+    keys = ("ema_noise_trace", "ema_grad_sq_norm", "ema_count", "noise_trace", "grad_sq_norm", "gns", "gns_raw")
+    return dict(zip(keys, outputs))

@@ -298,26 +298,16 @@ class GradientMonitor(tf.Module):
             # A cluster of one has a single batch size: no estimate this step.
             valid = size_f > 1.0
             keep = []
-        grad_sq, trace = monitor_ops.gns_estimates(small_sq, big_sq, small_b, big_b)
-        # A step with a non-finite gradient (e.g. a loss-scale overflow) would
-        # poison the moving averages for good: it is left out.
-        valid = tf.logical_and(valid, tf.logical_and(tf.math.is_finite(grad_sq), tf.math.is_finite(trace)))
-        s = tf.constant(self.smoothing, tf.float64)
-        ema_trace = tf.where(valid, s * self.ema_noise_trace + (1.0 - s) * trace, self.ema_noise_trace)
-        ema_grad = tf.where(valid, s * self.ema_grad_sq_norm + (1.0 - s) * grad_sq, self.ema_grad_sq_norm)
-        count = self.ema_count + tf.cast(valid, tf.int64)
-        correction = 1.0 - tf.pow(s, tf.cast(count, tf.float64))  # 0 (so NaN below) before any update
-        noise_trace, grad_sq_norm = ema_trace / correction, ema_grad / correction
-        nan = tf.constant(float("nan"), tf.float64)
+        out = monitor_ops.gns_update(
+            small_sq, big_sq, small_b, big_b, valid,
+            self.ema_noise_trace, self.ema_grad_sq_norm, self.ema_count, self.smoothing,
+        )  # fmt: skip
         return [
             *keep,
-            self.ema_noise_trace.assign(ema_trace),
-            self.ema_grad_sq_norm.assign(ema_grad),
-            self.ema_count.assign(count),
-            self.tensors["noise_trace"].assign(noise_trace),
-            self.tensors["grad_sq_norm"].assign(grad_sq_norm),
-            self.tensors["gns"].assign(noise_trace / grad_sq_norm),
-            self.tensors["gns_raw"].assign(tf.where(valid, trace / grad_sq, nan)),
+            self.ema_noise_trace.assign(out["ema_noise_trace"]),
+            self.ema_grad_sq_norm.assign(out["ema_grad_sq_norm"]),
+            self.ema_count.assign(out["ema_count"]),
+            *(self.tensors[key].assign(out[key]) for key in ("noise_trace", "grad_sq_norm", "gns", "gns_raw")),
         ]
 
     def _update_variance(self, step: tf.Tensor, local: list[Any], averaged: list[Any], prefix: str) -> Any:

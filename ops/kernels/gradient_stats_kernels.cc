@@ -6,6 +6,7 @@
 // Every sum is accumulated in double, whatever the gradients' dtype: a
 // float32 sum over millions of squares loses the digits that the gradient
 // noise scale takes a difference of.
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -267,5 +268,84 @@ class SquaresOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuSquares").Device(tensorflow::DEVICE_CPU), SquaresOp);
+
+REGISTER_OP("KungfuGnsUpdate")
+    .Input("small_sq_norm: double")
+    .Input("big_sq_norm: double")
+    .Input("small_batch: double")
+    .Input("big_batch: double")
+    .Input("valid: bool")
+    .Input("ema_noise_trace: double")
+    .Input("ema_grad_sq_norm: double")
+    .Input("ema_count: int64")
+    .Output("new_ema_noise_trace: double")
+    .Output("new_ema_grad_sq_norm: double")
+    .Output("new_ema_count: int64")
+    .Output("noise_trace: double")
+    .Output("grad_sq_norm: double")
+    .Output("gns: double")
+    .Output("gns_raw: double")
+    .Attr("smoothing: float")
+    .SetShapeFn([](InferenceContext *c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("One step of the gradient noise scale (McCandlish et al. 2018): the unbiased |G|^2 and tr(Sigma) from "
+         "two batch sizes, folded into exponential moving averages (decay `smoothing`) unless `valid` is false "
+         "or an estimate is not finite; returns the new EMA state, the bias-corrected averages, their ratio "
+         "(gns) and this step's ratio (gns_raw, NaN when skipped). All scalars; one kernel instead of some "
+         "forty scalar TF ops per step.");
+
+class GnsUpdateOp : public OpKernel {
+ public:
+  explicit GnsUpdateOp(OpKernelConstruction *ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("smoothing", &smoothing_));
+    OP_REQUIRES(ctx, smoothing_ >= 0.0f && smoothing_ < 1.0f,
+                absl::InvalidArgumentError("KungfuGnsUpdate: attr 'smoothing' must be in [0, 1), got " +
+                                           std::to_string(smoothing_)));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    double in[4];
+    for (int i = 0; i < 4; ++i) {
+      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  absl::InvalidArgumentError("KungfuGnsUpdate: input " + std::to_string(i) + " must be a scalar"));
+      in[i] = ctx->input(i).scalar<double>()();
+    }
+    const double small = in[0], big = in[1], bs = in[2], bb = in[3];
+    const double s = smoothing_;
+    double ema_trace = ctx->input(5).scalar<double>()();
+    double ema_grad = ctx->input(6).scalar<double>()();
+    int64_t count = ctx->input(7).scalar<int64_t>()();
+    const double grad_sq = (bb * big - bs * small) / (bb - bs);
+    const double trace = (small - big) / (1.0 / bs - 1.0 / bb);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    // A non-finite estimate (a loss-scale overflow, or bb == bs) would poison the averages for good.
+    const bool use = ctx->input(4).scalar<bool>()() && std::isfinite(grad_sq) && std::isfinite(trace);
+    if (use) {
+      ema_trace = s * ema_trace + (1.0 - s) * trace;
+      ema_grad = s * ema_grad + (1.0 - s) * grad_sq;
+      ++count;
+    }
+    // Adam's bias correction; 0 / 0 = NaN before the first estimate.
+    const double correction = 1.0 - std::pow(s, static_cast<double>(count));
+    const double noise_trace = count > 0 ? ema_trace / correction : nan;
+    const double grad_sq_norm = count > 0 ? ema_grad / correction : nan;
+    const double outputs[] = {ema_trace, ema_grad, 0.0, noise_trace, grad_sq_norm, noise_trace / grad_sq_norm,
+                              use ? trace / grad_sq : nan};
+    for (int i = 0; i < 7; ++i) {
+      Tensor *out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
+      if (i == 2) {
+        out->scalar<int64_t>()() = count;
+      } else {
+        out->scalar<double>()() = outputs[i];
+      }
+    }
+  }
+
+ private:
+  float smoothing_;
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuGnsUpdate").Device(tensorflow::DEVICE_CPU), GnsUpdateOp);
 
 }  // namespace kungfu_tf
