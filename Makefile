@@ -13,6 +13,7 @@
 #   make bench-frame-auth  cost of per-frame authentication (GMAC, HMAC) vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
+#   make bench-monitoring  training throughput with GNS / gradient-variance monitoring vs none
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
@@ -111,7 +112,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-monitoring lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -243,6 +244,9 @@ bench-training: install
 
 bench-strategies: install
 	$(PY) benchmarks/strategies.py
+
+bench-monitoring: install
+	$(PY) benchmarks/monitoring_overhead.py
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models

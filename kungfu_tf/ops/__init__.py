@@ -26,7 +26,16 @@ from kungfu_tf.ops.config import (
     rank,
     topology,
 )
-from kungfu_tf.ops.monitor import comm_bytes, comm_rates
+from kungfu_tf.ops.monitor import (
+    comm_bytes,
+    comm_rates,
+    gns_estimates,
+    mean_variance,
+    pair_squared_norms,
+    squared_norm,
+    step_clock_lap,
+    step_clock_start,
+)
 from kungfu_tf.ops.p2p import (
     push,
     push_rows,
@@ -49,10 +58,13 @@ __all__ = [
     "comm_bytes",
     "comm_rates",
     "consensus",
+    "gns_estimates",
     "group_all_reduce",
     "keep_alive",
     "local_rank",
     "local_size",
+    "mean_variance",
+    "pair_squared_norms",
     "push",
     "push_rows",
     "rank",
@@ -63,6 +75,9 @@ __all__ = [
     "save",
     "save_rows",
     "set_topology",
+    "squared_norm",
+    "step_clock_lap",
+    "step_clock_start",
     "take",
     "take_rows",
     "topology",
