@@ -17,6 +17,7 @@
 #include <cstdio>
 
 #include "handshake.h"
+#include "socket_order.h"
 
 namespace kungfu {
 
@@ -84,7 +85,11 @@ bool connect_until(int fd, const struct sockaddr *addr, socklen_t len, std::chro
 
 Transport::Transport(TransportOptions options, FrameHandler *handler)
     : opt_(std::move(options)), handler_(handler), counters_(opt_.cluster.size()) {
-  for (int i = 0; i < opt_.cluster.size(); ++i) links_.push_back(std::make_unique<Link>());
+  const std::string self = opt_.cluster.peer(opt_.self_rank).str();
+  for (int i = 0; i < opt_.cluster.size(); ++i) {
+    links_.push_back(std::make_unique<Link>());
+    links_.back()->order = socket_order_key(self, opt_.cluster.peer(i).str());
+  }
 }
 
 Status Transport::start() {
@@ -264,12 +269,14 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
 
   std::unique_ptr<FrameAuthenticator> auth;
   if (opt_.authenticate_frames) auth = std::make_unique<FrameAuthenticator>(session_key, FrameDirection::kClientToServer);
+  void *order = socket_order_key(client_id, opt_.cluster.peer(opt_.self_rank).str());
   std::vector<char> scratch;
   std::string why;
   bool said_goodbye = false;
   while (true) {
     FrameHeader h;
     if (!recv_all(fd.get(), &h, sizeof(h), &why)) break;
+    socket_order_after_header(order);
     Status header_ok = check_frame_header(h);
     if (!header_ok.ok()) {
       why = header_ok.message();
@@ -404,6 +411,7 @@ Status Transport::write_frame(int dst, int fd, FrameAuthenticator *auth, SendIte
     iov[1] = {const_cast<char *>(item.key.data()), item.key.size()};
     iov[2] = {const_cast<void *>(item.data), item.len};
     iov[3] = {item.tag.data(), tag_len()};
+    if (item.written == 0) socket_order_before_send(links_[dst]->order, iov, 4);
     // Skip what an earlier, partial write already sent.
     int first = 0;
     size_t skip = item.written;
@@ -413,7 +421,11 @@ Status Transport::write_frame(int dst, int fd, FrameAuthenticator *auth, SendIte
     struct msghdr msg = {};
     msg.msg_iov = iov + first;
     msg.msg_iovlen = 4 - first;
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
+    ssize_t n;
+    {
+      SocketCopyUnseen unseen;  // counted as read by socket_order_before_send
+      n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
