@@ -137,6 +137,7 @@ class Transport {
     bool closing = false;        // we are leaving: our goodbye is queued, nothing may follow it
     bool goodbye_written = false;
     std::thread sender;
+    void *order = nullptr;  // socket_order_key of this connection; set once, in the constructor
   };
 
   // An accepted connection and the thread serving it; reaped (joined) by
