@@ -13,6 +13,8 @@
 #   make bench-frame-auth  cost of per-frame HMAC authentication vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
+#   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
+#                  link contention on two emulated hosts (root, ~8 min)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
@@ -111,7 +113,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive-topology lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -243,6 +245,10 @@ bench-training: install
 
 bench-strategies: install
 	$(PY) benchmarks/strategies.py
+
+# Static topology vs AdaptiveTopologyPolicy under link contention, two emulated hosts (root).
+bench-adaptive-topology: install
+	$(PY) benchmarks/adaptive_topology.py
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models
