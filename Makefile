@@ -14,7 +14,7 @@
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
-#                  link contention on two emulated hosts (root, ~8 min)
+#                  link contention on two emulated hosts (root, ~7 min)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #

@@ -5,16 +5,21 @@ each, a ``tc`` tbf-limited veth link of ``--link`` between them, see
 bench_hosts.py) train the same MLP on digits (adaptive_topology_worker.py;
 ``--hidden`` sets the gradient size, a few MB, so the all-reduce is
 significant at that rate) for a fixed number of steps. After
-``--before`` steps the benchmark starts its own bulk TCP traffic between the
-two hosts, in both directions (background_traffic.py, ``--flows`` per
-direction), and stops it ``--during`` steps later; ``--after`` steps follow.
-Each run (``--runs``) starts the job with a topology (``kungfu-run
---topology``); ``:adaptive`` adds ``AdaptiveTopologyPolicy``, which notices
-the throughput drop, tries the other topologies and keeps the fastest.
+``--before`` steps the benchmark starts its own TCP traffic between the two
+hosts, ``--traffic`` in each direction on ``--flows`` connections
+(background_traffic.py), and stops it ``--during`` steps later; ``--after``
+steps follow. Each run (``--runs``) starts the job with a topology
+(``kungfu-run --topology``); ``:adaptive`` adds ``AdaptiveTopologyPolicy``,
+which notices the throughput drop, tries the other topologies and keeps the
+fastest. The default runs: static RING (the job's topology), RING with the
+policy, and static BINARY_TREE_STAR as the reference the policy should reach.
 
-With ranks 0, 1 on host A and 2, 3 on host B, RING and CLIQUE move about
-twice the gradient size across the link in each direction per step, and
-BINARY_TREE_STAR (star inside a host, tree across hosts) once.
+With ranks 0, 1 on host A and 2, 3 on host B, RING, CLIQUE, STAR and
+BINARY_TREE move twice the gradient size across the link in each direction
+per step, BINARY_TREE_STAR (star inside a host, tree across hosts) once.
+The traffic is paced by default: unpaced TCP takes a share per connection,
+and RING has two connections across the link per direction where
+BINARY_TREE_STAR has one, which blurs the comparison (``--traffic 0``).
 
 Steps are assigned to phases by their wall-clock times against the moments
 the traffic was started and stopped (a step overlapping either moment is a
@@ -23,7 +28,7 @@ the traffic was started and stopped (a step overlapping either moment is a
 time, the policy's own time between steps included) per phase, writes the
 raw records to ``--json`` and plots throughput against step to ``--plot``.
 
-    .venv/bin/python benchmarks/adaptive_topology.py            # ~8 min, root
+    .venv/bin/python benchmarks/adaptive_topology.py            # ~7 min, root
     .venv/bin/python benchmarks/adaptive_topology.py --report benchmarks/results/adaptive_topology.json
 """
 
@@ -148,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--runs",
-        default="RING,RING:adaptive",
+        default="RING,RING:adaptive,BINARY_TREE_STAR",
         help="comma-separated TOPOLOGY[:adaptive] (default %(default)s)",
     )
     p.add_argument("--np", type=int, default=4, help="workers (even; half per host)")
