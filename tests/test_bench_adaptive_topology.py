@@ -137,7 +137,7 @@ def test_background_traffic_flows_and_stops_on_loopback():
         assert all(p.poll() is not None for p in senders) and not traffic.running
         assert traffic.stopped_at >= traffic.started_at
         assert all(p.poll() is None for p in sinks)  # kept for the next start
-    assert moved > 10_000_000, f"only {moved} bytes over loopback in 0.5 s"
+    assert moved > 5_000_000, f"only {moved} bytes over loopback in 0.5 s"
     assert all(p.poll() is not None for p in sinks)
     with socket.create_server(("127.0.0.1", port)):  # the port is free again
         pass
