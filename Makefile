@@ -14,6 +14,8 @@
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make bench-monitoring  training throughput with GNS / gradient-variance monitoring vs none
+#   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
+#                  link contention on two emulated hosts (root, ~7 min)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
@@ -112,7 +114,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-monitoring lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-monitoring bench-adaptive-topology lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -247,6 +249,10 @@ bench-strategies: install
 
 bench-monitoring: install
 	$(PY) benchmarks/monitoring_overhead.py
+
+# Static topology vs AdaptiveTopologyPolicy under link contention, two emulated hosts (root).
+bench-adaptive-topology: install
+	$(PY) benchmarks/adaptive_topology.py
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models

@@ -31,7 +31,6 @@ import argparse
 import ast
 import json
 import os
-import secrets
 import signal
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_cli import comma_choices
+from bench_hosts import TwoHosts, make_limited_hosts, two_host_commands, two_host_env
 from bench_load import CpuMeter
 from bench_meta import machine_metadata
 from bench_proc import run_group
@@ -49,9 +49,6 @@ from training import ALL_MODELS, log, worker_env
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 BUILD_DIR = REPO / "build" / "bench"
-sys.path.insert(0, str(REPO / "tests"))
-from netns import NamespacesUnavailable, TwoHosts, create_two_hosts
-
 sys.path.insert(0, str(REPO))
 from strategies_worker import DEFAULT
 
@@ -152,21 +149,12 @@ def launch(
     errors: list[str],
 ) -> list[dict[str, Any]]:
     """One job of ``args.np`` workers; returns rank 0's result records."""
-    launcher = [sys.executable, "-m", "kungfu_tf.run", "-np", str(args.np)]
     if hosts is None:
+        launcher = [sys.executable, "-m", "kungfu_tf.run", "-np", str(args.np)]
         argvs, envs = [launcher + worker_argv(model, setting, args)], [worker_env()]
     else:
-        a, b = hosts.addresses
-        half = args.np // 2
-        multi = launcher + ["-H", f"{a}:{half},{b}:{half}"]
-        argvs = [
-            hosts.exec_prefix(0) + multi + worker_argv(model, setting, args),
-            hosts.exec_prefix(1)
-            + multi
-            + ["--self", b]
-            + worker_argv(model, setting, args),
-        ]
-        env = worker_env({"KUNGFU_JOB_SECRET": secrets.token_hex(32)})
+        argvs = two_host_commands(hosts, args.np, worker_argv(model, setting, args))
+        env = two_host_env()
         envs = [env, env]
     meter, t0 = CpuMeter(), time.monotonic()
     results = run_group(argvs, envs, timeout_s=args.launch_timeout, cwd=str(REPO))
@@ -189,18 +177,7 @@ def launch(
 
 def make_hosts(args: argparse.Namespace) -> tuple[TwoHosts | None, str | None]:
     """The two emulated hosts with the limited link, or why they are unavailable."""
-    try:
-        hosts = create_two_hosts(SUBNET, "kfs")
-    except (NamespacesUnavailable, AssertionError) as e:
-        return None, str(e)
-    try:
-        # Burst of ~1 ms at the rate (at least the 64 KiB of a TSO segment);
-        # 50 ms of queue before tbf drops.
-        hosts.limit_bandwidth(rate=args.link, burst="256kb", latency="50ms")
-    except BaseException:
-        hosts.destroy()
-        raise
-    return hosts, None
+    return make_limited_hosts(SUBNET, "kfs", rate=args.link)
 
 
 def by_cell(points: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
