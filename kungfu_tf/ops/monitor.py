@@ -1,19 +1,32 @@
-"""Monitoring ops over the runtime's counters.
+"""Monitoring ops: communication counters, gradient statistics and the step clock.
+
+The gradient statistics take whole lists of gradients and run as one C++
+kernel each (sums accumulated in float64), so monitoring a model adds a few
+ops per step, not a few per variable. :class:`kungfu_tf.optimizers.GradientMonitor`
+combines them into the gradient noise scale, the gradient variance and the
+per-worker compute time inside the training step.
 
 Example:
+    >>> import tensorflow as tf
     >>> from kungfu_tf.ops import monitor
     >>> monitor.comm_rates().shape  # one rate per worker
     TensorShape([1])
     >>> sent, received = monitor.comm_bytes()  # totals per worker
     >>> sent.numpy()
     array([0])
+    >>> float(monitor.squared_norm([tf.constant([3.0]), tf.constant([[4.0]], tf.float16)]))
+    25.0
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from kungfu_tf._native import library
+
+FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 
 def comm_rates() -> tf.Tensor:
@@ -29,3 +42,128 @@ def comm_bytes() -> tuple[tf.Tensor, tf.Tensor]:
     """
     both = library().kungfu_comm_bytes()
     return both[0], both[1]
+
+
+def _float_tensors(xs: Sequence[tf.Tensor], what: str) -> list[tf.Tensor]:
+    out = [tf.convert_to_tensor(x) for x in xs]
+    for i, x in enumerate(out):
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{what}: tensor {i} must be float16, bfloat16, float32 or float64, got {x.dtype.name}")
+    return out
+
+
+def _paired(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor], what: str, names: tuple[str, str]) -> tuple[list, list]:
+    a, b = _float_tensors(a, f"{what} {names[0]}"), _float_tensors(b, f"{what} {names[1]}")
+    if len(a) != len(b):
+        raise ValueError(f"{what}: {names[0]} has {len(a)} tensors, {names[1]} {len(b)}; they must pair up")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.dtype != y.dtype:
+            raise TypeError(f"{what}: tensor {i} is {x.dtype.name} in {names[0]} but {y.dtype.name} in {names[1]}")
+    return a, b
+
+
+def squared_norm(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """float64 scalar: the squared L2 norm of all ``tensors`` together (sum of every element's square).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> float(squared_norm([tf.ones([2, 2]), tf.fill([1], 2.0)]))
+        8.0
+    """
+    return library().kungfu_squared_norm(_float_tensors(tensors, "squared_norm"))
+
+
+def pair_squared_norms(current: Sequence[tf.Tensor], previous: Sequence[tf.Tensor]) -> tf.Tensor:
+    """float64 [3]: ``[|current|^2, |previous|^2, |(current + previous) / 2|^2]`` in one pass.
+
+    Both lists must pair up (same length, dtypes and shapes).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> pair_squared_norms([tf.constant([1.0, 0.0])], [tf.constant([0.0, 1.0])]).numpy().tolist()
+        [1.0, 1.0, 0.5]
+    """
+    a, b = _paired(current, previous, "pair_squared_norms", ("current", "previous"))
+    return library().kungfu_pair_squared_norms(a, b)
+
+
+def mean_variance(square_means: Sequence[tf.Tensor], means: Sequence[tf.Tensor]) -> tf.Tensor:
+    """float64 scalar: mean over all elements of ``max(square_means - means**2, 0)``.
+
+    Given the across-worker mean of each gradient element's square and of the
+    element itself, this is the element-wise population variance across
+    workers (numpy's ``var(axis=0)``), averaged over every element. NaN for
+    empty lists.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> float(mean_variance([tf.constant([5.0, 1.0])], [tf.constant([2.0, 1.0])]))  # (1 + 0) / 2
+        0.5
+    """
+    a, b = _paired(square_means, means, "mean_variance", ("square_means", "means"))
+    return library().kungfu_mean_variance(a, b)
+
+
+def step_clock_start(anchor: tf.Variable) -> tf.Tensor:
+    """int64 scalar: the monotonic clock (ns) when this op ran.
+
+    Its only input is ``anchor``'s resource handle, never read: give it a
+    variable that nothing else in the step uses. Then in a ``tf.function`` or
+    a ``Session.run`` it runs as soon as the step starts (eagerly: when
+    called), not after the stateful ops traced before it (see
+    ops/kernels/step_clock_kernels.cc).
+    """
+    return library().kungfu_step_clock_start(anchor.handle)
+
+
+def step_clock_lap(start_ns: tf.Tensor, ready: Sequence[tf.Tensor]) -> tf.Tensor:
+    """float64 scalar: seconds from ``start_ns`` until every tensor in ``ready`` was available.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> t0 = step_clock_start(tf.Variable(0))
+        >>> float(step_clock_lap(t0, [tf.ones([2])])) >= 0.0
+        True
+    """
+    return library().kungfu_step_clock_lap(start_ns, [tf.convert_to_tensor(x) for x in ready])
+
+
+def gns_estimates(
+    small_sq_norm: tf.Tensor, big_sq_norm: tf.Tensor, small_batch: tf.Tensor, big_batch: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Unbiased ``(|G|^2, tr(Sigma))`` from two batch sizes (McCandlish et al. 2018, App. A.1).
+
+    ``small_sq_norm`` is E|g|^2 of gradients over ``small_batch`` examples,
+    ``big_sq_norm`` that of ``big_batch`` examples (``big_batch > small_batch``):
+
+        |G|^2     = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
+        tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)
+
+    Their ratio ``tr(Sigma) / |G|^2`` is the simple noise scale B_simple. All
+    float64 scalars.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> g2, trace = gns_estimates(tf.constant(3.0, tf.float64), tf.constant(2.0, tf.float64), 1, 2)
+        >>> float(g2), float(trace)
+        (1.0, 2.0)
+    """
+    s = tf.cast(small_batch, tf.float64)
+    b = tf.cast(big_batch, tf.float64)
+    small_sq_norm = tf.cast(small_sq_norm, tf.float64)
+    big_sq_norm = tf.cast(big_sq_norm, tf.float64)
+    grad_sq = (b * big_sq_norm - s * small_sq_norm) / (b - s)
+    trace = (small_sq_norm - big_sq_norm) / (1.0 / s - 1.0 / b)
+    return grad_sq, trace
+
+
+def squares(tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """The element-wise square of every tensor, each in its own dtype, as one op.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> squares([tf.constant([-2.0, 3.0])])[0].numpy().tolist()
+        [4.0, 9.0]
+    """
+    xs = _float_tensors(tensors, "squares")
+    return list(library().kungfu_squares(xs)) if xs else []

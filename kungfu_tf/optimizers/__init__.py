@@ -7,10 +7,12 @@ Example:
 """
 
 from kungfu_tf.optimizers.distributed_gradient_tape import DistributedGradientTape
+from kungfu_tf.optimizers.gradient_monitor import GradientMonitor
 from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
 )
+from kungfu_tf.optimizers.monitor_gns import MonitorGradientNoiseScaleOptimizer
 from kungfu_tf.optimizers.pair_averaging import PairAveragingOptimizer
 from kungfu_tf.optimizers.pair_averaging_v1 import PairAveragingOptimizerV1
 from kungfu_tf.optimizers.sync_averaging import SynchronousAveragingOptimizer
@@ -21,6 +23,8 @@ from kungfu_tf.optimizers.sync_sgd_v1 import SynchronousSGDOptimizerV1
 __all__ = [
     "DEFAULT_FUSION_THRESHOLD_BYTES",
     "DistributedGradientTape",
+    "GradientMonitor",
+    "MonitorGradientNoiseScaleOptimizer",
     "PairAveragingOptimizer",
     "PairAveragingOptimizerV1",
     "SynchronousAveragingOptimizer",

@@ -95,6 +95,45 @@ def average_gradients(
         >>> avg[0].numpy(), avg[1].indices.numpy()  # one worker: unchanged
         (array([1., 1., 1.], dtype=float32), array([0], dtype=int32))
     """
+    averaged, _ = average_gradients_with_rider(grads, None, fusion_threshold_bytes, sparse_as_dense, name)
+    return averaged
+
+
+def _rider_dtype(tensors: Sequence[tf.Tensor]) -> tf.DType:
+    """The dtype a rider takes to share its host's collective: float32 or float64 if a member has it."""
+    dtypes = {t.dtype for t in tensors}
+    if tf.float32 in dtypes or tf.float64 not in dtypes:
+        # float16 / bfloat16 would round a squared norm to 3 digits (or
+        # overflow): then the rider is float32 and travels as the group's
+        # float32 collective, concurrently with the gradients.
+        return tf.float32
+    return tf.float64
+
+
+def average_gradients_with_rider(
+    grads: Sequence[Gradient],
+    rider: tf.Tensor | None,
+    fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD_BYTES,
+    sparse_as_dense: bool = False,
+    name: str = "kungfu_sync_sgd",
+) -> tuple[list[Gradient], tf.Tensor | None]:
+    """:func:`average_gradients`, plus the mean over workers of a small 1-D ``rider`` in the same collectives.
+
+    The rider (e.g. monitoring scalars: a local squared gradient norm, compute
+    times) is appended to the smallest fused bucket, in that bucket's
+    floating dtype, so it costs no collective of its own and no copy of a
+    large gradient. Only if there is no dense gradient does it travel alone.
+
+    Returns:
+        ``(averaged gradients, rider averaged over workers as float64)``;
+        the second is None if ``rider`` is None.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> avg, r = average_gradients_with_rider([tf.ones([2])], tf.constant([3.0, 4.0], tf.float64), name="doc_r")
+        >>> r.numpy().tolist()  # one worker: unchanged
+        [3.0, 4.0]
+    """
     if fusion_threshold_bytes < 0:
         raise ValueError(f"fusion_threshold_bytes must be >= 0, got {fusion_threshold_bytes}")
     prefix = call_prefix(name)
@@ -111,18 +150,43 @@ def average_gradients(
         dense.append((i, tf.convert_to_tensor(g)))
 
     if fusion_threshold_bytes == 0:
-        for i, g in dense:
-            out[i] = ops.all_reduce(g, op="mean", name=f"{prefix}/grad{i}")
-        return out
-    for b, bucket in enumerate(_buckets(dense, fusion_threshold_bytes)):
-        if len(bucket) == 1:
+        buckets = [[item] for item in dense]
+        names = [f"{prefix}/grad{i}" for i, _ in dense]
+    else:
+        buckets = _buckets(dense, fusion_threshold_bytes)
+        names = [f"{prefix}/bucket{b}" for b in range(len(buckets))]
+    host = _smallest(buckets) if rider is not None else None
+    reduced_rider = None
+    if rider is not None and host is None:
+        reduced_rider = ops.all_reduce(tf.cast(rider, tf.float64), op="mean", name=f"{prefix}/rider")
+    for b, bucket in enumerate(buckets):
+        tensors = [g for _, g in bucket]
+        if b == host:
+            *averaged, reduced = ops.group_all_reduce(
+                tensors + [tf.cast(rider, _rider_dtype(tensors))], op="mean", name=names[b]
+            )
+            reduced_rider = tf.cast(reduced, tf.float64)
+        elif len(bucket) == 1:
             # Nothing to fuse: the plain all-reduce works in place, with no
             # copy into and out of a fused buffer (64 MiB each way for the
             # comm-heavy MLP's largest kernel).
-            (i, g), = bucket
-            out[i] = ops.all_reduce(g, op="mean", name=f"{prefix}/bucket{b}")
-            continue
-        averaged = ops.group_all_reduce([g for _, g in bucket], op="mean", name=f"{prefix}/bucket{b}")
+            averaged = [ops.all_reduce(tensors[0], op="mean", name=names[b])]
+        else:
+            averaged = ops.group_all_reduce(tensors, op="mean", name=names[b])
         for (i, _), g in zip(bucket, averaged):
             out[i] = g
-    return out
+    return out, reduced_rider
+
+
+def _smallest(buckets: list[list[tuple[int, tf.Tensor]]]) -> int | None:
+    """Index of the bucket with the fewest known bytes (the first on ties; None if there is none).
+
+    A pure function of the gradient list, so every worker picks the same one.
+    """
+    best, best_bytes = None, None
+    for b, bucket in enumerate(buckets):
+        sizes = [_static_nbytes(g) for _, g in bucket]
+        nbytes = sum(sizes) if None not in sizes else float("inf")
+        if best_bytes is None or nbytes < best_bytes:
+            best, best_bytes = b, nbytes
+    return best

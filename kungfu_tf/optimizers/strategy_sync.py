@@ -48,6 +48,8 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             var_list = list(var_list)
             if self.__dict__.get("_kungfu_plan") is None:
                 plan = make_plan(self._kungfu_strategy, var_list, self._kungfu_name, _keras_variable)
+                if self.kungfu_monitor is not None:
+                    check_monitorable(plan)
                 # Bypass Keras' attribute tracking: the plan is not a layer or variable.
                 object.__setattr__(self, "_kungfu_plan", plan)
                 object.__setattr__(self, "_kungfu_model_variables", var_list)
@@ -68,7 +70,16 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     return self.iterations.assign_add(1)
                 return base.apply(self, gs, vs)
 
-            return self._kungfu_plan.step(list(grads), apply_fn)
+            grads = list(grads)
+            monitor = self.kungfu_monitor
+            if monitor is None:
+                return self._kungfu_plan.step(grads, apply_fn)
+            local = monitor.local_statistics(grads)
+
+            def observe(averaged: list[Any], rider: tf.Tensor) -> Any:
+                return monitor.update(local, rider, grads, averaged, self._kungfu_name)
+
+            return self._kungfu_plan.step(grads, apply_fn, rider=local.rider, observe=observe)
 
         def replicated_variables(self: keras.optimizers.Optimizer) -> list[Any]:
             # Slots of PS variables exist only on their owners: then only the
@@ -86,4 +97,15 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
         _kungfu_strategy=source,
         _kungfu_name=name,
         _kungfu_plan=None,
+        kungfu_monitor=None,
     )
+
+
+def check_monitorable(plan: StrategyPlan) -> None:
+    """``ValueError`` if ``plan`` puts variables on parameter servers, which a GradientMonitor cannot observe."""
+    if not plan.replicated:
+        raise ValueError(
+            "SynchronousSGDOptimizer(monitor=...) needs the averaged gradient of every variable on every "
+            f"worker, but the strategy updates {plan.server_variables} on parameter servers (only their owner "
+            "sees their averaged gradient); use an all-reduce strategy ('AllReduce', 'PartitionedAR') or no monitor"
+        )

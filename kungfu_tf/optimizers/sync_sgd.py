@@ -22,9 +22,11 @@ import keras
 import tensorflow as tf
 
 from kungfu_tf.optimizers._wrapping import check_not_wrapped, wrap_keras
+from kungfu_tf.optimizers.gradient_monitor import GradientMonitor
 from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
+    average_gradients_with_rider,
 )
 from kungfu_tf.optimizers.sync_sgd_v1 import DEFAULT_NAME, SynchronousSGDOptimizerV1
 from kungfu_tf.strategy.source import StrategySource, check_source
@@ -40,10 +42,21 @@ def _wrap_keras(
             # Keras 3 funnels apply_gradients() and model.fit() through apply();
             # averaging here, before loss-scale unscaling, clipping, accumulation
             # and the update, keeps every worker's optimizer state identical.
-            grads = average_gradients(
-                list(grads), self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, name=self._kungfu_name
+            grads = list(grads)
+            monitor = self.kungfu_monitor
+            if monitor is None:
+                grads = average_gradients(
+                    grads, self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, name=self._kungfu_name
+                )
+                return base.apply(self, grads, trainable_variables)
+            local = monitor.local_statistics(grads)
+            averaged, rider = average_gradients_with_rider(
+                grads, local.rider, self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, self._kungfu_name
             )
-            return base.apply(self, grads, trainable_variables)
+            # Inside tf.function the monitor's assignments run by themselves
+            # (automatic control dependencies); eagerly they already ran.
+            monitor.update(local, rider, grads, averaged, self._kungfu_name)
+            return base.apply(self, averaged, trainable_variables)
 
         return {"apply": apply}
 
@@ -55,7 +68,17 @@ def _wrap_keras(
         _kungfu_fusion_threshold_bytes=fusion_threshold_bytes,
         _kungfu_sparse_as_dense=sparse_as_dense,
         _kungfu_name=name,
+        kungfu_monitor=None,
     )
+
+
+def check_monitor(monitor: Any) -> None:
+    """``TypeError`` unless ``monitor`` is None or a :class:`GradientMonitor`."""
+    if monitor is not None and not isinstance(monitor, GradientMonitor):
+        raise TypeError(
+            f"monitor must be a kungfu_tf.optimizers.GradientMonitor or None, got "
+            f"{type(monitor).__module__}.{type(monitor).__qualname__}"
+        )
 
 
 def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in Horovod
@@ -64,6 +87,7 @@ def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in
     sparse_as_dense: bool = False,
     name: str | None = None,
     strategy: StrategySource | None = None,
+    monitor: GradientMonitor | None = None,
 ) -> keras.optimizers.Optimizer | tf.compat.v1.train.Optimizer:
     """Wraps ``opt`` so that gradients are averaged over all workers before it applies them.
 
@@ -87,6 +111,12 @@ def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in
             None (default): every gradient all-reduced as described above
             (``fusion_threshold_bytes`` and ``sparse_as_dense`` apply only
             then). Pass an unbuilt optimizer.
+        monitor: a :class:`~kungfu_tf.optimizers.GradientMonitor` that the
+            step updates (gradient noise scale, gradient variance, compute
+            times); the wrapped optimizer exposes it as ``kungfu_monitor``
+            (None without one) and tracks it, so checkpoints of the optimizer
+            carry its state. With a strategy, every variable must be
+            all-reduced (no parameter servers).
 
     Returns:
         Keras 3: a new instance of a subclass of ``opt``'s class, rebuilt from
@@ -96,7 +126,8 @@ def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in
 
     Raises:
         TypeError: ``opt`` is not an optimizer of either kind.
-        ValueError: ``opt`` is already wrapped, or ``fusion_threshold_bytes < 0``.
+        ValueError: ``opt`` is already wrapped, or ``fusion_threshold_bytes < 0``,
+            or ``monitor`` already belongs to another optimizer.
 
     Keras ``compile``: use ``jit_compile=False`` (tested) or the default
     ``"auto"`` (works); the collectives are custom ops without XLA kernels,
@@ -114,16 +145,26 @@ def SynchronousSGDOptimizer(  # a factory named like the class it returns, as in
         check_source(strategy)
     if not isinstance(fusion_threshold_bytes, int) or fusion_threshold_bytes < 0:
         raise ValueError(f"fusion_threshold_bytes must be an int >= 0, got {fusion_threshold_bytes!r}")
+    check_monitor(monitor)
     if isinstance(opt, keras.optimizers.Optimizer):
         if strategy is None:
-            return _wrap_keras(opt, fusion_threshold_bytes, sparse_as_dense, name or DEFAULT_NAME)
-        if opt.built:
-            raise ValueError("pass an optimizer that is not built yet when using a strategy")
-        from kungfu_tf.optimizers.strategy_sync import wrap_keras_with_strategy
+            wrapped = _wrap_keras(opt, fusion_threshold_bytes, sparse_as_dense, name or DEFAULT_NAME)
+        else:
+            if opt.built:
+                raise ValueError("pass an optimizer that is not built yet when using a strategy")
+            from kungfu_tf.optimizers.strategy_sync import wrap_keras_with_strategy
 
-        return wrap_keras_with_strategy(opt, strategy, name or DEFAULT_NAME)
+            wrapped = wrap_keras_with_strategy(opt, strategy, name or DEFAULT_NAME)
+        if monitor is not None:
+            monitor.attach(wrapped)
+            # An instance attribute, so that the optimizer tracks the module and
+            # its checkpoints carry the monitor's state.
+            wrapped.kungfu_monitor = monitor
+        return wrapped
     if isinstance(opt, tf.compat.v1.train.Optimizer):
-        return SynchronousSGDOptimizerV1(opt, fusion_threshold_bytes, sparse_as_dense, name, strategy=strategy)
+        return SynchronousSGDOptimizerV1(
+            opt, fusion_threshold_bytes, sparse_as_dense, name, strategy=strategy, monitor=monitor
+        )
     raise TypeError(
         "SynchronousSGDOptimizer wraps a keras.optimizers.Optimizer (Keras 3) or a "
         f"tf.compat.v1.train.Optimizer, got {type(opt).__module__}.{type(opt).__qualname__}"

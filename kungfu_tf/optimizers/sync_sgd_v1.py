@@ -14,9 +14,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from kungfu_tf.optimizers.gradient_monitor import GradientMonitor
 from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
-    average_gradients,
+    average_gradients_with_rider,
 )
 from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1, unwrap_pairs
 
@@ -43,6 +44,11 @@ class SynchronousSGDOptimizerV1(WrappedOptimizerV1):
         fusion_threshold_bytes: bucket size for fused all-reduces (0: no fusion).
         sparse_as_dense: all-reduce ``tf.IndexedSlices`` as dense tensors.
         name: optimizer name, also the prefix of the collectives' message keys.
+        strategy: per-variable synchronisation, as for
+            :func:`~kungfu_tf.optimizers.SynchronousSGDOptimizer`.
+        monitor: a :class:`~kungfu_tf.optimizers.GradientMonitor` updated by
+            every ``apply_gradients`` (create it inside the training graph);
+            exposed as ``kungfu_monitor`` and tracked for checkpoints.
 
     Example:
         >>> import tensorflow as tf
@@ -61,8 +67,19 @@ class SynchronousSGDOptimizerV1(WrappedOptimizerV1):
         sparse_as_dense: bool = False,
         name: str | None = None,
         strategy: Any = None,
+        monitor: GradientMonitor | None = None,
     ) -> None:
         super().__init__(optimizer, name or DEFAULT_NAME)
+        if monitor is not None and not isinstance(monitor, GradientMonitor):
+            raise TypeError(
+                f"monitor must be a kungfu_tf.optimizers.GradientMonitor or None, got "
+                f"{type(monitor).__module__}.{type(monitor).__qualname__}"
+            )
+        self.kungfu_monitor = monitor
+        if monitor is not None:
+            monitor.attach(self)
+            # v1 optimizers do not track attributes by themselves.
+            self._track_trackable(monitor, "kungfu_monitor")
         self._fusion_threshold_bytes = fusion_threshold_bytes
         self._sparse_as_dense = sparse_as_dense
         # With a strategy, synchronisation happens in apply_gradients (a PS
@@ -86,23 +103,44 @@ class SynchronousSGDOptimizerV1(WrappedOptimizerV1):
             >>> # opt.apply_gradients(zip(tape.gradient(loss, variables), variables))  # TF2, eager
         """
         grads_and_vars = unwrap_pairs(grads_and_vars)
+        monitor = self.kungfu_monitor
+        grads = [g for g, _ in grads_and_vars]
+        local = monitor.local_statistics(grads) if monitor is not None and grads else None
         if self._strategy is None:
+            observed = None
             if grads_and_vars:
-                grads, variables = zip(*grads_and_vars)
-                averaged = average_gradients(
-                    grads, self._fusion_threshold_bytes, self._sparse_as_dense, name=self.get_name()
+                variables = [v for _, v in grads_and_vars]
+                averaged, rider = average_gradients_with_rider(
+                    grads,
+                    None if local is None else local.rider,
+                    self._fusion_threshold_bytes,
+                    self._sparse_as_dense,
+                    name=self.get_name(),
                 )
+                if local is not None:
+                    observed = monitor.update(local, rider, grads, averaged, self.get_name())
                 grads_and_vars = list(zip(averaged, variables))
-            return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+            applied = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+            if observed is None or tf.executing_eagerly():
+                return applied
+            return tf.group(applied, observed)
         variables = [v for _, v in grads_and_vars]
         if self._plan is None:
-            from kungfu_tf.optimizers.strategy_sync import make_plan
+            from kungfu_tf.optimizers.strategy_sync import check_monitorable, make_plan
 
             self._plan = make_plan(self._strategy, variables, self.get_name())
+            if monitor is not None:
+                check_monitorable(self._plan)
 
         def apply_fn(gs: list[Any], vs: list[Any]) -> Any:
             if vs:
                 return self._optimizer.apply_gradients(list(zip(gs, vs)), global_step=global_step, name=name)
             return global_step.assign_add(1) if global_step is not None else tf.no_op()
 
-        return self._plan.step([g for g, _ in grads_and_vars], apply_fn)
+        if local is None:
+            return self._plan.step(grads, apply_fn)
+
+        def observe(averaged: list[Any], rider: tf.Tensor) -> Any:
+            return monitor.update(local, rider, grads, averaged, self.get_name())
+
+        return self._plan.step(grads, apply_fn, rider=local.rider, observe=observe)

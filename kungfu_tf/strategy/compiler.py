@@ -60,6 +60,8 @@ Gradient = tf.Tensor | tf.IndexedSlices | None
 ApplyFn = Callable[[list[Any], list[Any]], Any]
 # Creates a variable (Keras or TF) from an initial value and a name.
 VariableFactory = Callable[[tf.Tensor, str], Any]
+# Observes the averaged gradients (one per variable, None kept) and the averaged rider.
+ObserveFn = Callable[[list[Any], tf.Tensor], Any]
 
 
 def _tf_variable(v: Any) -> tf.Variable:
@@ -223,17 +225,43 @@ class StrategyPlan:
         """True if every rank updates every variable (no PS): optimizer state is the same everywhere."""
         return all(p.all_reduced for p in self._plans)
 
+    @property
+    def server_variables(self) -> list[str]:
+        """Names of the variables (some of) whose shards a parameter server updates."""
+        return [p.variable.name for p in self._plans if not p.all_reduced]
+
     # ------------------------------------------------------------------- step
 
-    def step(self, grads: Sequence[Gradient], apply_fn: ApplyFn) -> tf.Operation | None:
+    def step(
+        self,
+        grads: Sequence[Gradient],
+        apply_fn: ApplyFn,
+        rider: tf.Tensor | None = None,
+        observe: ObserveFn | None = None,
+    ) -> tf.Operation | None:
         """Synchronises ``grads`` (one per variable, ``None`` allowed), applies, publishes.
 
         ``apply_fn(gradients, variables)`` is called once with the targets
         this rank updates (possibly none). Returns an op that completes the
         step (v1 graphs run it; in ``tf.function`` it runs anyway).
+
+        ``rider`` (a small 1-D float tensor, e.g. monitoring scalars) is
+        averaged over the workers inside the first merge group's collective;
+        ``observe(averaged gradients by variable, averaged rider)`` is then
+        called and its op becomes part of the step. Both need every variable
+        all-reduced (:attr:`replicated`): a parameter server's averaged
+        gradient exists only on its owner.
         """
         if len(grads) != len(self._plans):
             raise ValueError(f"got {len(grads)} gradients for {len(self._plans)} variables")
+        if (rider is None) != (observe is None):
+            raise ValueError("pass both rider and observe, or neither")
+        if rider is not None and not self.replicated:
+            raise StrategyError(
+                "gradient monitoring needs the averaged gradient of every variable on every worker, but this "
+                f"strategy updates {self.server_variables} on parameter servers (only their owner sees their "
+                "averaged gradient); use an all-reduce strategy (e.g. 'AllReduce', 'PartitionedAR') or no monitor"
+            )
         prefix = call_prefix(self.name)
         must_run: list[Any] = []
         if not self._checked_eagerly:
@@ -244,7 +272,11 @@ class StrategyPlan:
         t = self._step.read_value() if self._has_stale else None
         present = {vi for vi, g in enumerate(grads) if g is not None}
         sparse: set[tuple[int, int]] = set()
-        synced = self._synchronize(grads, prefix, must_run, sparse)
+        synced, reduced_rider = self._synchronize(grads, prefix, must_run, sparse, rider)
+        observed: list[tf.Operation] = []
+        if observe is not None:
+            by_variable = [synced.get((vi, 0)) for vi in range(len(self._plans))]
+            observed = _as_dependency(observe(by_variable, reduced_rider))
 
         before_apply: list[Any] = list(must_run)
         apply_grads, apply_vars, snapshots = [], [], {}
@@ -271,7 +303,7 @@ class StrategyPlan:
             finished = self._publish(synced, snapshots, present, sparse, prefix, t)
         # The owner's broadcasts (and other collectives) produce outputs this
         # rank does not use: keep_alive makes them run (see kungfu_tf.ops.collective).
-        deps = [ops.keep_alive(finished + must_run), *after]
+        deps = [ops.keep_alive(finished + must_run), *after, *observed]
         if self._has_stale:
             with tf.control_dependencies([d for d in deps if d is not None]):
                 deps = [self._step.assign_add(1)]
@@ -280,9 +312,14 @@ class StrategyPlan:
         return tf.group(*[d for d in deps if d is not None])
 
     def _synchronize(
-        self, grads: Sequence[Gradient], prefix: str, must_run: list[Any], sparse: set[tuple[int, int]]
-    ) -> dict[tuple[int, int], Any]:
-        """Gradient of every unit this rank updates, averaged over the workers.
+        self,
+        grads: Sequence[Gradient],
+        prefix: str,
+        must_run: list[Any],
+        sparse: set[tuple[int, int]],
+        rider: tf.Tensor | None = None,
+    ) -> tuple[dict[tuple[int, int], Any], tf.Tensor | None]:
+        """Gradient of every unit this rank updates, averaged over the workers, and the averaged rider.
 
         Adds to ``sparse`` the PS units whose slices were gathered: their
         owners publish only the rows they change.
@@ -339,12 +376,30 @@ class StrategyPlan:
                     synced[key] = reduced
                 else:
                     must_run.append(reduced)
-        for key, avg in grouped.run().items():
+        host = next(iter(dtypes), None)  # the first dense all-reduced unit
+        rider_key, reduced_rider = ("rider",), None
+        if rider is not None:
+            if host is None:
+                # No dense gradient to ride with: a collective of its own.
+                reduced_rider = ops.all_reduce(tf.cast(rider, tf.float64), op="mean", name=f"{prefix}/rider")
+            else:
+                unit = self._plans[host[0]].units[host[1]]
+                node, compressor = unit.node, unit.compressor
+                # In the host's (group, mean) collective when its wire dtype is
+                # float32/float64; else float32 in the same group (one more
+                # collective, concurrent with the group's).
+                wire = tf.as_dtype(dtypes[host]) if compressor.reduce_op == "mean" else tf.float32
+                wire = wire if wire in (tf.float32, tf.float64) else tf.float32
+                grouped.add(rider_key, tf.cast(rider, wire), node.group, node.topology, "mean")
+        reduced = grouped.run()
+        if rider_key in reduced:
+            reduced_rider = tf.cast(reduced.pop(rider_key), tf.float64)
+        for key, avg in reduced.items():
             synced[key] = self._plans[key[0]].units[key[1]].compressor.decode(avg, dtypes[key])
         for vi, plan in enumerate(self._plans):
             if plan.mode == "stitched" and (vi, 0) in synced:
                 synced[(vi, 0)] = _stitch_gradient([synced.pop((vi, ui)) for ui in range(len(plan.units))], plan)
-        return synced
+        return synced, reduced_rider
 
     def _publish(
         self,

@@ -1,0 +1,399 @@
+"""``GradientMonitor``: gradient noise scale, gradient variance and compute time inside the training step.
+
+Attached to :func:`~kungfu_tf.optimizers.SynchronousSGDOptimizer` with
+``monitor=``, it adds C++ kernels to the step when the step is traced
+(KungFu §4.2) and keeps its results and its smoothing state in TF variables,
+so that checkpoints carry them and a rebuilt graph continues where the old
+one stopped.
+
+**Gradient noise scale** (McCandlish et al. 2018, "simple noise scale";
+papers/taming-hyperparameters.md §4). With ``np`` workers, each computing its
+gradient over ``B_small`` examples (``local_batch_size``), and the averaged
+gradient standing for ``B_big = np * B_small`` examples:
+
+* ``|G_small|^2`` = mean over workers of each worker's own squared gradient
+  norm. Every worker computes its norm with one kernel over its gradient list,
+  and the scalar travels *inside* the gradient all-reduce (appended to a fused
+  bucket), so it costs no extra round trip;
+* ``|G_big|^2`` = squared norm of the averaged gradient (computed locally,
+  identical on every worker);
+* unbiased estimates ``|G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)``
+  and ``tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)``;
+* numerator and denominator are smoothed separately with a bias-corrected
+  exponential moving average (``smoothing`` is the decay; Adam's correction
+  ``1 - smoothing^t``), and ``gns = ema(tr(Sigma)) / ema(|G|^2)``.
+
+With **one worker** (decided when the step is traced) there is no second
+batch size in a step, so the monitor pairs each gradient with the previous
+step's: ``|G_small|^2`` is the mean of the two squared norms
+(``B_small = B``), ``|G_big|^2`` the squared norm of their mean
+(``B_big = 2B``). This assumes the parameters change little in one step (it
+is exact when they do not change); it keeps a copy of the previous gradient
+(one model's worth of memory) and starts estimating at the second step.
+
+**Gradient variance** (``variance_interval > 0``): every
+``variance_interval`` steps (``tf.cond`` inside the step, no re-trace) the
+workers all-reduce the squares of their gradients; the element-wise
+population variance across workers ``E[g^2] - E[g]^2`` is averaged over all
+elements. Off (NaN) otherwise.
+
+**Compute time**: a clock op without inputs runs when the step starts, a
+second one when the last gradient is ready; their difference is this
+worker's compute time, not counting the wait for its peers. Every worker's
+value rides with the same all-reduce, so ``worker_compute_times`` shows them
+all (a straggler stands out although all workers see the same step time).
+Eagerly (no ``tf.function``) the clock starts only when the optimizer is
+called.
+
+Example:
+    >>> import keras
+    >>> import tensorflow as tf
+    >>> from kungfu_tf.optimizers import GradientMonitor, SynchronousSGDOptimizer
+    >>> monitor = GradientMonitor(batch_size=32, variance_interval=8)
+    >>> opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), monitor=monitor)
+    >>> opt.kungfu_monitor is monitor
+    True
+    >>> sorted(monitor.values())[:3]
+    ['compute_time', 'gns', 'gns_raw']
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from kungfu_tf import ops
+from kungfu_tf.ops import monitor as monitor_ops
+from kungfu_tf.ops.call_names import call_prefix
+
+Gradient = tf.Tensor | tf.IndexedSlices | None
+
+FLOAT_KEYS = ("gns", "gns_raw", "noise_trace", "grad_sq_norm", "grad_variance", "compute_time")
+
+
+@dataclass
+class LocalStatistics:
+    """What a worker measures before the all-reduce; ``rider`` travels with the gradients.
+
+    ``rider`` is float64 ``[1 + np]``: this worker's squared gradient norm,
+    then its compute time at its own rank's position (zeros elsewhere), so
+    that the *mean* over workers yields the mean squared norm and, times np,
+    every worker's compute time.
+    """
+
+    rider: tf.Tensor
+    compute_time: tf.Tensor
+    size: tf.Tensor  # cluster size (int32) at run time
+
+
+class _Untracked:
+    """Per-worker variables no checkpoint should hold: a plain object, which ``tf.Module`` does not track."""
+
+    def __init__(self) -> None:
+        # The step clock's anchor: a resource nothing else uses (see ops.monitor.step_clock_start).
+        self.clock_anchor = tf.Variable(0, dtype=tf.int32, trainable=False, name="step_clock_anchor")
+
+
+class _PreviousGradient:
+    """The one-worker method's copy of the last gradient: per worker, never checkpointed.
+
+    A plain object (not trackable), so that ``tf.Module`` and checkpoints do
+    not see these variables: a restored monitor pairs from its next step on.
+    """
+
+    def __init__(self, grads: Sequence[tf.Tensor]) -> None:
+        with tf.init_scope():
+            self.tensors = [tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False, name="previous_gradient")
+                            for g in grads]
+            self.valid = tf.Variable(False, trainable=False, name="previous_gradient_valid")
+
+
+class GradientMonitor(tf.Module):
+    """Gradient noise scale, gradient variance and per-worker compute time, updated inside each step.
+
+    Args:
+        batch_size: the per-worker batch size the gradient noise scale
+            assumes (``local_batch_size``; the policy runner reassigns it when
+            the batch size changes). An int > 0.
+        gns: estimate the gradient noise scale.
+        smoothing: decay of the bias-corrected exponential moving averages, in
+            [0, 1); 0 means no smoothing.
+        variance_interval: compute the gradient variance across workers every
+            this many steps (one extra all-reduce of the gradients' squares on
+            those steps); 0 turns it off.
+        name: name of the module (and prefix of its variables).
+
+    Attributes:
+        local_batch_size: int64 scalar variable, read by the step at run time.
+        tensors: the monitored values as variables, updated by the step:
+            "gns", "gns_raw", "noise_trace", "grad_sq_norm", "grad_variance",
+            "compute_time" (float64 scalars), "worker_compute_times" (float64
+            [np]), "monitor_step" (int64). NaN until first estimated.
+
+    Raises:
+        TypeError / ValueError: an argument of the wrong type or out of range
+            (the message names it and the value).
+
+    Example:
+        >>> m = GradientMonitor(batch_size=64, smoothing=0.95)
+        >>> int(m.local_batch_size.numpy()), m.values()["monitor_step"]
+        (64, 0)
+        >>> tf.train.Checkpoint(monitor=m)  # its state is checkpointed  # doctest: +ELLIPSIS
+        <...Checkpoint object at ...>
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        gns: bool = True,
+        smoothing: float = 0.9,
+        variance_interval: int = 0,
+        name: str = "kungfu_monitor",
+    ) -> None:
+        _check_positive_int(batch_size, "batch_size")
+        if not isinstance(gns, bool):
+            raise TypeError(f"GradientMonitor: gns must be a bool, got {gns!r}")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"GradientMonitor: smoothing must be a number in [0, 1), got {smoothing!r}")
+        if isinstance(variance_interval, bool) or not isinstance(variance_interval, numbers.Integral):
+            raise TypeError(f"GradientMonitor: variance_interval must be an int >= 0, got {variance_interval!r}")
+        if variance_interval < 0:
+            raise ValueError(f"GradientMonitor: variance_interval must be >= 0 (0: off), got {variance_interval!r}")
+        super().__init__(name=name)
+        self.gns_enabled = gns
+        self.smoothing = float(smoothing)
+        self.variance_interval = int(variance_interval)
+        import kungfu_tf
+
+        nan = float("nan")
+        with tf.init_scope(), tf.name_scope(name):
+            self.local_batch_size = tf.Variable(int(batch_size), dtype=tf.int64, trainable=False, name="local_batch_size")
+            self.tensors = {key: tf.Variable(nan, dtype=tf.float64, trainable=False, name=key) for key in FLOAT_KEYS}
+            self.tensors["worker_compute_times"] = tf.Variable(
+                tf.fill([kungfu_tf.size()], tf.constant(nan, tf.float64)),
+                dtype=tf.float64,
+                shape=tf.TensorShape([None]),  # the cluster may resize
+                trainable=False,
+                name="worker_compute_times",
+            )
+            self.tensors["monitor_step"] = tf.Variable(0, dtype=tf.int64, trainable=False, name="monitor_step")
+            # Uncorrected EMAs of the two estimates and how many updates they hold.
+            self.ema_noise_trace = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="ema_noise_trace")
+            self.ema_grad_sq_norm = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="ema_grad_sq_norm")
+            self.ema_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="ema_count")
+            self._untracked = _Untracked()
+        self._previous: Any = None  # _PreviousGradient, made when a one-worker step is traced
+        self._owner: Any = None
+
+    # ------------------------------------------------------------ outside the step
+
+    def values(self, session: Any = None) -> dict[str, float | int | list[float]]:
+        """The monitored values as Python numbers (``worker_compute_times``: a list).
+
+        Eagerly (TF2) the variables are read directly; for a ``tf.compat.v1``
+        graph pass the ``session`` (default: the default session).
+
+        Example:
+            >>> GradientMonitor(batch_size=8).values()["gns"]
+            nan
+        """
+        if session is None and not _is_graph_variable(self.local_batch_size):
+            fetched = {k: v.numpy() for k, v in self.tensors.items()}
+        else:
+            session = session or tf.compat.v1.get_default_session()
+            if session is None:
+                raise RuntimeError(
+                    f"GradientMonitor {self.name!r}: its variables live in a tf.compat.v1 graph; "
+                    "pass the session: values(session=...)"
+                )
+            fetched = session.run(dict(self.tensors))
+        out: dict[str, float | int | list[float]] = {}
+        for key, value in fetched.items():
+            if key == "monitor_step":
+                out[key] = int(value)
+            elif key == "worker_compute_times":
+                out[key] = [float(x) for x in value]
+            else:
+                out[key] = float(value)
+        return out
+
+    def attach(self, owner: Any) -> None:
+        """Binds this monitor to one optimizer; a second one is refused (it would update it twice per step)."""
+        if self._owner is not None and self._owner is not owner:
+            raise ValueError(
+                f"GradientMonitor {self.name!r} is already attached to another optimizer; give each optimizer its own"
+            )
+        self._owner = owner
+
+    # ---------------------------------------------------------------- in the step
+
+    def local_statistics(self, grads: Sequence[Gradient]) -> LocalStatistics:
+        """This worker's squared gradient norm and compute time, packed as the all-reduce rider."""
+        self._check_graph()
+        present = [g for g in grads if g is not None]
+        start = monitor_ops.step_clock_start(self._untracked.clock_anchor)
+        ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
+        compute_time = monitor_ops.step_clock_lap(start, ready)
+        if self.gns_enabled:
+            local_sq = monitor_ops.squared_norm([_norm_operand(g) for g in present])
+        else:
+            local_sq = tf.constant(0.0, tf.float64)
+        size = ops.cluster_size()
+        times = tf.one_hot(ops.rank(), size, on_value=compute_time, off_value=tf.constant(0.0, tf.float64))
+        rider = tf.concat([tf.reshape(local_sq, [1]), times], axis=0)
+        return LocalStatistics(rider=rider, compute_time=compute_time, size=size)
+
+    def update(
+        self,
+        local: LocalStatistics,
+        reduced_rider: tf.Tensor,
+        local_grads: Sequence[Gradient],
+        averaged_grads: Sequence[Gradient],
+        name: str,
+    ) -> tf.Operation | None:
+        """Updates every monitored variable from this step's gradients; returns the op doing it (None eagerly).
+
+        ``reduced_rider`` is ``local.rider`` averaged over the workers (by the
+        gradient all-reduce); ``local_grads`` and ``averaged_grads`` pair up
+        position by position.
+        """
+        prefix = call_prefix(f"{name}/monitor")
+        size_f = tf.cast(local.size, tf.float64)
+        step = self.tensors["monitor_step"].read_value()
+        updates: list[Any] = [
+            self.tensors["compute_time"].assign(local.compute_time),
+            self.tensors["worker_compute_times"].assign(reduced_rider[1:] * size_f),
+        ]
+        pairs = [(g, a) for g, a in zip(local_grads, averaged_grads) if g is not None and a is not None]
+        if self.gns_enabled:
+            updates += self._update_gns(reduced_rider[0], size_f, [a for _, a in pairs], [g for g, _ in pairs])
+        if self.variance_interval > 0:
+            updates.append(self._update_variance(step, [g for g, _ in pairs], [a for _, a in pairs], prefix))
+        with tf.control_dependencies([u for u in updates if u is not None]):
+            finished = self.tensors["monitor_step"].assign_add(1)
+        if tf.executing_eagerly():
+            return None
+        return tf.group(finished)
+
+    def _update_gns(
+        self, mean_local_sq: tf.Tensor, size_f: tf.Tensor, averaged: list[Any], local: list[Any]
+    ) -> list[Any]:
+        b = tf.cast(self.local_batch_size, tf.float64)
+        if self._pairs_previous_gradient(local):
+            current = [_dense(g) for g in local]
+            norms = monitor_ops.pair_squared_norms(current, [v.read_value() for v in self._previous.tensors])
+            small_sq, big_sq = 0.5 * (norms[0] + norms[1]), norms[2]
+            small_b, big_b = b, 2.0 * b
+            valid = self._previous.valid.read_value()
+            with tf.control_dependencies([norms, valid]):
+                keep = [v.assign(g) for v, g in zip(self._previous.tensors, current)]
+                keep.append(self._previous.valid.assign(True))
+        else:
+            small_sq, big_sq = mean_local_sq, monitor_ops.squared_norm([_norm_operand(a) for a in averaged])
+            small_b, big_b = b, b * size_f
+            # A cluster of one has a single batch size: no estimate this step.
+            valid = size_f > 1.0
+            keep = []
+        grad_sq, trace = monitor_ops.gns_estimates(small_sq, big_sq, small_b, big_b)
+        s = tf.constant(self.smoothing, tf.float64)
+        ema_trace = tf.where(valid, s * self.ema_noise_trace + (1.0 - s) * trace, self.ema_noise_trace)
+        ema_grad = tf.where(valid, s * self.ema_grad_sq_norm + (1.0 - s) * grad_sq, self.ema_grad_sq_norm)
+        count = self.ema_count + tf.cast(valid, tf.int64)
+        correction = 1.0 - tf.pow(s, tf.cast(count, tf.float64))  # 0 (so NaN below) before any update
+        noise_trace, grad_sq_norm = ema_trace / correction, ema_grad / correction
+        nan = tf.constant(float("nan"), tf.float64)
+        return [
+            *keep,
+            self.ema_noise_trace.assign(ema_trace),
+            self.ema_grad_sq_norm.assign(ema_grad),
+            self.ema_count.assign(count),
+            self.tensors["noise_trace"].assign(noise_trace),
+            self.tensors["grad_sq_norm"].assign(grad_sq_norm),
+            self.tensors["gns"].assign(noise_trace / grad_sq_norm),
+            self.tensors["gns_raw"].assign(tf.where(valid, trace / grad_sq, nan)),
+        ]
+
+    def _update_variance(self, step: tf.Tensor, local: list[Any], averaged: list[Any], prefix: str) -> Any:
+        variance = self.tensors["grad_variance"]
+
+        def measure() -> tf.Tensor:
+            dense_local = [_dense(g) for g in local]
+            square_means = ops.group_all_reduce(monitor_ops.squares(dense_local), op="mean", name=f"{prefix}/variance")
+            return monitor_ops.mean_variance(square_means, [_dense(a) for a in averaged])
+
+        if not local:
+            return None
+        due = tf.equal(step % self.variance_interval, 0)
+        # Every worker takes the same branch: the step counter is the same everywhere.
+        return variance.assign(tf.cond(due, measure, variance.read_value))
+
+    def _pairs_previous_gradient(self, local: list[Any]) -> bool:
+        """True if this step is traced with one worker: then the previous gradient is the second batch."""
+        import kungfu_tf
+
+        if kungfu_tf.size() != 1:
+            return False
+        if self._previous is None:
+            self._previous = _PreviousGradient([_dense(g) for g in local])
+        return True
+
+    def _check_graph(self) -> None:
+        """Refuses a step traced in another graph than the one holding the monitor's variables."""
+        step_graph = _outermost_graph()
+        in_v1_graph = step_graph is not None
+        if _is_graph_variable(self.local_batch_size):
+            if self.local_batch_size.graph is not step_graph:
+                raise ValueError(
+                    f"GradientMonitor {self.name!r} was created in another tf.compat.v1 graph than the training "
+                    "step; create it inside the graph that trains (under graph.as_default())"
+                )
+        elif in_v1_graph:
+            raise ValueError(
+                f"GradientMonitor {self.name!r} was created eagerly but the training step is a tf.compat.v1 "
+                "graph; create the monitor inside that graph (under graph.as_default())"
+            )
+
+
+def _check_positive_int(value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"GradientMonitor: {what} must be an int > 0, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"GradientMonitor: {what} must be > 0, got {value!r}")
+
+
+def _is_graph_variable(v: tf.Variable) -> bool:
+    """True if ``v`` was created in a tf.compat.v1 graph (not eagerly)."""
+    return bool(getattr(v, "_in_graph_mode", False))
+
+
+def _outermost_graph() -> tf.Graph | None:
+    """The tf.compat.v1 graph being built, seen through cond/while bodies; None when eager or in a tf.function."""
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return None
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(graph, tf.__internal__.FuncGraph) and graph.outer_graph is not None:
+        graph = graph.outer_graph
+    return graph
+
+
+def _dense(g: Any) -> tf.Tensor:
+    return tf.convert_to_tensor(g)
+
+
+def _norm_operand(g: Any) -> tf.Tensor:
+    """What the squared norm of ``g`` is taken over: the tensor, or a slice's values with duplicate rows summed.
+
+    ``tf.IndexedSlices`` may hold one row several times (a token seen twice);
+    the gradient is their sum, so the rows are combined before squaring.
+    """
+    if not isinstance(g, tf.IndexedSlices):
+        return tf.convert_to_tensor(g)
+    unique, position = tf.unique(g.indices)
+    return tf.math.unsorted_segment_sum(g.values, position, tf.size(unique))
+
+
+__all__ = ["GradientMonitor", "LocalStatistics"]

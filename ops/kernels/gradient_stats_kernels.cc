@@ -1,0 +1,259 @@
+// Gradient statistics for monitoring (KungFu §4.2): squared norms and the
+// across-worker variance, computed over whole lists of gradient tensors in one
+// kernel each, so that monitoring adds a handful of ops per step however many
+// variables the model has (no per-variable Python or TF math).
+//
+// Every sum is accumulated in double, whatever the gradients' dtype: a
+// float32 sum over millions of squares loses the digits that the gradient
+// noise scale takes a difference of.
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace kungfu_tf {
+
+using tensorflow::OpInputList;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::shape_inference::InferenceContext;
+
+#define KUNGFU_FLOAT_LIST "T: list({half, bfloat16, float, double}) >= 0"
+
+namespace {
+
+// Calls fn(const T *data, int64 n) with the tensor's elements as their own type.
+template <typename Fn>
+absl::Status visit_floats(const Tensor &t, Fn fn) {
+  switch (t.dtype()) {
+    case tensorflow::DT_HALF:
+      fn(t.flat<Eigen::half>().data(), t.NumElements());
+      return absl::OkStatus();
+    case tensorflow::DT_BFLOAT16:
+      fn(t.flat<tensorflow::bfloat16>().data(), t.NumElements());
+      return absl::OkStatus();
+    case tensorflow::DT_FLOAT:
+      fn(t.flat<float>().data(), t.NumElements());
+      return absl::OkStatus();
+    case tensorflow::DT_DOUBLE:
+      fn(t.flat<double>().data(), t.NumElements());
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError("unsupported dtype " + tensorflow::DataTypeString(t.dtype()));
+  }
+}
+
+double sum_of_squares(const Tensor &t, absl::Status *status) {
+  double sum = 0.0;
+  *status = visit_floats(t, [&sum](const auto *p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      double x = static_cast<double>(p[i]);
+      sum += x * x;
+    }
+  });
+  return sum;
+}
+
+// Element i of t as a double (t has one of the dtypes above).
+double element(const Tensor &t, int64_t i) {
+  switch (t.dtype()) {
+    case tensorflow::DT_HALF:
+      return static_cast<double>(t.flat<Eigen::half>()(i));
+    case tensorflow::DT_BFLOAT16:
+      return static_cast<double>(t.flat<tensorflow::bfloat16>()(i));
+    case tensorflow::DT_FLOAT:
+      return static_cast<double>(t.flat<float>()(i));
+    default:
+      return t.flat<double>()(i);
+  }
+}
+
+// Two input lists must pair up tensor by tensor: same count (by the op
+// definition), same shapes. `what` names the op and the lists for the error.
+absl::Status check_paired(const OpInputList &a, const OpInputList &b, const std::string &what) {
+  for (int i = 0; i < a.size(); ++i) {
+    if (a[i].shape() != b[i].shape()) {
+      return absl::InvalidArgumentError(what + ": tensor " + std::to_string(i) + " has shape " +
+                                        a[i].shape().DebugString() + " in the first list and " +
+                                        b[i].shape().DebugString() + " in the second");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status scalar_output(OpKernelContext *ctx, double value) {
+  Tensor *out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &out));
+  out->scalar<double>()() = value;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("KungfuSquaredNorm")
+    .Input("tensors: T")
+    .Output("squared_norm: double")
+    .Attr(KUNGFU_FLOAT_LIST)
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Sum of the squares of every element of every input (the squared L2 norm of their concatenation), "
+         "accumulated in double.");
+
+class SquaredNormOp : public OpKernel {
+ public:
+  explicit SquaredNormOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList tensors;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tensors", &tensors));
+    double total = 0.0;
+    for (const Tensor &t : tensors) {
+      absl::Status s;
+      total += sum_of_squares(t, &s);
+      OP_REQUIRES_OK(ctx, s);
+    }
+    OP_REQUIRES_OK(ctx, scalar_output(ctx, total));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuSquaredNorm").Device(tensorflow::DEVICE_CPU), SquaredNormOp);
+
+REGISTER_OP("KungfuPairSquaredNorms")
+    .Input("current: T")
+    .Input("previous: T")
+    .Output("squared_norms: double")
+    .Attr(KUNGFU_FLOAT_LIST)
+    .SetShapeFn([](InferenceContext *c) {
+      c->set_output(0, c->Vector(3));
+      return absl::OkStatus();
+    })
+    .Doc("[|current|^2, |previous|^2, |(current + previous) / 2|^2] over the concatenation of each list, in "
+         "one pass, accumulated in double: the one-worker gradient noise scale pairs two successive "
+         "gradients as two small batches and their mean as one twice as large.");
+
+class PairSquaredNormsOp : public OpKernel {
+ public:
+  explicit PairSquaredNormsOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList current, previous;
+    OP_REQUIRES_OK(ctx, ctx->input_list("current", &current));
+    OP_REQUIRES_OK(ctx, ctx->input_list("previous", &previous));
+    OP_REQUIRES_OK(ctx, check_paired(current, previous, "KungfuPairSquaredNorms: 'current' and 'previous'"));
+    double cur = 0.0, prev = 0.0, mean = 0.0;
+    for (int i = 0; i < current.size(); ++i) {
+      const Tensor &a = current[i];
+      const Tensor &b = previous[i];
+      for (int64_t j = 0; j < a.NumElements(); ++j) {
+        double x = element(a, j), y = element(b, j), m = 0.5 * (x + y);
+        cur += x * x;
+        prev += y * y;
+        mean += m * m;
+      }
+    }
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({3}), &out));
+    auto v = out->vec<double>();
+    v(0) = cur;
+    v(1) = prev;
+    v(2) = mean;
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuPairSquaredNorms").Device(tensorflow::DEVICE_CPU), PairSquaredNormsOp);
+
+REGISTER_OP("KungfuMeanVariance")
+    .Input("square_means: T")
+    .Input("means: T")
+    .Output("mean_variance: double")
+    .Attr(KUNGFU_FLOAT_LIST)
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Mean over all elements of max(square_means - means^2, 0): given the across-worker mean of each "
+         "gradient element's square and of the element itself, the population variance across workers "
+         "(numpy's var, ddof=0), averaged over the elements of every tensor. NaN if there are no elements.");
+
+class MeanVarianceOp : public OpKernel {
+ public:
+  explicit MeanVarianceOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList squares, means;
+    OP_REQUIRES_OK(ctx, ctx->input_list("square_means", &squares));
+    OP_REQUIRES_OK(ctx, ctx->input_list("means", &means));
+    OP_REQUIRES_OK(ctx, check_paired(squares, means, "KungfuMeanVariance: 'square_means' and 'means'"));
+    double total = 0.0;
+    int64_t count = 0;
+    for (int i = 0; i < squares.size(); ++i) {
+      for (int64_t j = 0; j < squares[i].NumElements(); ++j) {
+        double m = element(means[i], j);
+        double v = element(squares[i], j) - m * m;
+        // E[g^2] - E[g]^2 can come out slightly negative by rounding; a variance cannot.
+        total += v > 0.0 ? v : 0.0;
+      }
+      count += squares[i].NumElements();
+    }
+    OP_REQUIRES_OK(ctx, scalar_output(ctx, count > 0 ? total / static_cast<double>(count)
+                                                     : std::numeric_limits<double>::quiet_NaN()));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuMeanVariance").Device(tensorflow::DEVICE_CPU), MeanVarianceOp);
+
+REGISTER_OP("KungfuSquares")
+    .Input("tensors: T")
+    .Output("squares: T")
+    .Attr(KUNGFU_FLOAT_LIST)
+    .SetShapeFn([](InferenceContext *c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return absl::OkStatus();
+    })
+    .Doc("Element-wise square of every input, each in its own dtype: the gradient variance all-reduces these "
+         "next to the gradients.");
+
+class SquaresOp : public OpKernel {
+ public:
+  explicit SquaresOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList tensors;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tensors", &tensors));
+    tensorflow::OpOutputList outputs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("squares", &outputs));
+    for (int i = 0; i < tensors.size(); ++i) {
+      Tensor *out = nullptr;
+      OP_REQUIRES_OK(ctx, outputs.allocate(i, tensors[i].shape(), &out));
+      OP_REQUIRES_OK(ctx, square_into(tensors[i], out));
+    }
+  }
+
+ private:
+  template <typename T>
+  static void square(const Tensor &in, Tensor *out) {
+    auto src = in.flat<T>();
+    auto dst = out->flat<T>();
+    for (int64_t j = 0; j < src.size(); ++j) dst(j) = static_cast<T>(static_cast<float>(src(j)) * static_cast<float>(src(j)));
+  }
+  static absl::Status square_into(const Tensor &in, Tensor *out) {
+    switch (in.dtype()) {
+      case tensorflow::DT_HALF:
+        square<Eigen::half>(in, out);
+        return absl::OkStatus();
+      case tensorflow::DT_BFLOAT16:
+        square<tensorflow::bfloat16>(in, out);
+        return absl::OkStatus();
+      case tensorflow::DT_FLOAT:
+        square<float>(in, out);
+        return absl::OkStatus();
+      case tensorflow::DT_DOUBLE: {
+        auto src = in.flat<double>();
+        auto dst = out->flat<double>();
+        for (int64_t j = 0; j < src.size(); ++j) dst(j) = src(j) * src(j);
+        return absl::OkStatus();
+      }
+      default:
+        return absl::InvalidArgumentError("KungfuSquares: unsupported dtype " + tensorflow::DataTypeString(in.dtype()));
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuSquares").Device(tensorflow::DEVICE_CPU), SquaresOp);
+
+}  // namespace kungfu_tf
