@@ -13,6 +13,7 @@
 #   make bench-frame-auth  cost of per-frame HMAC authentication vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
+#   make bench-adaptive    adaptive training: GNS batch size vs static batches
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
@@ -111,7 +112,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -243,6 +244,12 @@ bench-training: install
 
 bench-strategies: install
 	$(PY) benchmarks/strategies.py
+
+# Adaptive-training experiments (benchmarks/adaptive_batch.py, one subcommand
+# each; all of them without one): GNSBatchSizePolicy against a static small
+# and large batch (time-to-accuracy; plot in benchmarks/results/).
+bench-adaptive: install
+	$(PY) benchmarks/adaptive_batch.py
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models
