@@ -77,6 +77,7 @@ def summary_rows(runs: dict[str, dict[str, Any]], margin: float) -> tuple[float,
             continue
         recs = runs[mode]["records"]
         tta = time_to_accuracy(recs, target)
+        at_first = [r for r in recs if r["batch_size"] == recs[0]["batch_size"] and r["step"] > 0]
         rows.append({
             "mode": mode,
             "batch": f"{recs[0]['batch_size']}" if recs[0]["batch_size"] == recs[-1]["batch_size"]
@@ -85,6 +86,8 @@ def summary_rows(runs: dict[str, dict[str, Any]], margin: float) -> tuple[float,
             "best_accuracy": max(r["accuracy"] for r in recs),
             "train_time_s": recs[-1]["time_s"],
             "steps": recs[-1]["step"],
+            # Mean step time while the first batch size held (shows the monitoring and policy cost at 64).
+            "first_batch_step_ms": 1000 * at_first[-1]["time_s"] / at_first[-1]["step"] if at_first else None,
             "time_to_target_s": tta,
             "speedup_vs_small": None if tta is None or small_tta is None or tta == 0 else small_tta / tta,
         })  # fmt: skip
@@ -92,13 +95,14 @@ def summary_rows(runs: dict[str, dict[str, Any]], margin: float) -> tuple[float,
 
 
 def markdown_table(target: float, rows: Sequence[dict[str, Any]]) -> str:
-    head = ["run", "global batch", "steps", "training time", f"time to {target:.1%}", "vs small", "final acc.",
-            "best acc."]  # fmt: skip
+    head = ["run", "global batch", "steps", "ms/step at first batch", "training time", f"time to {target:.1%}",
+            "vs small", "final acc.", "best acc."]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         tta = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s"
         speed = "" if r["speedup_vs_small"] is None else f"{r['speedup_vs_small']:.2f}x"
-        lines.append(f"| {LABELS[r['mode']]} | {r['batch']} | {r['steps']} | {r['train_time_s']:.1f} s | {tta} | "
+        step_ms = "" if r["first_batch_step_ms"] is None else f"{r['first_batch_step_ms']:.1f}"
+        lines.append(f"| {LABELS[r['mode']]} | {r['batch']} | {r['steps']} | {step_ms} | {r['train_time_s']:.1f} s | {tta} | "
                      f"{speed} | {r['final_accuracy']:.1%} | {r['best_accuracy']:.1%} |")  # fmt: skip
     return "\n".join(lines)
 

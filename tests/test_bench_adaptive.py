@@ -52,8 +52,11 @@ def test_summary_rows_target_speedup_and_not_reached():
     assert by_mode["adaptive"]["batch"] == "64 -> 1024" and by_mode["large"]["batch"] == "1024"
     assert by_mode["adaptive"]["final_accuracy"] == 0.96 and by_mode["adaptive"]["best_accuracy"] == 0.965
     table = markdown_table(target, rows)
-    assert "| static large batch | 1024 | 20 | 4.0 s | not reached |  | 93.0% | 93.0% |" in table
-    assert "| GNSBatchSizePolicy | 64 -> 1024 | 30 | 25.0 s | 15.0 s | 1.33x | 96.0% | 96.5% |" in table
+    # ms/step while the first batch held: large 4 s / 20 steps; adaptive 10 s / 10 steps (64 until step 10).
+    assert by_mode["large"]["first_batch_step_ms"] == pytest.approx(200)
+    assert by_mode["adaptive"]["first_batch_step_ms"] == pytest.approx(1000)
+    assert "| static large batch | 1024 | 20 | 200.0 | 4.0 s | not reached |  | 93.0% | 93.0% |" in table
+    assert "| GNSBatchSizePolicy | 64 -> 1024 | 30 | 1000.0 | 25.0 s | 15.0 s | 1.33x | 96.0% | 96.5% |" in table
 
 
 @pytest.mark.parametrize("dy,dx", [(-1, -1), (-1, 0), (0, 1), (1, 1), (1, -1), (0, 0)])
