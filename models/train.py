@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="per-worker batch size")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="training steps (default 400)")
-    length.add_argument("--epochs", type=int, help="passes over --samples training samples")
+    length.add_argument("--epochs", type=int, help="passes over --samples training samples (steps counted at the initial batch size)")
     p.add_argument("--lr", type=float, default=0.002, help="learning rate (Adam; v1: Momentum SGD ×10)")
     p.add_argument("--samples", type=int, default=32768, help="training samples generated per worker")
     p.add_argument("--threads", type=int, default=1, help="TF intra-op threads per worker")
