@@ -13,6 +13,8 @@
 #   make bench-frame-auth  cost of per-frame authentication (GMAC, HMAC) vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
+#   make bench-adaptive    the three adaptive-training experiments: GNS batch size vs static
+#                  batches, monitoring overhead, adaptive topology (the last needs root)
 #   make bench-monitoring  training throughput with GNS / gradient-variance monitoring vs none
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
 #                  link contention on two emulated hosts (root, ~7 min)
@@ -114,7 +116,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-monitoring bench-adaptive-topology lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-monitoring bench-adaptive-topology lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -246,6 +248,15 @@ bench-training: install
 
 bench-strategies: install
 	$(PY) benchmarks/strategies.py
+
+# The issue's three adaptive-training experiments in one go: GNSBatchSizePolicy
+# against a static small and large batch (benchmarks/adaptive_batch.py,
+# time-to-accuracy; plot in benchmarks/results/), the monitoring overhead, and
+# the adaptive topology under contention (root).
+bench-adaptive: install
+	$(PY) benchmarks/adaptive_batch.py
+	$(PY) benchmarks/monitoring_overhead.py
+	$(PY) benchmarks/adaptive_topology.py
 
 bench-monitoring: install
 	$(PY) benchmarks/monitoring_overhead.py
