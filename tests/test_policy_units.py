@@ -184,7 +184,12 @@ class ListingOne(BasePolicy):
 
 
 class EpochGnsMonitor:
-    """Stand-in for GradientMonitor (values(), local_batch_size): gns 100, 100, 300, ... per epoch of 2 steps."""
+    """Stand-in for GradientMonitor (values(), local_batch_size): gns 100, 100, 300, ... per read.
+
+    The runner reads the monitor only in phases where a policy runs, so with
+    an after_epoch policy that is once per epoch (the reads every step that
+    this replaced would reach 300 at epoch 1).
+    """
 
     def __init__(self):
         self.local_batch_size = tf.Variable(0, dtype=tf.int64)
@@ -192,7 +197,7 @@ class EpochGnsMonitor:
 
     def values(self):
         self.calls += 1
-        return {"gns": 100.0 if self.calls <= 4 else 300.0}
+        return {"gns": 100.0 if self.calls <= 2 else 300.0}
 
 
 def test_readme_policy_with_keras_fit_epoch_hooks():
@@ -214,6 +219,35 @@ def test_readme_policy_with_keras_fit_epoch_hooks():
     assert history.history["batch_size"] == [2, 2, 6]
     assert int(opt.kungfu_monitor.local_batch_size.numpy()) == 6
     assert float(opt.learning_rate.numpy()) == pytest.approx(0.3)
+
+
+class CountingMonitor:
+    """Stand-in for GradientMonitor that counts how often the runner reads it."""
+
+    def __init__(self):
+        self.local_batch_size = tf.Variable(0, dtype=tf.int64)
+        self.calls = 0
+
+    def values(self):
+        self.calls += 1
+        return {"gns": 100.0}
+
+
+def test_a_policy_due_every_n_steps_costs_nothing_in_between():
+    # GNSBatchSizePolicy(every=3) runs after steps 2, 5, 8: only those steps
+    # read the monitor and run an agreement round.
+    monitor = CountingMonitor()
+    policy = GNSBatchSizePolicy(max_batch_size=64, every=3)
+    assert [s for s in range(9) if policy.runs_at("after_step", s, 0)] == [2, 5, 8]
+    runner = PolicyRunner([policy], batch_size=4, monitor=monitor, verbose=False)
+    rounds = []
+    runner._settle = lambda failure, original=runner._settle: (rounds.append(runner.hook_step), original(failure))
+    with runner.training():
+        for _ in range(9):
+            with runner.step():
+                pass
+    assert monitor.calls == 3
+    assert rounds == [2, 5, 8]
 
 
 class DoubleAfterStep0(BasePolicy):

@@ -43,6 +43,19 @@ class BasePolicy:
 
     needs_monitor: bool = False
 
+    def runs_at(self, hook: str, step: int, epoch: int) -> bool:
+        """Whether the runner should call ``hook`` now (default: always).
+
+        ``step`` is the step the hook is about (as ``ctx.step``), ``epoch``
+        the epoch (as ``ctx.epoch``). A policy that acts only every N steps
+        says so here: on steps where no policy runs, the runner skips the
+        phase entirely (no metric reads, no agreement round), which is what
+        keeps a per-step policy from costing every step. The answer must
+        depend only on values every worker shares (step, epoch, the policy's
+        own settings), so that all workers skip alike.
+        """
+        return True
+
     def before_train(self, ctx: PolicyContext) -> None:
         """Called once, before the first step."""
 

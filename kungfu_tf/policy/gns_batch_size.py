@@ -74,12 +74,20 @@ class GNSBatchSizePolicy(BasePolicy):
         self._reference_batch: int | None = None
         self._requested: tuple[int, float] | None = None  # (batch, gns) of our pending request
 
+    def runs_at(self, hook: str, step: int, epoch: int) -> bool:
+        # Only the checks: the runner then skips every other step's phase.
+        if hook == "after_step":
+            return self.unit == "step" and (step + 1) % self.every == 0
+        if hook == "after_epoch":
+            return self.unit == "epoch" and (epoch + 1) % self.every == 0
+        return True
+
     def after_step(self, ctx: PolicyContext) -> None:
-        if self.unit == "step" and (ctx.step + 1) % self.every == 0:
+        if self.runs_at("after_step", ctx.step, ctx.epoch):
             self.check(ctx)
 
     def after_epoch(self, ctx: PolicyContext) -> None:
-        if self.unit == "epoch" and (ctx.epoch + 1) % self.every == 0:
+        if self.runs_at("after_epoch", ctx.step, ctx.epoch):
             self.check(ctx)
 
     def check(self, ctx: PolicyContext) -> None:

@@ -171,6 +171,8 @@ class PolicyRunner:
         self._step_started: float | None = None
         self._summary: SummaryLog | None = None
         self._started = False
+        self._metrics_read = True  # before the first step: the parameters are all there is
+        self._last_elapsed: float | None = None
 
     @property
     def local_batch_size(self) -> Any:
@@ -221,8 +223,13 @@ class PolicyRunner:
         self.steps_done += 1
         if self.batch_size is not None:
             self.samples += self.batch_size
-        self.context.metrics = self._step_metrics(elapsed)
+        # Reading the monitor and the link rates costs eager ops: only a phase
+        # where a policy runs, or the log writes, reads them (see _run).
+        self.context.metrics = self._light_metrics(elapsed)
+        self._metrics_read = False
+        self._last_elapsed = elapsed
         if self._summary is not None and self.hook_step % self.log_every == 0:
+            self._read_metrics()
             self._summary.scalars(self.hook_step, self.context.metrics)
         self._run("after_step")
 
@@ -279,9 +286,11 @@ class PolicyRunner:
     def _run(self, hook: str) -> None:
         if not self._started:
             raise RuntimeError(f"PolicyRunner.{hook}() before before_train()")
-        used = self._used[hook]
+        used = self._due(hook)
         if not used:
             return
+        if not self._metrics_read:
+            self._read_metrics()
         ctx = self.context
         ctx.requests.clear(), ctx.reasons.clear(), ctx.requested_by.clear()
         failure: tuple[str, BaseException] | None = None
@@ -368,6 +377,14 @@ class PolicyRunner:
         if self._summary is not None:
             self._summary.text(decision.step, "decisions", str(decision))
 
+    def _read_metrics(self) -> None:
+        self.context.metrics = self._step_metrics(self._last_elapsed)
+        self._metrics_read = True
+
+    def _due(self, hook: str) -> list[BasePolicy]:
+        """The policies that run ``hook`` now; every worker computes the same list."""
+        return [p for p in self._used[hook] if p.runs_at(hook, self.hook_step, self.epoch)]
+
     def _read_topology(self) -> str:
         with tf.init_scope():
             return config.topology().numpy().decode()
@@ -379,6 +396,15 @@ class PolicyRunner:
         if self.learning_rate is not None:
             out["learning_rate"] = self.learning_rate
         return out
+
+    def _light_metrics(self, elapsed: float | None) -> dict[str, Any]:
+        """What costs no op to read: the parameters and the step's wall time."""
+        metrics = self._parameters()
+        if elapsed is not None and elapsed > 0:
+            metrics["step_time"] = elapsed
+            if self.batch_size is not None:
+                metrics["throughput"] = self.batch_size / elapsed
+        return metrics
 
     def _step_metrics(self, elapsed: float | None) -> dict[str, Any]:
         metrics = {k: _python(v) for k, v in self.access.read_monitor().items()}
