@@ -257,12 +257,12 @@ def test_intruders(tmp_path):
     # The leftover of another run proved it knows the secret, and was turned
     # away for its job id, and for its cluster version, on both sockets.
     earlier = (
-        "knows the secret but belongs to job 'an-earlier-run' at cluster version 0 without frame authentication; "
+        "knows the secret but belongs to job 'an-earlier-run' at cluster version 0; "
         f"this worker is job '{job_id}'"
     )
     assert sum(earlier in line for line in rejections) == 2, describe(rc, out, err)
     other_version = (
-        f"belongs to job '{job_id}' at cluster version 1 without frame authentication; "
+        f"belongs to job '{job_id}' at cluster version 1; "
         f"this worker is job '{job_id}' at cluster version 0"
     )
     assert sum(other_version in line for line in rejections) == 2, describe(rc, out, err)
