@@ -268,3 +268,48 @@ def test_custom_loop_with_input_signature_traces_once():
     assert rows == [2, 4, 4]
     assert train_step.experimental_get_tracing_count() == 1
     assert (runner.epoch, runner.steps_done, runner.samples) == (1, 3, 10)
+
+
+def test_loss_scale_optimizer_learning_rate_and_monitor_come_from_the_inner_optimizer():
+    # compile() under mixed_float16 wraps the optimizer in a LossScaleOptimizer,
+    # whose own learning-rate variable nothing reads.
+    import keras
+
+    inner = keras.optimizers.SGD(0.1)
+    inner.kungfu_monitor = CountingMonitor()
+    wrapped = keras.optimizers.LossScaleOptimizer(inner)
+    runner = PolicyRunner([DoubleAfterStep0()], batch_size=2, optimizer=wrapped, lr_rule="linear", verbose=False)
+    assert runner.monitor is inner.kungfu_monitor
+    with runner.training():
+        for _ in range(2):
+            with runner.step():
+                pass
+    assert float(inner.learning_rate.numpy()) == pytest.approx(0.2)  # what the training step reads
+    assert runner.learning_rate == pytest.approx(0.2)
+    assert int(inner.kungfu_monitor.local_batch_size.numpy()) == 4
+
+
+def test_a_learning_rate_schedule_is_fine_until_something_sets_the_learning_rate():
+    import keras
+
+    import kungfu_tf.keras as kfk
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(schedule), loss="mse")
+    x, y = np.zeros((8, 3), np.float32), np.zeros((8, 1), np.float32)
+    cb = kfk.PolicyCallback([DoubleAfterStep0()], batch_size=2, verbose=False)  # lr_rule=None
+    ds = adaptive_batch(tf.data.Dataset.from_tensor_slices((x, y)).repeat(), cb.local_batch_size)
+    model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[cb])
+    assert cb.runner.batch_size == 4 and cb.runner.learning_rate is None
+    with pytest.raises(ValueError, match="lr_rule='linear' sets the learning rate, but .*ExponentialDecay"):
+        model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0,
+                  callbacks=[kfk.PolicyCallback([], batch_size=2, lr_rule="linear", verbose=False)])  # fmt: skip
+
+    class SetsLearningRate(BasePolicy):
+        def after_step(self, ctx):
+            ctx.set_learning_rate(0.5)
+
+    with pytest.raises(ValueError, match="set_learning_rate: .*ExponentialDecay"):
+        model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0,
+                  callbacks=[kfk.PolicyCallback([SetsLearningRate()], verbose=False)])  # fmt: skip

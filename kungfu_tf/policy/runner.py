@@ -188,7 +188,7 @@ class PolicyRunner:
         """Checks the setup on every worker, then runs ``before_train``."""
         self._check_requirements()
         self.topology = self._read_topology()
-        if self.access.has_learning_rate():
+        if self.access.has_learning_rate() and self.access.learning_rate_error() is None:
             self.learning_rate = self.access.read_learning_rate()
         self._agree_on_setup()
         if self.batch_size is not None:
@@ -267,6 +267,8 @@ class PolicyRunner:
                 f"lr_rule={self.lr_rule!r} needs a learning rate to set: give the runner the optimizer "
                 "(optimizer=; a compiled Keras model has one) or learning_rate=<tf.Variable>"
             )
+        if self.lr_rule is not None and (problem := self.access.learning_rate_error()) is not None:
+            raise ValueError(f"lr_rule={self.lr_rule!r} sets the learning rate, but {problem}")
         if self.lr_rule is not None and self.batch_size is None:
             raise ValueError(f"lr_rule={self.lr_rule!r} follows the batch size, but the runner got no batch_size=")
         if self.lr_rule == "adascale" and self.access.monitor is None:

@@ -61,6 +61,9 @@ class SessionVariableAccess:
     def has_learning_rate(self) -> bool:
         return self._lr is not None
 
+    def learning_rate_error(self) -> str | None:
+        return None  # a tf.Variable, checked by PolicyHook
+
     def read_learning_rate(self) -> float:
         return float(self._run(self._lr_read))
 
