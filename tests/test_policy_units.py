@@ -313,3 +313,61 @@ def test_a_learning_rate_schedule_is_fine_until_something_sets_the_learning_rate
     with pytest.raises(ValueError, match="set_learning_rate: .*ExponentialDecay"):
         model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0,
                   callbacks=[kfk.PolicyCallback([SetsLearningRate()], verbose=False)])  # fmt: skip
+
+
+class TableMonitor:
+    """Stand-in for GradientMonitor: gns = table[step], the step the test says was just run."""
+
+    def __init__(self, table):
+        self.local_batch_size = tf.Variable(0, dtype=tf.int64)
+        self.table, self.step = table, 0
+
+    def values(self):
+        return {"gns": self.table[self.step]}
+
+
+GNS_PER_STEP = [10.0, 10.0, 16.0, 16.0, 16.0, 30.0, 30.0, 60.0, 60.0, 60.0]
+
+
+def gns_runner():
+    lr = tf.Variable(0.1, dtype=tf.float64)
+    monitor, policy = TableMonitor(GNS_PER_STEP), GNSBatchSizePolicy(max_batch_size=64, threshold=1.5, every=1)
+    runner = PolicyRunner([policy], batch_size=2, learning_rate=lr, monitor=monitor, lr_rule="linear",
+                          min_dwell_steps=3, verbose=False)  # fmt: skip
+    return runner, policy, monitor, lr
+
+
+def train_steps(runner, monitor, steps):
+    with runner.training():
+        for _ in range(steps):
+            with runner.step():
+                monitor.step = runner.steps_done  # the step being run
+
+
+def test_policy_state_checkpointed_a_resumed_run_decides_as_an_uninterrupted_one(tmp_path):
+    whole, whole_policy, whole_monitor, whole_lr = gns_runner()
+    train_steps(whole, whole_monitor, 10)
+    # 16/10 after step 2 -> 3; 30/16 after step 5 -> 5 (lr x5/2); 60/30 after step 7
+    # refused (dwell 3), after step 8 -> 10.
+    assert [(d.step, d.name, d.new, bool(d.refused)) for d in whole.history if d.name == "batch_size"] == [
+        (3, "batch_size", 3, False), (6, "batch_size", 5, False), (8, "batch_size", 10, True),
+        (9, "batch_size", 10, False)]  # fmt: skip
+
+    first, _, first_monitor, first_lr = gns_runner()
+    train_steps(first, first_monitor, 6)  # stops right after the change at step 5
+    path = tf.train.Checkpoint(lr=first_lr, policy=first.state).save(str(tmp_path / "ckpt"))
+
+    resumed, policy, monitor, lr = gns_runner()  # a new process: constructor values
+    tf.train.Checkpoint(lr=lr, policy=resumed.state).restore(path).assert_consumed()
+    resumed.before_train()
+    assert (resumed.batch_size, int(resumed.local_batch_size.numpy()), int(monitor.local_batch_size.numpy())) == (5, 5, 5)
+    assert resumed.learning_rate == pytest.approx(0.1 * 5 / 2)
+    assert (resumed.steps_done, resumed.samples) == (6, 2 * 3 + 3 * 3)
+    assert (policy.reference, policy.state_dict()) == (16.0, {"reference": 16.0, "reference_batch": 3, "requested": [5, 30.0]})
+    for _ in range(4):
+        with resumed.step():
+            monitor.step = resumed.steps_done
+    resumed.after_train()
+    assert [(d.step, d.name, d.new, d.refused) for d in resumed.history] == [
+        (d.step, d.name, d.new, d.refused) for d in whole.history if d.step > 6]
+    assert (resumed.batch_size, float(lr.numpy()), policy.reference) == (10, float(whole_lr.numpy()), whole_policy.reference)

@@ -46,6 +46,13 @@ class PolicyCallback(keras.callbacks.Callback):
         self.runner = PolicyRunner(policies, **runner_args)
 
     @property
+    def state(self) -> Any:
+        """The runner's checkpointable state (batch size, counters, policy references): add it to
+        your checkpoint, e.g. ``tf.train.Checkpoint(model=model, optimizer=model.optimizer, policy=cb.state)``;
+        restored before ``fit``, training continues where it stopped."""
+        return self.runner.state
+
+    @property
     def local_batch_size(self) -> Any:
         """The per-worker batch-size variable, for ``kungfu_tf.data.adaptive_batch``."""
         return self.runner.local_batch_size

@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +73,15 @@ class AdaptiveTopologyPolicy(BasePolicy):
         self._samples: list[float] = []
         self._queue: list[str] = []  # topologies still to try
         self._skip = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        # The reference throughput; a trial in progress is not resumed (the
+        # topology in force is not part of a checkpoint).
+        return {"best": self.best, "adaptations": self.adaptations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = state.get("best")
+        self.adaptations = int(state.get("adaptations", 0))
 
     @property
     def trying(self) -> bool:

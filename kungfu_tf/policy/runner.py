@@ -107,6 +107,15 @@ class PolicyRunner:
             every ``log_every`` steps, and the decisions as text.
         verbose: rank 0 prints every decision.
 
+    State: ``runner.state`` (a ``tf.Module``) holds the global batch size,
+    the step of the last batch change, the step/sample/epoch counters and
+    each policy's ``state_dict()`` in variables. Add it to your checkpoint,
+    e.g. ``tf.train.Checkpoint(model=model, optimizer=opt, policy=runner.state)``:
+    a runner whose restored state has taken steps adopts it in
+    ``before_train`` (batch size, counters, policy references) instead of
+    the constructor's ``batch_size``; the learning rate comes back with the
+    optimizer.
+
     Metrics (``ctx.metrics`` after a step): the monitor's values (``gns``,
     ``noise_trace``, ``grad_sq_norm``, ``grad_variance``, ``compute_time``,
     ``worker_compute_times``, ...) and ``step_time`` (seconds between
@@ -173,6 +182,8 @@ class PolicyRunner:
         self._started = False
         self._metrics_read = True  # before the first step: the parameters are all there is
         self._last_elapsed: float | None = None
+        self._policies_ran = True  # write the policies' (initial) state at the first save
+        self._policies_json: str | None = None
 
     @property
     def local_batch_size(self) -> Any:
@@ -183,6 +194,11 @@ class PolicyRunner:
     def monitor(self) -> Any:
         return self.access.monitor
 
+    @property
+    def state(self) -> Any:
+        """The runner's checkpointable state (:class:`~kungfu_tf.policy.policy_state.PolicyState`): add it to your checkpoint."""
+        return self.access.state
+
     # --- phases --------------------------------------------------------------
     def before_train(self) -> None:
         """Checks the setup on every worker, then runs ``before_train``."""
@@ -190,6 +206,7 @@ class PolicyRunner:
         self.topology = self._read_topology()
         if self.access.has_learning_rate() and self.access.learning_rate_error() is None:
             self.learning_rate = self.access.read_learning_rate()
+        self._adopt_state()
         self._agree_on_setup()
         if self.batch_size is not None:
             self.access.assign_local_batch_size(self.batch_size // self.size)
@@ -198,9 +215,11 @@ class PolicyRunner:
         self._started = True
         self.context.metrics.update(self._parameters())
         self._run("before_train")
+        self._save_state()
 
     def after_train(self) -> None:
         self._run("after_train")
+        self._save_state()
         if self._summary is not None:
             self._summary.flush()
 
@@ -210,6 +229,7 @@ class PolicyRunner:
     def after_epoch(self) -> None:
         self._run("after_epoch")
         self.epoch += 1
+        self._save_state()
 
     def before_step(self) -> None:
         self.hook_step = self.steps_done
@@ -232,6 +252,7 @@ class PolicyRunner:
             self._read_metrics()
             self._summary.scalars(self.hook_step, self.context.metrics)
         self._run("after_step")
+        self._save_state()
 
     @contextlib.contextmanager
     def training(self) -> Iterator[PolicyRunner]:
@@ -255,6 +276,53 @@ class PolicyRunner:
         self.after_step()
 
     # --- internals -----------------------------------------------------------
+    def _adopt_state(self) -> None:
+        """Continues from a restored (or earlier) state instead of the constructor's values."""
+        counters, policies = self.access.state.read()
+        if counters["steps_done"] <= 0:
+            return
+        classes = [type(p).__qualname__ for p in self.policies]
+        saved = [entry.get("class") for entry in policies]
+        if saved != classes:
+            raise ValueError(
+                f"the restored policy state is for policies {saved}, but this runner has {classes}: "
+                "restore a checkpoint of the same policy list"
+            )
+        if self.batch_size is not None and counters["batch_size"] > 0:
+            if counters["batch_size"] % self.size:
+                raise ValueError(
+                    f"the restored global batch_size {counters['batch_size']} is not a multiple of the cluster size {self.size}"
+                )
+            self.batch_size = counters["batch_size"]
+        change = counters["last_batch_change"]
+        self._last_batch_change = None if change < 0 else change
+        self.steps_done, self.samples, self.epoch = counters["steps_done"], counters["samples"], counters["epoch"]
+        self.hook_step = self.steps_done
+        for policy, entry in zip(self.policies, policies):
+            policy.load_state_dict(entry.get("state", {}))
+        self._policies_json = json.dumps(policies, sort_keys=True)
+
+    def _save_state(self) -> None:
+        # The counters change every step (one small assign); the policies'
+        # JSON only after phases in which some policy ran.
+        counters = {
+            "steps_done": self.steps_done,
+            "samples": self.samples,
+            "epoch": self.epoch,
+            "batch_size": self.batch_size or 0,
+            "last_batch_change": -1 if self._last_batch_change is None else self._last_batch_change,
+        }
+        text = None
+        if self._policies_ran:
+            self._policies_ran = False
+            entries = [{"class": type(p).__qualname__, "state": p.state_dict()} for p in self.policies]
+            text = json.dumps(entries, sort_keys=True)
+            if text == self._policies_json:
+                text = None
+            else:
+                self._policies_json = text
+        self.access.state.write(counters, text)
+
     def _check_requirements(self) -> None:
         needy = [type(p).__name__ for p in self.policies if p.needs_monitor]
         if needy and self.access.monitor is None:
@@ -280,6 +348,7 @@ class PolicyRunner:
         setup = {
             "policies": [type(p).__qualname__ for p in self.policies],
             "batch_size": self.batch_size,
+            "steps_done": self.steps_done,
             "lr_rule": self.lr_rule,
             "hysteresis": [self.hysteresis.min_dwell_steps, self.hysteresis.min_relative_change],
         }
@@ -291,6 +360,7 @@ class PolicyRunner:
         used = self._due(hook)
         if not used:
             return
+        self._policies_ran = True
         if not self._metrics_read:
             self._read_metrics()
         ctx = self.context

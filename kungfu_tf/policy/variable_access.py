@@ -20,12 +20,15 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
+from kungfu_tf.policy.policy_state import PolicyState
+
 
 class VariableAccess(Protocol):
     """What a :class:`~kungfu_tf.policy.PolicyRunner` needs from the training program."""
 
     local_batch_size: Any
     monitor: Any
+    state: Any  # a PolicyState (or one with the same read/write, as the v1 hook's)
 
     def has_learning_rate(self) -> bool: ...
     def learning_rate_error(self) -> str | None: ...
@@ -77,6 +80,7 @@ class EagerVariableAccess:
         with tf.init_scope():
             self.local_batch_size = tf.Variable(int(local_batch_size), dtype=tf.int64, trainable=False,
                                                 name="kungfu_local_batch_size")  # fmt: skip
+        self.state = PolicyState()
         self.monitor = monitor
         self._lr = learning_rate
         self._optimizer: Any = None

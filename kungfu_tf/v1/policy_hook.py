@@ -12,13 +12,45 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tensorflow as tf
 
 from kungfu_tf.policy.base_policy import BasePolicy
+from kungfu_tf.policy.policy_state import COUNTERS
 from kungfu_tf.policy.runner import PolicyRunner
+
+
+class SessionPolicyState:
+    """The runner's :class:`~kungfu_tf.policy.policy_state.PolicyState` as variables of the training
+    graph (global variables: a ``MonitoredTrainingSession`` with a ``checkpoint_dir`` saves and
+    restores them with the model), read and assigned in its session."""
+
+    def __init__(self, access: SessionVariableAccess):
+        self._access = access
+        self.counters = tf.Variable(tf.zeros([len(COUNTERS)], tf.int64), trainable=False, name="kungfu_policy_state/counters")
+        self.policies = tf.Variable("[]", dtype=tf.string, trainable=False, name="kungfu_policy_state/policies")
+
+    def build(self) -> None:
+        self._counters_in = tf.compat.v1.placeholder(tf.int64, [len(COUNTERS)], name="kungfu_policy_state_counters")
+        self._policies_in = tf.compat.v1.placeholder(tf.string, [], name="kungfu_policy_state_policies")
+        self._assign_counters = self.counters.assign(self._counters_in)
+        self._assign_policies = self.policies.assign(self._policies_in)
+        self._read = (self.counters.read_value(), self.policies.read_value())
+
+    def read(self) -> tuple[dict[str, int], list[dict[str, Any]]]:
+        counters, policies = self._access._run(self._read)
+        return dict(zip(COUNTERS, (int(v) for v in counters))), json.loads(policies.decode("utf-8"))
+
+    def write(self, counters: dict[str, int], policies_json: str | None = None) -> None:
+        feed = {self._counters_in: [int(counters[name]) for name in COUNTERS]}
+        fetches = [self._assign_counters]
+        if policies_json is not None:
+            feed[self._policies_in] = policies_json
+            fetches.append(self._assign_policies)
+        self._access._run(fetches, feed)
 
 
 class SessionVariableAccess:
@@ -33,6 +65,7 @@ class SessionVariableAccess:
                                             name="kungfu_local_batch_size")  # fmt: skip
         self.monitor = monitor
         self._lr = learning_rate
+        self.state = SessionPolicyState(self)
         self.session: tf.compat.v1.Session | None = None
         self._graph: tf.Graph | None = None
 
@@ -41,6 +74,7 @@ class SessionVariableAccess:
         if self._graph is graph:
             return
         self._graph = graph
+        self.state.build()
         self._batch_in = tf.compat.v1.placeholder(tf.int64, [], name="kungfu_policy_batch_size")
         targets = [self.local_batch_size]
         if self.monitor is not None and getattr(self.monitor, "local_batch_size", None) is not None:
@@ -143,6 +177,11 @@ class PolicyHook(tf.compat.v1.train.SessionRunHook):
     def local_batch_size(self) -> tf.Variable:
         """The per-worker batch-size variable (a graph variable; for ``adaptive_batch``)."""
         return self.access.local_batch_size
+
+    @property
+    def state(self) -> SessionPolicyState:
+        """The runner's state as graph variables (saved by the session's ``Saver`` with the model)."""
+        return self.access.state
 
     @property
     def current_local_batch_size(self) -> int | None:
