@@ -74,6 +74,10 @@ def test_learning_rate_rules_against_their_formulas():
     assert 0.1 < got < 0.4  # between no scaling and linear
     with pytest.raises(ValueError, match="lr_rule='adascale' needs the GradientMonitor's 'noise_trace'"):
         scaled_learning_rate("adascale", 0.1, 64, 128, {"noise_trace": math.nan, "grad_sq_norm": 1.0})
+    # The unbiased estimates can be negative: clamped at 0 (tr(Σ) = 0: no scaling; |G|² = 0: linear).
+    assert scaled_learning_rate("adascale", 0.1, 64, 256, {"noise_trace": -5.0, "grad_sq_norm": g2}) == pytest.approx(0.1)
+    assert scaled_learning_rate("adascale", 0.1, 64, 256, {"noise_trace": trace, "grad_sq_norm": -1.0}) == pytest.approx(0.4)
+    assert scaled_learning_rate("adascale", 0.1, 64, 256, {"noise_trace": -1.0, "grad_sq_norm": -1.0}) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="lr_rule must be one of linear, sqrt, adascale or None, got 'cubic'"):
         scaled_learning_rate("cubic", 0.1, 64, 128)
 
@@ -371,3 +375,66 @@ def test_policy_state_checkpointed_a_resumed_run_decides_as_an_uninterrupted_one
     assert [(d.step, d.name, d.new, d.refused) for d in resumed.history] == [
         (d.step, d.name, d.new, d.refused) for d in whole.history if d.step > 6]
     assert (resumed.batch_size, float(lr.numpy()), policy.reference) == (10, float(whole_lr.numpy()), whole_policy.reference)
+
+
+def test_runner_refuses_a_monitor_batch_that_is_not_the_global_batch_over_the_workers():
+    monitor = CountingMonitor()
+    monitor.local_batch_size.assign(32)  # GradientMonitor(batch_size=32): per worker
+    runner = PolicyRunner([], batch_size=64, monitor=monitor, verbose=False)  # one worker: 64 per worker
+    with pytest.raises(ValueError, match=r"local_batch_size is 32, but the runner's batch_size=64 gives 64 per worker: "
+                                         r"batch_size is the \*global\* batch"):  # fmt: skip
+        runner.before_train()
+    assert int(monitor.local_batch_size.numpy()) == 32  # nothing overridden
+    PolicyRunner([], batch_size=32, monitor=monitor, verbose=False).before_train()  # consistent: fine
+
+
+def test_policy_config_holds_parameters_not_runtime_state():
+    from kungfu_tf.policy import AdaptiveTopologyPolicy
+
+    topology = AdaptiveTopologyPolicy(window=4)
+    topology.best, topology.adaptations = 99.0, 3
+    assert topology.config() == {"candidates": ["RING", "STAR", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE"],
+                                 "drop": 0.2, "window": 4, "trial_steps": 5, "settle_steps": 1,
+                                 "metric": "throughput"}  # fmt: skip
+    assert AdaptiveTopologyPolicy(window=5).config() != topology.config()
+    gns = GNSBatchSizePolicy(64, every=3)
+    gns.reference = 12.0
+    assert "reference" not in gns.config() and gns.config()["every"] == 3
+
+    class Custom(BasePolicy):
+        def __init__(self):
+            self.factor, self.name, self.callback, self._private = 2.0, "x", print, 1
+
+    assert Custom().config() == {"factor": 2.0, "name": "x"}  # default: public JSON-able attributes
+
+
+def test_adaptive_topology_forgets_its_reference_when_the_batch_changes_and_rejects_a_list_metric():
+    from kungfu_tf.policy import AdaptiveTopologyPolicy
+
+    class TopologyContext(FakeContext):
+        topology = "RING"
+
+        def all_reduce(self, value, op="mean", name=None):
+            return value  # one worker
+
+        def set_topology(self, name, reason=""):
+            self.requests.append(name)
+
+    policy = AdaptiveTopologyPolicy(candidates=("RING", "STAR"), drop=0.2, window=2)
+    ctx = TopologyContext(batch_size=64, size=1)
+    for throughput in (100.0, 100.0):
+        ctx.metrics["throughput"] = throughput
+        policy.after_step(ctx)
+    assert policy.best == 100.0
+    ctx.batch_size = 32  # half the batch: fewer samples/s, no contention
+    for throughput in (60.0, 60.0, 60.0, 60.0):
+        ctx.metrics["throughput"] = throughput
+        policy.after_step(ctx)
+    assert ctx.requests == [] and policy.best == 60.0  # no false trial; the new batch's reference
+
+    listed = AdaptiveTopologyPolicy(metric="worker_throughput")
+    ctx.metrics["worker_throughput"] = [50.0, 60.0]
+    with pytest.raises(ValueError, match="metric 'worker_throughput' must be a scalar .*got list"):
+        listed.after_step(ctx)
+    with pytest.raises(ValueError, match="metric must be the name of a scalar metric, got None"):
+        AdaptiveTopologyPolicy(metric=None)

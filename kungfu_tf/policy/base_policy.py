@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -55,6 +56,30 @@ class BasePolicy:
         own settings), so that all workers skip alike.
         """
         return True
+
+    def config(self) -> dict[str, Any]:
+        """The policy's parameters (JSON-able); the runner checks that every worker has the same.
+
+        Default: the public attributes whose values are JSON-able, without
+        the keys of :meth:`state_dict` (runtime state). Override it when a
+        public attribute is runtime state, or is meant to differ per worker.
+
+        Example:
+            >>> from kungfu_tf.policy import AdaptiveTopologyPolicy
+            >>> AdaptiveTopologyPolicy(window=4).config()["window"]
+            4
+        """
+        runtime = set(self.state_dict())
+        out = {}
+        for name, value in sorted(vars(self).items()):
+            if name.startswith("_") or name in runtime:
+                continue
+            try:
+                json.dumps(value, sort_keys=True)
+            except (TypeError, ValueError):
+                continue
+            out[name] = value
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """The policy's runtime state (JSON-able), saved with the runner's state (default: none).

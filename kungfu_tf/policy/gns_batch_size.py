@@ -75,6 +75,10 @@ class GNSBatchSizePolicy(BasePolicy):
         self._reference_batch: int | None = None
         self._requested: tuple[int, float] | None = None  # (batch, gns) of our pending request
 
+    def config(self) -> dict[str, Any]:
+        return {"max_batch_size": self.max_batch_size, "threshold": self.threshold, "every": self.every,
+                "unit": self.unit, "round_to": self.round_to, "metric": self.metric}  # fmt: skip
+
     def state_dict(self) -> dict[str, Any]:
         # The reference GNS (and the batch it belongs to): a resumed run measures growth from it.
         return {"reference": self.reference, "reference_batch": self._reference_batch,

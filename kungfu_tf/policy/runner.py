@@ -104,7 +104,11 @@ class PolicyRunner:
         min_dwell_steps, min_relative_change: batch-size hysteresis
             (:class:`~kungfu_tf.policy.hysteresis.Hysteresis`).
         log_dir: rank 0 writes TensorBoard scalars of every metric there,
-            every ``log_every`` steps, and the decisions as text.
+            every ``log_every`` steps, and the decisions as text (other
+            ranks may pass None). A log_dir rank 0 cannot write, or a
+            failed write, raises on rank 0 (``OSError`` naming log_dir and
+            the cause) and :class:`PeerPolicyError` on the others; to learn
+            of it, every worker runs one small round per logged step.
         verbose: rank 0 prints every decision.
 
     State: ``runner.state`` (a ``tf.Module``) holds the global batch size,
@@ -179,6 +183,8 @@ class PolicyRunner:
         self._last_batch_change: int | None = None
         self._step_started: float | None = None
         self._summary: SummaryLog | None = None
+        self._logging = False  # rank 0 writes a log (agreed in before_train)
+        self._write_failure: tuple[str, BaseException] | None = None
         self._started = False
         self._metrics_read = True  # before the first step: the parameters are all there is
         self._last_elapsed: float | None = None
@@ -206,22 +212,25 @@ class PolicyRunner:
         self.topology = self._read_topology()
         if self.access.has_learning_rate() and self.access.learning_rate_error() is None:
             self.learning_rate = self.access.read_learning_rate()
-        self._adopt_state()
+        if not self._adopt_state():
+            self._check_monitor_batch()
+        self._open_summary()
         self._agree_on_setup()
         if self.batch_size is not None:
             self.access.assign_local_batch_size(self.batch_size // self.size)
-        if self.log_dir is not None and self.rank == 0:
-            self._summary = SummaryLog(self.log_dir)
         self._started = True
         self.context.metrics.update(self._parameters())
         self._run("before_train")
         self._save_state()
 
     def after_train(self) -> None:
-        self._run("after_train")
-        self._save_state()
         if self._summary is not None:
-            self._summary.flush()
+            try:
+                self._summary.flush()
+            except Exception as e:  # noqa: BLE001 -- every worker must learn of it
+                self._write_failed(e)
+        self._run("after_train", force_round=self._logging)
+        self._save_state()
 
     def before_epoch(self) -> None:
         self._run("before_epoch")
@@ -248,10 +257,14 @@ class PolicyRunner:
         self.context.metrics = self._light_metrics(elapsed)
         self._metrics_read = False
         self._last_elapsed = elapsed
-        if self._summary is not None and self.hook_step % self.log_every == 0:
-            self._read_metrics()
-            self._summary.scalars(self.hook_step, self.context.metrics)
-        self._run("after_step")
+        log_now = self._logging and self.hook_step % self.log_every == 0
+        if log_now and self._summary is not None:
+            try:
+                self._read_metrics()
+                self._summary.scalars(self.hook_step, self.context.metrics)
+            except Exception as e:  # noqa: BLE001 -- every worker must learn of it
+                self._write_failed(e)
+        self._run("after_step", force_round=log_now)
         self._save_state()
 
     @contextlib.contextmanager
@@ -276,11 +289,23 @@ class PolicyRunner:
         self.after_step()
 
     # --- internals -----------------------------------------------------------
-    def _adopt_state(self) -> None:
-        """Continues from a restored (or earlier) state instead of the constructor's values."""
+    def _check_monitor_batch(self) -> None:
+        # The runner assigns the monitor's local_batch_size; a different value
+        # the user gave the monitor would be overridden silently.
+        monitored = self.access.read_monitor_local_batch_size()
+        if self.batch_size is None or not monitored or monitored == self.batch_size // self.size:
+            return
+        raise ValueError(
+            f"the GradientMonitor's local_batch_size is {monitored}, but the runner's batch_size={self.batch_size} "
+            f"gives {self.batch_size // self.size} per worker: batch_size is the *global* batch (per-worker batch "
+            f"x cluster size {self.size}), e.g. batch_size={monitored * self.size}"
+        )
+
+    def _adopt_state(self) -> bool:
+        """Continues from a restored (or earlier) state instead of the constructor's values; True if it did."""
         counters, policies = self.access.state.read()
         if counters["steps_done"] <= 0:
-            return
+            return False
         classes = [type(p).__qualname__ for p in self.policies]
         saved = [entry.get("class") for entry in policies]
         if saved != classes:
@@ -301,6 +326,7 @@ class PolicyRunner:
         for policy, entry in zip(self.policies, policies):
             policy.load_state_dict(entry.get("state", {}))
         self._policies_json = json.dumps(policies, sort_keys=True)
+        return True
 
     def _save_state(self) -> None:
         # The counters change every step (one small assign); the policies'
@@ -348,17 +374,50 @@ class PolicyRunner:
         setup = {
             "policies": [type(p).__qualname__ for p in self.policies],
             "batch_size": self.batch_size,
+            "log_every": self.log_every,
             "steps_done": self.steps_done,
             "lr_rule": self.lr_rule,
             "hysteresis": [self.hysteresis.min_dwell_steps, self.hysteresis.min_relative_change],
         }
+        # Parameters too, one key each (the error names the one that differs):
+        # AdaptiveTopologyPolicy(window=4) against window=5 would hang.
+        for i, policy in enumerate(self.policies):
+            for key, value in _config_of(policy, i).items():
+                setup[f"policies[{i}] {type(policy).__qualname__}.{key}"] = value
         self._require_agreement(setup, "the policy runner's setup")
 
-    def _run(self, hook: str) -> None:
+    def _open_summary(self) -> None:
+        """Rank 0 creates the event file; every worker learns whether rank 0 logs and whether it could."""
+        failure = None
+        if self.log_dir is not None and self.rank == 0:
+            try:
+                self._summary = SummaryLog(self.log_dir)
+            except Exception as e:  # noqa: BLE001 -- every worker must learn of it
+                failure = ("TensorBoard log", OSError(
+                    f"log_dir={self.log_dir!r}: cannot create the TensorBoard event file: {type(e).__name__}: {e}"))  # fmt: skip
+        # Whether rank 0 logs decides the logging rounds: agreed, since the
+        # other ranks may pass log_dir=None.
+        self._logging = self._agreement.status(int(self._summary is not None or failure is not None)) > 0
+        self._settle(failure)
+
+    def _write_failed(self, error: BaseException) -> None:
+        self._summary = None  # no further writes; the next round reports it everywhere
+        if self._write_failure is None:
+            self._write_failure = ("TensorBoard log", OSError(
+                f"log_dir={self.log_dir!r}: writing the TensorBoard events failed: {type(error).__name__}: {error}"))  # fmt: skip
+
+    def _run(self, hook: str, force_round: bool = False) -> None:
         if not self._started:
             raise RuntimeError(f"PolicyRunner.{hook}() before before_train()")
         used = self._due(hook)
+        if self._write_failure is not None and force_round:
+            failure, self._write_failure = self._write_failure, None
+            self.context.requests.clear()
+            self._settle(failure)  # raises on every worker
         if not used:
+            if force_round:
+                self.context.requests.clear()
+                self._settle(None)
             return
         self._policies_ran = True
         if not self._metrics_read:
@@ -447,7 +506,10 @@ class PolicyRunner:
         if self.verbose and self.rank == 0:
             print(f"[kungfu_tf.policy] {decision}", flush=True)
         if self._summary is not None:
-            self._summary.text(decision.step, "decisions", str(decision))
+            try:
+                self._summary.text(decision.step, "decisions", str(decision))
+            except Exception as e:  # noqa: BLE001 -- reported at the next logging round, on every worker
+                self._write_failed(e)
 
     def _read_metrics(self) -> None:
         self.context.metrics = self._step_metrics(self._last_elapsed)
@@ -492,6 +554,15 @@ class PolicyRunner:
         with tf.init_scope():
             metrics["link_rates"] = [float(r) for r in monitor.comm_rates().numpy()]
         return metrics
+
+
+def _config_of(policy: BasePolicy, index: int) -> Any:
+    config = policy.config()
+    try:
+        json.dumps(config, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"policies[{index}] {type(policy).__name__}.config() must be JSON-able: {e}") from None
+    return config
 
 
 def _python(value: Any) -> Any:

@@ -36,6 +36,7 @@ class VariableAccess(Protocol):
     def assign_learning_rate(self, value: float) -> None: ...
     def assign_local_batch_size(self, value: int) -> None: ...
     def read_monitor(self) -> dict[str, Any]: ...
+    def read_monitor_local_batch_size(self) -> int: ...
 
 
 def unwrapped_optimizer(optimizer: Any) -> Any:
@@ -126,6 +127,14 @@ class EagerVariableAccess:
             self.local_batch_size.assign(value)
             if self.monitor is not None and getattr(self.monitor, "local_batch_size", None) is not None:
                 self.monitor.local_batch_size.assign(value)
+
+    def read_monitor_local_batch_size(self) -> int:
+        """The monitor's per-worker batch size (0 without a monitor or without the variable)."""
+        variable = getattr(self.monitor, "local_batch_size", None)
+        if variable is None:
+            return 0
+        with tf.init_scope():
+            return int(variable.numpy())
 
     def read_monitor(self) -> dict[str, Any]:
         if self.monitor is None:

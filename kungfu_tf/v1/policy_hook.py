@@ -77,8 +77,10 @@ class SessionVariableAccess:
         self.state.build()
         self._batch_in = tf.compat.v1.placeholder(tf.int64, [], name="kungfu_policy_batch_size")
         targets = [self.local_batch_size]
+        self._monitor_batch_read = None
         if self.monitor is not None and getattr(self.monitor, "local_batch_size", None) is not None:
             targets.append(self.monitor.local_batch_size)
+            self._monitor_batch_read = self.monitor.local_batch_size.read_value()
         self._batch_assign = tf.group(*[t.assign(self._batch_in) for t in targets])
         if self._lr is not None:
             self._lr_in = tf.compat.v1.placeholder(self._lr.dtype, [], name="kungfu_policy_learning_rate")
@@ -106,6 +108,9 @@ class SessionVariableAccess:
 
     def assign_local_batch_size(self, value: int) -> None:
         self._run(self._batch_assign, {self._batch_in: value})
+
+    def read_monitor_local_batch_size(self) -> int:
+        return 0 if self._monitor_batch_read is None else int(self._run(self._monitor_batch_read))
 
     def read_monitor(self) -> dict[str, Any]:
         return self._run(self._monitor_read) if self._monitor_read else {}
