@@ -438,3 +438,24 @@ def test_adaptive_topology_forgets_its_reference_when_the_batch_changes_and_reje
         listed.after_step(ctx)
     with pytest.raises(ValueError, match="metric must be the name of a scalar metric, got None"):
         AdaptiveTopologyPolicy(metric=None)
+
+
+def test_policy_hook_state_is_saved_and_restored_by_monitored_training_session(tmp_path):
+    # v1: the state is graph variables, so the session's Saver carries it with the model.
+    from kungfu_tf.v1 import PolicyHook
+
+    def run(steps):
+        with tf.Graph().as_default():
+            lr = tf.Variable(0.1, dtype=tf.float32)
+            hook = PolicyHook([DoubleAfterStep0()], batch_size=2, learning_rate=lr, lr_rule="linear", verbose=False)
+            step = tf.compat.v1.train.get_or_create_global_step().assign_add(1)
+            with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), hooks=[hook],
+                                                             save_checkpoint_steps=1, log_step_count_steps=None) as sess:  # fmt: skip
+                lrs = [float(sess.run([step, lr])[1]) for _ in range(steps)]
+        return hook, lrs
+
+    first, lrs = run(2)
+    assert (first.runner.batch_size, lrs) == (4, [pytest.approx(0.1), pytest.approx(0.2)])
+    resumed, lrs = run(1)  # restored: batch 4, lr 0.2, 3 steps; DoubleAfterStep0 does not fire again
+    assert (resumed.runner.batch_size, resumed.current_local_batch_size, resumed.runner.steps_done) == (4, 4, 3)
+    assert lrs == [pytest.approx(0.2)] and resumed.runner.history == []

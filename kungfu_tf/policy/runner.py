@@ -328,16 +328,21 @@ class PolicyRunner:
         self._policies_json = json.dumps(policies, sort_keys=True)
         return True
 
-    def _save_state(self) -> None:
-        # The counters change every step (one small assign); the policies'
-        # JSON only after phases in which some policy ran.
-        counters = {
-            "steps_done": self.steps_done,
-            "samples": self.samples,
+    def state_counters(self, after_this_step: bool = False) -> dict[str, int]:
+        """The counters :attr:`state` holds; ``after_this_step``: as they will be once the running step ends."""
+        step = int(after_this_step)
+        return {
+            "steps_done": self.steps_done + step,
+            "samples": self.samples + step * (self.batch_size or 0),
             "epoch": self.epoch,
             "batch_size": self.batch_size or 0,
             "last_batch_change": -1 if self._last_batch_change is None else self._last_batch_change,
         }
+
+    def _save_state(self) -> None:
+        # The counters change every step (one small assign); the policies'
+        # JSON only after phases in which some policy ran.
+        counters = self.state_counters()
         text = None
         if self._policies_ran:
             self._policies_ran = False

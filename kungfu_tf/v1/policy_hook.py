@@ -26,10 +26,18 @@ from kungfu_tf.policy.runner import PolicyRunner
 class SessionPolicyState:
     """The runner's :class:`~kungfu_tf.policy.policy_state.PolicyState` as variables of the training
     graph (global variables: a ``MonitoredTrainingSession`` with a ``checkpoint_dir`` saves and
-    restores them with the model), read and assigned in its session."""
+    restores them with the model), read in its session.
+
+    Written inside each training ``session.run`` (the hook's ``before_run``
+    adds the assignments, with the counters as they will be after that
+    step): ``MonitoredTrainingSession`` runs its ``CheckpointSaverHook``
+    before user hooks, so a separate run in ``after_run`` would come after
+    the save and a checkpoint would hold the state of the step before.
+    """
 
     def __init__(self, access: SessionVariableAccess):
         self._access = access
+        self._pending_policies: str | None = None
         self.counters = tf.Variable(tf.zeros([len(COUNTERS)], tf.int64), trainable=False, name="kungfu_policy_state/counters")
         self.policies = tf.Variable("[]", dtype=tf.string, trainable=False, name="kungfu_policy_state/policies")
 
@@ -45,12 +53,19 @@ class SessionPolicyState:
         return dict(zip(COUNTERS, (int(v) for v in counters))), json.loads(policies.decode("utf-8"))
 
     def write(self, counters: dict[str, int], policies_json: str | None = None) -> None:
+        """Keeps the policies' JSON for the next step's run (the counters there are predicted)."""
+        if policies_json is not None:
+            self._pending_policies = policies_json
+
+    def run_args(self, counters: dict[str, int]) -> tf.compat.v1.train.SessionRunArgs:
+        """The assignments for the training run, ``counters`` being those after it."""
         feed = {self._counters_in: [int(counters[name]) for name in COUNTERS]}
         fetches = [self._assign_counters]
-        if policies_json is not None:
-            feed[self._policies_in] = policies_json
+        if self._pending_policies is not None:
+            feed[self._policies_in] = self._pending_policies
             fetches.append(self._assign_policies)
-        self._access._run(fetches, feed)
+            self._pending_policies = None
+        return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict=feed)
 
 
 class SessionVariableAccess:
@@ -203,8 +218,9 @@ class PolicyHook(tf.compat.v1.train.SessionRunHook):
             self._eagerly(self.runner.before_train)
             self._started = True
 
-    def before_run(self, run_context: tf.compat.v1.train.SessionRunContext) -> None:
+    def before_run(self, run_context: tf.compat.v1.train.SessionRunContext) -> tf.compat.v1.train.SessionRunArgs:
         self._eagerly(self.runner.before_step)
+        return self.access.state.run_args(self.runner.state_counters(after_this_step=True))
 
     def after_run(self, run_context: tf.compat.v1.train.SessionRunContext, run_values: Any) -> None:
         self._eagerly(self.runner.after_step)
