@@ -245,7 +245,9 @@ def test_a_policy_due_every_n_steps_costs_nothing_in_between():
     assert [s for s in range(9) if policy.runs_at("after_step", s, 0)] == [2, 5, 8]
     runner = PolicyRunner([policy], batch_size=4, monitor=monitor, verbose=False)
     rounds = []
-    runner._settle = lambda failure, original=runner._settle: (rounds.append(runner.hook_step), original(failure))
+    # (before_train's setup round, once, does not count: _started is still False there)
+    runner._settle = lambda failure, original=runner._settle: (
+        runner._started and rounds.append(runner.hook_step), original(failure))  # fmt: skip
     with runner.training():
         for _ in range(9):
             with runner.step():
@@ -442,14 +444,29 @@ def test_adaptive_topology_forgets_its_reference_when_the_batch_changes_and_reje
 
 def test_policy_hook_state_is_saved_and_restored_by_monitored_training_session(tmp_path):
     # v1: the state is graph variables, so the session's Saver carries it with the model.
-    from kungfu_tf.v1 import PolicyHook
+    from kungfu_tf.v1 import BroadcastGlobalVariablesHook, PolicyHook
+
+    class CountsSteps(BasePolicy):
+        def __init__(self):
+            self.seen = 0
+
+        def after_step(self, ctx):
+            self.seen += 1
+
+        def state_dict(self):
+            return {"seen": self.seen}
+
+        def load_state_dict(self, state):
+            self.seen = state["seen"]
 
     def run(steps):
         with tf.Graph().as_default():
             lr = tf.Variable(0.1, dtype=tf.float32)
-            hook = PolicyHook([DoubleAfterStep0()], batch_size=2, learning_rate=lr, lr_rule="linear", verbose=False)
+            hook = PolicyHook([DoubleAfterStep0(), CountsSteps()], batch_size=2, learning_rate=lr, lr_rule="linear",
+                              verbose=False)  # fmt: skip
             step = tf.compat.v1.train.get_or_create_global_step().assign_add(1)
-            with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), hooks=[hook],
+            hooks = [BroadcastGlobalVariablesHook(), hook]  # the broadcast covers the state variables too
+            with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), hooks=hooks,
                                                              save_checkpoint_steps=1, log_step_count_steps=None) as sess:  # fmt: skip
                 lrs = [float(sess.run([step, lr])[1]) for _ in range(steps)]
         return hook, lrs
@@ -459,3 +476,5 @@ def test_policy_hook_state_is_saved_and_restored_by_monitored_training_session(t
     resumed, lrs = run(1)  # restored: batch 4, lr 0.2, 3 steps; DoubleAfterStep0 does not fire again
     assert (resumed.runner.batch_size, resumed.current_local_batch_size, resumed.runner.steps_done) == (4, 4, 3)
     assert lrs == [pytest.approx(0.2)] and resumed.runner.history == []
+    # Saved with step 2: the policy's state from step 1's after_step (written in the next run).
+    assert resumed.runner.policies[1].seen == 1 + 1

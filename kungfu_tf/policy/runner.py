@@ -212,9 +212,13 @@ class PolicyRunner:
         self.topology = self._read_topology()
         if self.access.has_learning_rate() and self.access.learning_rate_error() is None:
             self.learning_rate = self.access.read_learning_rate()
-        if not self._adopt_state():
-            self._check_monitor_batch()
-        self._open_summary()
+        failure = None
+        try:  # a restored state or a monitor one worker alone rejects: every worker must learn of it
+            if not self._adopt_state():
+                self._check_monitor_batch()
+        except ValueError as e:
+            failure = ("PolicyRunner.before_train", e)
+        self._open_summary(failure)
         self._agree_on_setup()
         if self.batch_size is not None:
             self.access.assign_local_batch_size(self.batch_size // self.size)
@@ -391,10 +395,10 @@ class PolicyRunner:
                 setup[f"policies[{i}] {type(policy).__qualname__}.{key}"] = value
         self._require_agreement(setup, "the policy runner's setup")
 
-    def _open_summary(self) -> None:
-        """Rank 0 creates the event file; every worker learns whether rank 0 logs and whether it could."""
-        failure = None
-        if self.log_dir is not None and self.rank == 0:
+    def _open_summary(self, failure: tuple[str, BaseException] | None) -> None:
+        """Rank 0 creates the event file; every worker learns whether rank 0 logs and whether it (and
+        the checks before, ``failure``) succeeded."""
+        if failure is None and self.log_dir is not None and self.rank == 0:
             try:
                 self._summary = SummaryLog(self.log_dir)
             except Exception as e:  # noqa: BLE001 -- every worker must learn of it

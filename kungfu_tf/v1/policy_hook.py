@@ -16,10 +16,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.policy_state import COUNTERS
+
+# Room for the policies' state_dict()s as JSON in a v1 graph.
+POLICY_STATE_BYTES = 4096
 from kungfu_tf.policy.runner import PolicyRunner
 
 
@@ -33,29 +37,44 @@ class SessionPolicyState:
     step): ``MonitoredTrainingSession`` runs its ``CheckpointSaverHook``
     before user hooks, so a separate run in ``after_run`` would come after
     the save and a checkpoint would hold the state of the step before.
+    A checkpoint thus holds the state as that step's run left it, before
+    its ``after_run`` policies: counters after the step, the batch size and
+    learning rate it ran with, the policies' state from the step before; a
+    change the policies request in that ``after_run`` is not in it (a
+    resumed run decides again at the policy's next check).
     """
 
     def __init__(self, access: SessionVariableAccess):
         self._access = access
-        self._pending_policies: str | None = None
+        self._pending_policies: np.ndarray | None = None
         self.counters = tf.Variable(tf.zeros([len(COUNTERS)], tf.int64), trainable=False, name="kungfu_policy_state/counters")
-        self.policies = tf.Variable("[]", dtype=tf.string, trainable=False, name="kungfu_policy_state/policies")
+        # UTF-8 JSON in a zero-padded uint8 buffer, not a tf.string: BroadcastGlobalVariablesHook
+        # broadcasts every global variable, and the collectives carry numbers only.
+        self.policies = tf.Variable(tf.zeros([POLICY_STATE_BYTES], tf.uint8), trainable=False,
+                                    name="kungfu_policy_state/policies")  # fmt: skip
 
     def build(self) -> None:
         self._counters_in = tf.compat.v1.placeholder(tf.int64, [len(COUNTERS)], name="kungfu_policy_state_counters")
-        self._policies_in = tf.compat.v1.placeholder(tf.string, [], name="kungfu_policy_state_policies")
+        self._policies_in = tf.compat.v1.placeholder(tf.uint8, [POLICY_STATE_BYTES], name="kungfu_policy_state_policies")
         self._assign_counters = self.counters.assign(self._counters_in)
         self._assign_policies = self.policies.assign(self._policies_in)
         self._read = (self.counters.read_value(), self.policies.read_value())
 
     def read(self) -> tuple[dict[str, int], list[dict[str, Any]]]:
         counters, policies = self._access._run(self._read)
-        return dict(zip(COUNTERS, (int(v) for v in counters))), json.loads(policies.decode("utf-8"))
+        text = bytes(policies).rstrip(b"\0").decode("utf-8") or "[]"
+        return dict(zip(COUNTERS, (int(v) for v in counters))), json.loads(text)
 
     def write(self, counters: dict[str, int], policies_json: str | None = None) -> None:
         """Keeps the policies' JSON for the next step's run (the counters there are predicted)."""
         if policies_json is not None:
-            self._pending_policies = policies_json
+            raw = policies_json.encode("utf-8")
+            if len(raw) > POLICY_STATE_BYTES:
+                raise ValueError(
+                    f"PolicyHook: the policies' state_dict()s take {len(raw)} bytes as JSON, more than the "
+                    f"{POLICY_STATE_BYTES} a v1 graph keeps; keep state_dict() small"
+                )
+            self._pending_policies = np.frombuffer(raw.ljust(POLICY_STATE_BYTES, b"\0"), np.uint8)
 
     def run_args(self, counters: dict[str, int]) -> tf.compat.v1.train.SessionRunArgs:
         """The assignments for the training run, ``counters`` being those after it."""
