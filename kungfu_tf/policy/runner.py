@@ -111,9 +111,11 @@ class PolicyRunner:
             of it, every worker runs one small round per logged step.
         verbose: rank 0 prints every decision.
 
-    State: ``runner.state`` (a ``tf.Module``) holds the global batch size,
-    the step of the last batch change, the step/sample/epoch counters and
-    each policy's ``state_dict()`` in variables. Add it to your checkpoint,
+    State: ``runner.state`` (a checkpointable
+    :class:`~kungfu_tf.policy.policy_state.PolicyState`) holds the global
+    batch size, the step of the last batch change, the step/sample/epoch
+    counters and each policy's ``state_dict()``, serialized only when a
+    checkpoint is written (no per-step cost). Add it to your checkpoint,
     e.g. ``tf.train.Checkpoint(model=model, optimizer=opt, policy=runner.state)``:
     a runner whose restored state has taken steps adopts it in
     ``before_train`` (batch size, counters, policy references) instead of
