@@ -478,3 +478,28 @@ def test_policy_hook_state_is_saved_and_restored_by_monitored_training_session(t
     assert lrs == [pytest.approx(0.2)] and resumed.runner.history == []
     # Saved with step 2: the policy's state from step 1's after_step (written in the next run).
     assert resumed.runner.policies[1].seen == 1 + 1
+
+
+def test_policy_callback_state_in_a_keras_checkpoint(tmp_path):
+    import keras
+
+    import kungfu_tf.keras as kfk
+
+    x, y = np.zeros((64, 3), np.float32), np.zeros((64, 1), np.float32)
+
+    def fit(steps, restore=None):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        cb = kfk.PolicyCallback([DoubleAfterStep0()], batch_size=2, lr_rule="linear", verbose=False)
+        ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, policy=cb.state)
+        if restore:
+            ckpt.restore(restore)
+        ds = adaptive_batch(tf.data.Dataset.from_tensor_slices((x, y)).repeat(), cb.local_batch_size)
+        model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[cb])
+        return cb, model, ckpt.save(str(tmp_path / "ckpt"))
+
+    first, _, path = fit(2)
+    assert first.runner.batch_size == 4
+    resumed, model, _ = fit(1, restore=path)
+    assert (resumed.runner.batch_size, resumed.runner.steps_done, resumed.runner.history) == (4, 3, [])
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.2)
