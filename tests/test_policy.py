@@ -23,4 +23,4 @@ TENSORBOARD_CHECKS = 9  # rank 0 only
 def test_policies_with_real_workers(tmp_path):
     rc, out, err = run_job(NP, "policy_runner.py", tmp_path / "tb", timeout=240)
     counts = assert_job_ok(rc, out, err, NP)
-    assert counts[1] == 36 and counts[0] == counts[1] + TENSORBOARD_CHECKS, counts
+    assert counts[1] == 39 and counts[0] == counts[1] + TENSORBOARD_CHECKS, counts

@@ -74,6 +74,10 @@ def test_learning_rate_rules_against_their_formulas():
     assert 0.1 < got < 0.4  # between no scaling and linear
     with pytest.raises(ValueError, match="lr_rule='adascale' needs the GradientMonitor's 'noise_trace'"):
         scaled_learning_rate("adascale", 0.1, 64, 128, {"noise_trace": math.nan, "grad_sq_norm": 1.0})
+    # The unbiased estimates can be negative: clamped at 0 (tr(Σ) = 0: no scaling; |G|² = 0: linear).
+    assert scaled_learning_rate("adascale", 0.1, 64, 256, {"noise_trace": -5.0, "grad_sq_norm": g2}) == pytest.approx(0.1)
+    assert scaled_learning_rate("adascale", 0.1, 64, 256, {"noise_trace": trace, "grad_sq_norm": -1.0}) == pytest.approx(0.4)
+    assert scaled_learning_rate("adascale", 0.1, 64, 256, {"noise_trace": -1.0, "grad_sq_norm": -1.0}) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="lr_rule must be one of linear, sqrt, adascale or None, got 'cubic'"):
         scaled_learning_rate("cubic", 0.1, 64, 128)
 
@@ -241,7 +245,9 @@ def test_a_policy_due_every_n_steps_costs_nothing_in_between():
     assert [s for s in range(9) if policy.runs_at("after_step", s, 0)] == [2, 5, 8]
     runner = PolicyRunner([policy], batch_size=4, monitor=monitor, verbose=False)
     rounds = []
-    runner._settle = lambda failure, original=runner._settle: (rounds.append(runner.hook_step), original(failure))
+    # (before_train's setup round, once, does not count: _started is still False there)
+    runner._settle = lambda failure, original=runner._settle: (
+        runner._started and rounds.append(runner.hook_step), original(failure))  # fmt: skip
     with runner.training():
         for _ in range(9):
             with runner.step():
@@ -268,3 +274,232 @@ def test_custom_loop_with_input_signature_traces_once():
     assert rows == [2, 4, 4]
     assert train_step.experimental_get_tracing_count() == 1
     assert (runner.epoch, runner.steps_done, runner.samples) == (1, 3, 10)
+
+
+def test_loss_scale_optimizer_learning_rate_and_monitor_come_from_the_inner_optimizer():
+    # compile() under mixed_float16 wraps the optimizer in a LossScaleOptimizer,
+    # whose own learning-rate variable nothing reads.
+    import keras
+
+    inner = keras.optimizers.SGD(0.1)
+    inner.kungfu_monitor = CountingMonitor()
+    wrapped = keras.optimizers.LossScaleOptimizer(inner)
+    runner = PolicyRunner([DoubleAfterStep0()], batch_size=2, optimizer=wrapped, lr_rule="linear", verbose=False)
+    assert runner.monitor is inner.kungfu_monitor
+    with runner.training():
+        for _ in range(2):
+            with runner.step():
+                pass
+    assert float(inner.learning_rate.numpy()) == pytest.approx(0.2)  # what the training step reads
+    assert runner.learning_rate == pytest.approx(0.2)
+    assert int(inner.kungfu_monitor.local_batch_size.numpy()) == 4
+
+
+def test_a_learning_rate_schedule_is_fine_until_something_sets_the_learning_rate():
+    import keras
+
+    import kungfu_tf.keras as kfk
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(schedule), loss="mse")
+    x, y = np.zeros((8, 3), np.float32), np.zeros((8, 1), np.float32)
+    cb = kfk.PolicyCallback([DoubleAfterStep0()], batch_size=2, verbose=False)  # lr_rule=None
+    ds = adaptive_batch(tf.data.Dataset.from_tensor_slices((x, y)).repeat(), cb.local_batch_size)
+    model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[cb])
+    assert cb.runner.batch_size == 4 and cb.runner.learning_rate is None
+    with pytest.raises(ValueError, match="lr_rule='linear' sets the learning rate, but .*ExponentialDecay"):
+        model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0,
+                  callbacks=[kfk.PolicyCallback([], batch_size=2, lr_rule="linear", verbose=False)])  # fmt: skip
+
+    class SetsLearningRate(BasePolicy):
+        def after_step(self, ctx):
+            ctx.set_learning_rate(0.5)
+
+    with pytest.raises(ValueError, match="set_learning_rate: .*ExponentialDecay"):
+        model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0,
+                  callbacks=[kfk.PolicyCallback([SetsLearningRate()], verbose=False)])  # fmt: skip
+
+
+class TableMonitor:
+    """Stand-in for GradientMonitor: gns = table[step], the step the test says was just run."""
+
+    def __init__(self, table):
+        self.local_batch_size = tf.Variable(0, dtype=tf.int64)
+        self.table, self.step = table, 0
+
+    def values(self):
+        return {"gns": self.table[self.step]}
+
+
+GNS_PER_STEP = [10.0, 10.0, 16.0, 16.0, 16.0, 30.0, 30.0, 60.0, 60.0, 60.0]
+
+
+def gns_runner():
+    lr = tf.Variable(0.1, dtype=tf.float64)
+    monitor, policy = TableMonitor(GNS_PER_STEP), GNSBatchSizePolicy(max_batch_size=64, threshold=1.5, every=1)
+    runner = PolicyRunner([policy], batch_size=2, learning_rate=lr, monitor=monitor, lr_rule="linear",
+                          min_dwell_steps=3, verbose=False)  # fmt: skip
+    return runner, policy, monitor, lr
+
+
+def train_steps(runner, monitor, steps):
+    with runner.training():
+        for _ in range(steps):
+            with runner.step():
+                monitor.step = runner.steps_done  # the step being run
+
+
+def test_policy_state_checkpointed_a_resumed_run_decides_as_an_uninterrupted_one(tmp_path):
+    whole, whole_policy, whole_monitor, whole_lr = gns_runner()
+    train_steps(whole, whole_monitor, 10)
+    # 16/10 after step 2 -> 3; 30/16 after step 5 -> 5 (lr x5/2); 60/30 after step 7
+    # refused (dwell 3), after step 8 -> 10.
+    assert [(d.step, d.name, d.new, bool(d.refused)) for d in whole.history if d.name == "batch_size"] == [
+        (3, "batch_size", 3, False), (6, "batch_size", 5, False), (8, "batch_size", 10, True),
+        (9, "batch_size", 10, False)]  # fmt: skip
+
+    first, _, first_monitor, first_lr = gns_runner()
+    train_steps(first, first_monitor, 6)  # stops right after the change at step 5
+    path = tf.train.Checkpoint(lr=first_lr, policy=first.state).save(str(tmp_path / "ckpt"))
+
+    resumed, policy, monitor, lr = gns_runner()  # a new process: constructor values
+    tf.train.Checkpoint(lr=lr, policy=resumed.state).restore(path).assert_consumed()
+    resumed.before_train()
+    assert (resumed.batch_size, int(resumed.local_batch_size.numpy()), int(monitor.local_batch_size.numpy())) == (5, 5, 5)
+    assert resumed.learning_rate == pytest.approx(0.1 * 5 / 2)
+    assert (resumed.steps_done, resumed.samples) == (6, 2 * 3 + 3 * 3)
+    assert (policy.reference, policy.state_dict()) == (16.0, {"reference": 16.0, "reference_batch": 3, "requested": [5, 30.0]})
+    for _ in range(4):
+        with resumed.step():
+            monitor.step = resumed.steps_done
+    resumed.after_train()
+    assert [(d.step, d.name, d.new, d.refused) for d in resumed.history] == [
+        (d.step, d.name, d.new, d.refused) for d in whole.history if d.step > 6]
+    assert (resumed.batch_size, float(lr.numpy()), policy.reference) == (10, float(whole_lr.numpy()), whole_policy.reference)
+
+
+def test_runner_refuses_a_monitor_batch_that_is_not_the_global_batch_over_the_workers():
+    monitor = CountingMonitor()
+    monitor.local_batch_size.assign(32)  # GradientMonitor(batch_size=32): per worker
+    runner = PolicyRunner([], batch_size=64, monitor=monitor, verbose=False)  # one worker: 64 per worker
+    with pytest.raises(ValueError, match=r"local_batch_size is 32, but the runner's batch_size=64 gives 64 per worker: "
+                                         r"batch_size is the \*global\* batch"):  # fmt: skip
+        runner.before_train()
+    assert int(monitor.local_batch_size.numpy()) == 32  # nothing overridden
+    PolicyRunner([], batch_size=32, monitor=monitor, verbose=False).before_train()  # consistent: fine
+
+
+def test_policy_config_holds_parameters_not_runtime_state():
+    from kungfu_tf.policy import AdaptiveTopologyPolicy
+
+    topology = AdaptiveTopologyPolicy(window=4)
+    topology.best, topology.adaptations = 99.0, 3
+    assert topology.config() == {"candidates": ["RING", "STAR", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE"],
+                                 "drop": 0.2, "window": 4, "trial_steps": 5, "settle_steps": 1,
+                                 "metric": "throughput"}  # fmt: skip
+    assert AdaptiveTopologyPolicy(window=5).config() != topology.config()
+    gns = GNSBatchSizePolicy(64, every=3)
+    gns.reference = 12.0
+    assert "reference" not in gns.config() and gns.config()["every"] == 3
+
+    class Custom(BasePolicy):
+        def __init__(self):
+            self.factor, self.name, self.callback, self._private = 2.0, "x", print, 1
+
+    assert Custom().config() == {"factor": 2.0, "name": "x"}  # default: public JSON-able attributes
+
+
+def test_adaptive_topology_forgets_its_reference_when_the_batch_changes_and_rejects_a_list_metric():
+    from kungfu_tf.policy import AdaptiveTopologyPolicy
+
+    class TopologyContext(FakeContext):
+        topology = "RING"
+
+        def all_reduce(self, value, op="mean", name=None):
+            return value  # one worker
+
+        def set_topology(self, name, reason=""):
+            self.requests.append(name)
+
+    policy = AdaptiveTopologyPolicy(candidates=("RING", "STAR"), drop=0.2, window=2)
+    ctx = TopologyContext(batch_size=64, size=1)
+    for throughput in (100.0, 100.0):
+        ctx.metrics["throughput"] = throughput
+        policy.after_step(ctx)
+    assert policy.best == 100.0
+    ctx.batch_size = 32  # half the batch: fewer samples/s, no contention
+    for throughput in (60.0, 60.0, 60.0, 60.0):
+        ctx.metrics["throughput"] = throughput
+        policy.after_step(ctx)
+    assert ctx.requests == [] and policy.best == 60.0  # no false trial; the new batch's reference
+
+    listed = AdaptiveTopologyPolicy(metric="worker_throughput")
+    ctx.metrics["worker_throughput"] = [50.0, 60.0]
+    with pytest.raises(ValueError, match="metric 'worker_throughput' must be a scalar .*got list"):
+        listed.after_step(ctx)
+    with pytest.raises(ValueError, match="metric must be the name of a scalar metric, got None"):
+        AdaptiveTopologyPolicy(metric=None)
+
+
+def test_policy_hook_state_is_saved_and_restored_by_monitored_training_session(tmp_path):
+    # v1: the state is graph variables, so the session's Saver carries it with the model.
+    from kungfu_tf.v1 import BroadcastGlobalVariablesHook, PolicyHook
+
+    class CountsSteps(BasePolicy):
+        def __init__(self):
+            self.seen = 0
+
+        def after_step(self, ctx):
+            self.seen += 1
+
+        def state_dict(self):
+            return {"seen": self.seen}
+
+        def load_state_dict(self, state):
+            self.seen = state["seen"]
+
+    def run(steps):
+        with tf.Graph().as_default():
+            lr = tf.Variable(0.1, dtype=tf.float32)
+            hook = PolicyHook([DoubleAfterStep0(), CountsSteps()], batch_size=2, learning_rate=lr, lr_rule="linear",
+                              verbose=False)  # fmt: skip
+            step = tf.compat.v1.train.get_or_create_global_step().assign_add(1)
+            hooks = [BroadcastGlobalVariablesHook(), hook]  # the broadcast covers the state variables too
+            with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), hooks=hooks,
+                                                             save_checkpoint_steps=1, log_step_count_steps=None) as sess:  # fmt: skip
+                lrs = [float(sess.run([step, lr])[1]) for _ in range(steps)]
+        return hook, lrs
+
+    first, lrs = run(2)
+    assert (first.runner.batch_size, lrs) == (4, [pytest.approx(0.1), pytest.approx(0.2)])
+    resumed, lrs = run(1)  # restored: batch 4, lr 0.2, 3 steps; DoubleAfterStep0 does not fire again
+    assert (resumed.runner.batch_size, resumed.current_local_batch_size, resumed.runner.steps_done) == (4, 4, 3)
+    assert lrs == [pytest.approx(0.2)] and resumed.runner.history == []
+    # Saved with step 2: the policy's state from step 1's after_step (written in the next run).
+    assert resumed.runner.policies[1].seen == 1 + 1
+
+
+def test_policy_callback_state_in_a_keras_checkpoint(tmp_path):
+    import keras
+
+    import kungfu_tf.keras as kfk
+
+    x, y = np.zeros((64, 3), np.float32), np.zeros((64, 1), np.float32)
+
+    def fit(steps, restore=None):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        cb = kfk.PolicyCallback([DoubleAfterStep0()], batch_size=2, lr_rule="linear", verbose=False)
+        ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer, policy=cb.state)
+        if restore:
+            ckpt.restore(restore)
+        ds = adaptive_batch(tf.data.Dataset.from_tensor_slices((x, y)).repeat(), cb.local_batch_size)
+        model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[cb])
+        return cb, model, ckpt.save(str(tmp_path / "ckpt"))
+
+    first, _, path = fit(2)
+    assert first.runner.batch_size == 4
+    resumed, model, _ = fit(1, restore=path)
+    assert (resumed.runner.batch_size, resumed.runner.steps_done, resumed.runner.history) == (4, 3, [])
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.2)

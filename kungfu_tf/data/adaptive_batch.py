@@ -48,6 +48,14 @@ def adaptive_batch(dataset: tf.data.Dataset, batch_size: tf.Variable, granularit
     dropped, on every worker alike when the shards are equally long
     (:func:`kungfu_tf.data.shard`).
 
+    The number of batches in a pass depends on the sizes chosen while it
+    runs, so the dataset's cardinality is unknown. Keras ``fit`` then takes
+    the first epoch's step count for every later epoch: after the batch
+    grows, an epoch ends early with a "ran out of data" warning; after it
+    shrinks, an epoch stops before the pass is over. Pass
+    ``steps_per_epoch`` with a ``.repeat()``-ed dataset to count epochs in
+    steps instead (see ``kungfu_tf.keras.PolicyCallback``).
+
     Raises:
         TypeError: ``batch_size`` is not an int64 scalar variable.
         ValueError: ``granularity`` is not a positive int.

@@ -33,6 +33,20 @@ class PolicyCallback(keras.callbacks.Callback):
     ``monitor``, ``min_dwell_steps``, ``min_relative_change``, ``log_dir``,
     ...). Place it before callbacks that read the learning rate.
 
+    Epochs: an ``adaptive_batch`` dataset has no known length, so Keras
+    counts the steps of the first epoch and runs every later epoch for that
+    many steps (Keras 3 caches the count; a callback cannot reset it). After
+    the batch size grows, a later epoch runs out of data first (Keras warns
+    "Your input ran out of data" and ends the epoch there: every row is
+    still used once); after it shrinks, an epoch stops at the old count and
+    the rest of that pass is skipped. For exact epochs, give Keras the
+    length: ``.repeat()`` the data before ``adaptive_batch`` and pass
+    ``steps_per_epoch`` (then an epoch is a number of steps, not a pass).
+
+    State: add :attr:`state` to your checkpoint (with the model and the
+    optimizer); a callback whose restored state has taken steps continues
+    with that batch size, its counters and the policies' references.
+
     Example:
         >>> import kungfu_tf.keras as kfk
         >>> from kungfu_tf.data import adaptive_batch
@@ -44,6 +58,13 @@ class PolicyCallback(keras.callbacks.Callback):
     def __init__(self, policies: Sequence[BasePolicy], **runner_args: Any):
         super().__init__()
         self.runner = PolicyRunner(policies, **runner_args)
+
+    @property
+    def state(self) -> Any:
+        """The runner's checkpointable state (batch size, counters, policy references): add it to
+        your checkpoint, e.g. ``tf.train.Checkpoint(model=model, optimizer=model.optimizer, policy=cb.state)``;
+        restored before ``fit``, training continues where it stopped."""
+        return self.runner.state
 
     @property
     def local_batch_size(self) -> Any:

@@ -16,6 +16,7 @@ from kungfu_tf.policy.errors import PeerPolicyError, PolicyDisagreementError
 from kungfu_tf.policy.gns_batch_size import GNSBatchSizePolicy
 from kungfu_tf.policy.hysteresis import Hysteresis
 from kungfu_tf.policy.learning_rate_rule import LR_RULES, scaled_learning_rate
+from kungfu_tf.policy.policy_state import PolicyState
 from kungfu_tf.policy.runner import Decision, PolicyRunner
 
 __all__ = [
@@ -29,5 +30,6 @@ __all__ = [
     "PolicyContext",
     "PolicyDisagreementError",
     "PolicyRunner",
+    "PolicyState",
     "scaled_learning_rate",
 ]

@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,13 @@ class AdaptiveTopologyPolicy(BasePolicy):
         window: steps per measurement window.
         trial_steps, settle_steps: steps measured / skipped per candidate.
         metric: the throughput metric (default "throughput", samples/s;
-            steps/s when the runner has no batch size).
+            steps/s when the runner has no batch size); a scalar metric
+            (a per-worker list such as "worker_throughput" raises ValueError).
+
+    A batch-size change changes the throughput by itself: the policy then
+    forgets its reference (and ends a trial in progress, keeping the
+    topology in force) and measures afresh, instead of taking a smaller
+    batch's lower samples/s for contention.
 
     Example:
         >>> import kungfu_tf.keras as kfk
@@ -65,7 +72,10 @@ class AdaptiveTopologyPolicy(BasePolicy):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"AdaptiveTopologyPolicy: {name} must be an int >= {least}, got {value!r}")
         self.drop, self.window, self.trial_steps, self.settle_steps = float(drop), window, trial_steps, settle_steps
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"AdaptiveTopologyPolicy: metric must be the name of a scalar metric, got {metric!r}")
         self.metric = metric
+        self._batch_size: int | None = None  # the batch size the measurements belong to
         self.best: float | None = None
         self.trials: dict[str, float] = {}  # topology -> measured throughput of the current trial
         self.adaptations = 0
@@ -73,14 +83,36 @@ class AdaptiveTopologyPolicy(BasePolicy):
         self._queue: list[str] = []  # topologies still to try
         self._skip = 0
 
+    def config(self) -> dict[str, Any]:
+        return {"candidates": self.candidates, "drop": self.drop, "window": self.window,
+                "trial_steps": self.trial_steps, "settle_steps": self.settle_steps, "metric": self.metric}  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        # The reference throughput; a trial in progress is not resumed (the
+        # topology in force is not part of a checkpoint).
+        return {"best": self.best, "adaptations": self.adaptations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = state.get("best")
+        self.adaptations = int(state.get("adaptations", 0))
+
     @property
     def trying(self) -> bool:
         return bool(self._queue) or bool(self.trials)
 
     def after_step(self, ctx: PolicyContext) -> None:
+        if ctx.batch_size != self._batch_size:
+            if self._batch_size is not None:  # the old batch's throughput says nothing about the new one
+                self.best, self.trials, self._queue, self._samples, self._skip = None, {}, [], [], 0
+            self._batch_size = ctx.batch_size
         value = ctx.metrics.get(self.metric)
         if value is None and self.metric == "throughput" and ctx.metrics.get("step_time"):
             value = 1.0 / ctx.metrics["step_time"]  # no batch size given: steps/s
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer))):
+            raise ValueError(
+                f"AdaptiveTopologyPolicy: metric {self.metric!r} must be a scalar (a number per step), got "
+                f"{type(value).__name__} {value!r}"
+            )
         if self._skip:
             self._skip -= 1
             return

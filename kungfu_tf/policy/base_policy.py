@@ -10,7 +10,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kungfu_tf.policy.context import PolicyContext
@@ -55,6 +56,44 @@ class BasePolicy:
         own settings), so that all workers skip alike.
         """
         return True
+
+    def config(self) -> dict[str, Any]:
+        """The policy's parameters (JSON-able); the runner checks that every worker has the same.
+
+        Default: the public attributes whose values are JSON-able, without
+        the keys of :meth:`state_dict` (runtime state). Override it when a
+        public attribute is runtime state, or is meant to differ per worker.
+
+        Example:
+            >>> from kungfu_tf.policy import AdaptiveTopologyPolicy
+            >>> AdaptiveTopologyPolicy(window=4).config()["window"]
+            4
+        """
+        runtime = set(self.state_dict())
+        out = {}
+        for name, value in sorted(vars(self).items()):
+            if name.startswith("_") or name in runtime:
+                continue
+            try:
+                json.dumps(value, sort_keys=True)
+            except (TypeError, ValueError):
+                continue
+            out[name] = value
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The policy's runtime state (JSON-able), saved with the runner's state (default: none).
+
+        Override it, with :meth:`load_state_dict`, in a policy whose
+        decisions depend on what it saw before (a reference value, say), so
+        that a run resumed from a checkpoint decides as the uninterrupted
+        run would. The runner stores it in ``runner.state`` after each phase
+        in which the policy ran.
+        """
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Adopts a :meth:`state_dict` restored from a checkpoint (called in ``before_train``)."""
 
     def before_train(self, ctx: PolicyContext) -> None:
         """Called once, before the first step."""

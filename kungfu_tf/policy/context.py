@@ -126,6 +126,8 @@ class PolicyContext:
                 "set_learning_rate: this runner has no learning rate to set; give it the optimizer "
                 "(optimizer=, or compile the Keras model with one) or learning_rate=<tf.Variable>"
             )
+        if (problem := self._runner.access.learning_rate_error()) is not None:
+            raise ValueError(f"set_learning_rate: {problem}")
         if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.floating, np.integer)):
             raise TypeError(f"set_learning_rate: learning_rate must be a number, got {learning_rate!r}")
         value = float(learning_rate)

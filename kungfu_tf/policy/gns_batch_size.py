@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.context import PolicyContext
@@ -73,6 +74,21 @@ class GNSBatchSizePolicy(BasePolicy):
         self.reference: float | None = None  # the GNS when the batch last changed
         self._reference_batch: int | None = None
         self._requested: tuple[int, float] | None = None  # (batch, gns) of our pending request
+
+    def config(self) -> dict[str, Any]:
+        return {"max_batch_size": self.max_batch_size, "threshold": self.threshold, "every": self.every,
+                "unit": self.unit, "round_to": self.round_to, "metric": self.metric}  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        # The reference GNS (and the batch it belongs to): a resumed run measures growth from it.
+        return {"reference": self.reference, "reference_batch": self._reference_batch,
+                "requested": None if self._requested is None else list(self._requested)}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reference = state.get("reference")
+        self._reference_batch = state.get("reference_batch")
+        requested = state.get("requested")
+        self._requested = None if requested is None else (int(requested[0]), float(requested[1]))
 
     def runs_at(self, hook: str, step: int, epoch: int) -> bool:
         # Only the checks: the runner then skips every other step's phase.

@@ -42,6 +42,15 @@ def scaled_learning_rate(
       (B0 cancels). It lies between 1 and ``new/old``: linear scaling while
       noise dominates, none once the gradient is exact.
 
+      Both statistics are the monitor's unbiased estimates, which can come
+      out negative when the noise swamps them; a negative estimate counts
+      as 0 (a zero ``tr(Σ)`` gives factor 1, a zero ``|G|²`` linear
+      scaling; both zero: the rate is kept). Unlike AdaScale, which applies
+      its gain at every step, the runner applies this factor once per
+      batch-size change, from the smoothed statistics at that moment; the
+      rate then stays until the next change (or an explicit
+      ``set_learning_rate``).
+
     Raises:
         ValueError: an unknown rule; for "adascale", missing or non-finite
             statistics (no monitor, or no monitored step yet).
@@ -54,14 +63,17 @@ def scaled_learning_rate(
         return lr * math.sqrt(ratio)
     trace = _statistic(metrics, "noise_trace")
     grad_sq = _statistic(metrics, "grad_sq_norm")
+    if trace == 0 and grad_sq == 0:
+        return lr  # no information on either: keep the rate
     return lr * (trace / old_batch + grad_sq) / (trace / new_batch + grad_sq)
 
 
 def _statistic(metrics: Mapping[str, object] | None, name: str) -> float:
     value = None if metrics is None else metrics.get(name)
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(
-            f"lr_rule='adascale' needs the GradientMonitor's {name!r} (a finite number >= 0), got {value!r}: "
+            f"lr_rule='adascale' needs the GradientMonitor's {name!r} (a finite number), got {value!r}: "
             "pass a monitor and change the batch size only after a monitored step"
         )
-    return float(value)
+    # An unbiased estimate of a non-negative quantity can be negative: clamp.
+    return max(0.0, float(value))

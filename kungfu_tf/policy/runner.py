@@ -104,8 +104,23 @@ class PolicyRunner:
         min_dwell_steps, min_relative_change: batch-size hysteresis
             (:class:`~kungfu_tf.policy.hysteresis.Hysteresis`).
         log_dir: rank 0 writes TensorBoard scalars of every metric there,
-            every ``log_every`` steps, and the decisions as text.
+            every ``log_every`` steps, and the decisions as text (other
+            ranks may pass None). A log_dir rank 0 cannot write, or a
+            failed write, raises on rank 0 (``OSError`` naming log_dir and
+            the cause) and :class:`PeerPolicyError` on the others; to learn
+            of it, every worker runs one small round per logged step.
         verbose: rank 0 prints every decision.
+
+    State: ``runner.state`` (a checkpointable
+    :class:`~kungfu_tf.policy.policy_state.PolicyState`) holds the global
+    batch size, the step of the last batch change, the step/sample/epoch
+    counters and each policy's ``state_dict()``, serialized only when a
+    checkpoint is written (no per-step cost). Add it to your checkpoint,
+    e.g. ``tf.train.Checkpoint(model=model, optimizer=opt, policy=runner.state)``:
+    a runner whose restored state has taken steps adopts it in
+    ``before_train`` (batch size, counters, policy references) instead of
+    the constructor's ``batch_size``; the learning rate comes back with the
+    optimizer.
 
     Metrics (``ctx.metrics`` after a step): the monitor's values (``gns``,
     ``noise_trace``, ``grad_sq_norm``, ``grad_variance``, ``compute_time``,
@@ -170,9 +185,13 @@ class PolicyRunner:
         self._last_batch_change: int | None = None
         self._step_started: float | None = None
         self._summary: SummaryLog | None = None
+        self._logging = False  # rank 0 writes a log (agreed in before_train)
+        self._write_failure: tuple[str, BaseException] | None = None
         self._started = False
         self._metrics_read = True  # before the first step: the parameters are all there is
         self._last_elapsed: float | None = None
+        self._policies_ran = True  # write the policies' (initial) state at the first save
+        self._policies_json: str | None = None
 
     @property
     def local_batch_size(self) -> Any:
@@ -183,26 +202,41 @@ class PolicyRunner:
     def monitor(self) -> Any:
         return self.access.monitor
 
+    @property
+    def state(self) -> Any:
+        """The runner's checkpointable state (:class:`~kungfu_tf.policy.policy_state.PolicyState`): add it to your checkpoint."""
+        return self.access.state
+
     # --- phases --------------------------------------------------------------
     def before_train(self) -> None:
         """Checks the setup on every worker, then runs ``before_train``."""
         self._check_requirements()
         self.topology = self._read_topology()
-        if self.access.has_learning_rate():
+        if self.access.has_learning_rate() and self.access.learning_rate_error() is None:
             self.learning_rate = self.access.read_learning_rate()
+        failure = None
+        try:  # a restored state or a monitor one worker alone rejects: every worker must learn of it
+            if not self._adopt_state():
+                self._check_monitor_batch()
+        except ValueError as e:
+            failure = ("PolicyRunner.before_train", e)
+        self._open_summary(failure)
         self._agree_on_setup()
         if self.batch_size is not None:
             self.access.assign_local_batch_size(self.batch_size // self.size)
-        if self.log_dir is not None and self.rank == 0:
-            self._summary = SummaryLog(self.log_dir)
         self._started = True
         self.context.metrics.update(self._parameters())
         self._run("before_train")
+        self._save_state()
 
     def after_train(self) -> None:
-        self._run("after_train")
         if self._summary is not None:
-            self._summary.flush()
+            try:
+                self._summary.flush()
+            except Exception as e:  # noqa: BLE001 -- every worker must learn of it
+                self._write_failed(e)
+        self._run("after_train", force_round=self._logging)
+        self._save_state()
 
     def before_epoch(self) -> None:
         self._run("before_epoch")
@@ -210,6 +244,7 @@ class PolicyRunner:
     def after_epoch(self) -> None:
         self._run("after_epoch")
         self.epoch += 1
+        self._save_state()
 
     def before_step(self) -> None:
         self.hook_step = self.steps_done
@@ -228,10 +263,15 @@ class PolicyRunner:
         self.context.metrics = self._light_metrics(elapsed)
         self._metrics_read = False
         self._last_elapsed = elapsed
-        if self._summary is not None and self.hook_step % self.log_every == 0:
-            self._read_metrics()
-            self._summary.scalars(self.hook_step, self.context.metrics)
-        self._run("after_step")
+        log_now = self._logging and self.hook_step % self.log_every == 0
+        if log_now and self._summary is not None:
+            try:
+                self._read_metrics()
+                self._summary.scalars(self.hook_step, self.context.metrics)
+            except Exception as e:  # noqa: BLE001 -- every worker must learn of it
+                self._write_failed(e)
+        self._run("after_step", force_round=log_now)
+        self._save_state()
 
     @contextlib.contextmanager
     def training(self) -> Iterator[PolicyRunner]:
@@ -255,6 +295,71 @@ class PolicyRunner:
         self.after_step()
 
     # --- internals -----------------------------------------------------------
+    def _check_monitor_batch(self) -> None:
+        # The runner assigns the monitor's local_batch_size; a different value
+        # the user gave the monitor would be overridden silently.
+        monitored = self.access.read_monitor_local_batch_size()
+        if self.batch_size is None or not monitored or monitored == self.batch_size // self.size:
+            return
+        raise ValueError(
+            f"the GradientMonitor's local_batch_size is {monitored}, but the runner's batch_size={self.batch_size} "
+            f"gives {self.batch_size // self.size} per worker: batch_size is the *global* batch (per-worker batch "
+            f"x cluster size {self.size}), e.g. batch_size={monitored * self.size}"
+        )
+
+    def _adopt_state(self) -> bool:
+        """Continues from a restored (or earlier) state instead of the constructor's values; True if it did."""
+        counters, policies = self.access.state.read()
+        if counters["steps_done"] <= 0:
+            return False
+        classes = [type(p).__qualname__ for p in self.policies]
+        saved = [entry.get("class") for entry in policies]
+        if saved != classes:
+            raise ValueError(
+                f"the restored policy state is for policies {saved}, but this runner has {classes}: "
+                "restore a checkpoint of the same policy list"
+            )
+        if self.batch_size is not None and counters["batch_size"] > 0:
+            if counters["batch_size"] % self.size:
+                raise ValueError(
+                    f"the restored global batch_size {counters['batch_size']} is not a multiple of the cluster size {self.size}"
+                )
+            self.batch_size = counters["batch_size"]
+        change = counters["last_batch_change"]
+        self._last_batch_change = None if change < 0 else change
+        self.steps_done, self.samples, self.epoch = counters["steps_done"], counters["samples"], counters["epoch"]
+        self.hook_step = self.steps_done
+        for policy, entry in zip(self.policies, policies):
+            policy.load_state_dict(entry.get("state", {}))
+        self._policies_json = json.dumps(policies, sort_keys=True)
+        return True
+
+    def state_counters(self, after_this_step: bool = False) -> dict[str, int]:
+        """The counters :attr:`state` holds; ``after_this_step``: as they will be once the running step ends."""
+        step = int(after_this_step)
+        return {
+            "steps_done": self.steps_done + step,
+            "samples": self.samples + step * (self.batch_size or 0),
+            "epoch": self.epoch,
+            "batch_size": self.batch_size or 0,
+            "last_batch_change": -1 if self._last_batch_change is None else self._last_batch_change,
+        }
+
+    def _save_state(self) -> None:
+        # The counters change every step (one small assign); the policies'
+        # JSON only after phases in which some policy ran.
+        counters = self.state_counters()
+        text = None
+        if self._policies_ran:
+            self._policies_ran = False
+            entries = [{"class": type(p).__qualname__, "state": p.state_dict()} for p in self.policies]
+            text = json.dumps(entries, sort_keys=True)
+            if text == self._policies_json:
+                text = None
+            else:
+                self._policies_json = text
+        self.access.state.write(counters, text)
+
     def _check_requirements(self) -> None:
         needy = [type(p).__name__ for p in self.policies if p.needs_monitor]
         if needy and self.access.monitor is None:
@@ -267,6 +372,8 @@ class PolicyRunner:
                 f"lr_rule={self.lr_rule!r} needs a learning rate to set: give the runner the optimizer "
                 "(optimizer=; a compiled Keras model has one) or learning_rate=<tf.Variable>"
             )
+        if self.lr_rule is not None and (problem := self.access.learning_rate_error()) is not None:
+            raise ValueError(f"lr_rule={self.lr_rule!r} sets the learning rate, but {problem}")
         if self.lr_rule is not None and self.batch_size is None:
             raise ValueError(f"lr_rule={self.lr_rule!r} follows the batch size, but the runner got no batch_size=")
         if self.lr_rule == "adascale" and self.access.monitor is None:
@@ -278,17 +385,52 @@ class PolicyRunner:
         setup = {
             "policies": [type(p).__qualname__ for p in self.policies],
             "batch_size": self.batch_size,
+            "log_every": self.log_every,
+            "steps_done": self.steps_done,
             "lr_rule": self.lr_rule,
             "hysteresis": [self.hysteresis.min_dwell_steps, self.hysteresis.min_relative_change],
         }
+        # Parameters too, one key each (the error names the one that differs):
+        # AdaptiveTopologyPolicy(window=4) against window=5 would hang.
+        for i, policy in enumerate(self.policies):
+            for key, value in _config_of(policy, i).items():
+                setup[f"policies[{i}] {type(policy).__qualname__}.{key}"] = value
         self._require_agreement(setup, "the policy runner's setup")
 
-    def _run(self, hook: str) -> None:
+    def _open_summary(self, failure: tuple[str, BaseException] | None) -> None:
+        """Rank 0 creates the event file; every worker learns whether rank 0 logs and whether it (and
+        the checks before, ``failure``) succeeded."""
+        if failure is None and self.log_dir is not None and self.rank == 0:
+            try:
+                self._summary = SummaryLog(self.log_dir)
+            except Exception as e:  # noqa: BLE001 -- every worker must learn of it
+                failure = ("TensorBoard log", OSError(
+                    f"log_dir={self.log_dir!r}: cannot create the TensorBoard event file: {type(e).__name__}: {e}"))  # fmt: skip
+        # Whether rank 0 logs decides the logging rounds: agreed, since the
+        # other ranks may pass log_dir=None.
+        self._logging = self._agreement.status(int(self._summary is not None or failure is not None)) > 0
+        self._settle(failure)
+
+    def _write_failed(self, error: BaseException) -> None:
+        self._summary = None  # no further writes; the next round reports it everywhere
+        if self._write_failure is None:
+            self._write_failure = ("TensorBoard log", OSError(
+                f"log_dir={self.log_dir!r}: writing the TensorBoard events failed: {type(error).__name__}: {error}"))  # fmt: skip
+
+    def _run(self, hook: str, force_round: bool = False) -> None:
         if not self._started:
             raise RuntimeError(f"PolicyRunner.{hook}() before before_train()")
         used = self._due(hook)
+        if self._write_failure is not None and force_round:
+            failure, self._write_failure = self._write_failure, None
+            self.context.requests.clear()
+            self._settle(failure)  # raises on every worker
         if not used:
+            if force_round:
+                self.context.requests.clear()
+                self._settle(None)
             return
+        self._policies_ran = True
         if not self._metrics_read:
             self._read_metrics()
         ctx = self.context
@@ -375,7 +517,10 @@ class PolicyRunner:
         if self.verbose and self.rank == 0:
             print(f"[kungfu_tf.policy] {decision}", flush=True)
         if self._summary is not None:
-            self._summary.text(decision.step, "decisions", str(decision))
+            try:
+                self._summary.text(decision.step, "decisions", str(decision))
+            except Exception as e:  # noqa: BLE001 -- reported at the next logging round, on every worker
+                self._write_failed(e)
 
     def _read_metrics(self) -> None:
         self.context.metrics = self._step_metrics(self._last_elapsed)
@@ -420,6 +565,15 @@ class PolicyRunner:
         with tf.init_scope():
             metrics["link_rates"] = [float(r) for r in monitor.comm_rates().numpy()]
         return metrics
+
+
+def _config_of(policy: BasePolicy, index: int) -> Any:
+    config = policy.config()
+    try:
+        json.dumps(config, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"policies[{index}] {type(policy).__name__}.config() must be JSON-able: {e}") from None
+    return config
 
 
 def _python(value: Any) -> Any:

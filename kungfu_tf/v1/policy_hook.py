@@ -11,14 +11,80 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.policy.base_policy import BasePolicy
+from kungfu_tf.policy.policy_state import COUNTERS
+
+# Room for the policies' state_dict()s as JSON in a v1 graph.
+POLICY_STATE_BYTES = 4096
 from kungfu_tf.policy.runner import PolicyRunner
+
+
+class SessionPolicyState:
+    """The runner's :class:`~kungfu_tf.policy.policy_state.PolicyState` as variables of the training
+    graph (global variables: a ``MonitoredTrainingSession`` with a ``checkpoint_dir`` saves and
+    restores them with the model), read in its session.
+
+    Written inside each training ``session.run`` (the hook's ``before_run``
+    adds the assignments, with the counters as they will be after that
+    step): ``MonitoredTrainingSession`` runs its ``CheckpointSaverHook``
+    before user hooks, so a separate run in ``after_run`` would come after
+    the save and a checkpoint would hold the state of the step before.
+    A checkpoint thus holds the state as that step's run left it, before
+    its ``after_run`` policies: counters after the step, the batch size and
+    learning rate it ran with, the policies' state from the step before; a
+    change the policies request in that ``after_run`` is not in it (a
+    resumed run decides again at the policy's next check).
+    """
+
+    def __init__(self, access: SessionVariableAccess):
+        self._access = access
+        self._pending_policies: np.ndarray | None = None
+        self.counters = tf.Variable(tf.zeros([len(COUNTERS)], tf.int64), trainable=False, name="kungfu_policy_state/counters")
+        # UTF-8 JSON in a zero-padded uint8 buffer, not a tf.string: BroadcastGlobalVariablesHook
+        # broadcasts every global variable, and the collectives carry numbers only.
+        self.policies = tf.Variable(tf.zeros([POLICY_STATE_BYTES], tf.uint8), trainable=False,
+                                    name="kungfu_policy_state/policies")  # fmt: skip
+
+    def build(self) -> None:
+        self._counters_in = tf.compat.v1.placeholder(tf.int64, [len(COUNTERS)], name="kungfu_policy_state_counters")
+        self._policies_in = tf.compat.v1.placeholder(tf.uint8, [POLICY_STATE_BYTES], name="kungfu_policy_state_policies")
+        self._assign_counters = self.counters.assign(self._counters_in)
+        self._assign_policies = self.policies.assign(self._policies_in)
+        self._read = (self.counters.read_value(), self.policies.read_value())
+
+    def read(self) -> tuple[dict[str, int], list[dict[str, Any]]]:
+        counters, policies = self._access._run(self._read)
+        text = bytes(policies).rstrip(b"\0").decode("utf-8") or "[]"
+        return dict(zip(COUNTERS, (int(v) for v in counters))), json.loads(text)
+
+    def write(self, counters: dict[str, int], policies_json: str | None = None) -> None:
+        """Keeps the policies' JSON for the next step's run (the counters there are predicted)."""
+        if policies_json is not None:
+            raw = policies_json.encode("utf-8")
+            if len(raw) > POLICY_STATE_BYTES:
+                raise ValueError(
+                    f"PolicyHook: the policies' state_dict()s take {len(raw)} bytes as JSON, more than the "
+                    f"{POLICY_STATE_BYTES} a v1 graph keeps; keep state_dict() small"
+                )
+            self._pending_policies = np.frombuffer(raw.ljust(POLICY_STATE_BYTES, b"\0"), np.uint8)
+
+    def run_args(self, counters: dict[str, int]) -> tf.compat.v1.train.SessionRunArgs:
+        """The assignments for the training run, ``counters`` being those after it."""
+        feed = {self._counters_in: [int(counters[name]) for name in COUNTERS]}
+        fetches = [self._assign_counters]
+        if self._pending_policies is not None:
+            feed[self._policies_in] = self._pending_policies
+            fetches.append(self._assign_policies)
+            self._pending_policies = None
+        return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict=feed)
 
 
 class SessionVariableAccess:
@@ -33,6 +99,7 @@ class SessionVariableAccess:
                                             name="kungfu_local_batch_size")  # fmt: skip
         self.monitor = monitor
         self._lr = learning_rate
+        self.state = SessionPolicyState(self)
         self.session: tf.compat.v1.Session | None = None
         self._graph: tf.Graph | None = None
 
@@ -41,10 +108,13 @@ class SessionVariableAccess:
         if self._graph is graph:
             return
         self._graph = graph
+        self.state.build()
         self._batch_in = tf.compat.v1.placeholder(tf.int64, [], name="kungfu_policy_batch_size")
         targets = [self.local_batch_size]
+        self._monitor_batch_read = None
         if self.monitor is not None and getattr(self.monitor, "local_batch_size", None) is not None:
             targets.append(self.monitor.local_batch_size)
+            self._monitor_batch_read = self.monitor.local_batch_size.read_value()
         self._batch_assign = tf.group(*[t.assign(self._batch_in) for t in targets])
         if self._lr is not None:
             self._lr_in = tf.compat.v1.placeholder(self._lr.dtype, [], name="kungfu_policy_learning_rate")
@@ -61,6 +131,9 @@ class SessionVariableAccess:
     def has_learning_rate(self) -> bool:
         return self._lr is not None
 
+    def learning_rate_error(self) -> str | None:
+        return None  # a tf.Variable, checked by PolicyHook
+
     def read_learning_rate(self) -> float:
         return float(self._run(self._lr_read))
 
@@ -69,6 +142,9 @@ class SessionVariableAccess:
 
     def assign_local_batch_size(self, value: int) -> None:
         self._run(self._batch_assign, {self._batch_in: value})
+
+    def read_monitor_local_batch_size(self) -> int:
+        return 0 if self._monitor_batch_read is None else int(self._run(self._monitor_batch_read))
 
     def read_monitor(self) -> dict[str, Any]:
         return self._run(self._monitor_read) if self._monitor_read else {}
@@ -142,6 +218,11 @@ class PolicyHook(tf.compat.v1.train.SessionRunHook):
         return self.access.local_batch_size
 
     @property
+    def state(self) -> SessionPolicyState:
+        """The runner's state as graph variables (saved by the session's ``Saver`` with the model)."""
+        return self.access.state
+
+    @property
     def current_local_batch_size(self) -> int | None:
         """The per-worker batch size the next step must use, as a Python int (for ``feed_dict``)."""
         b = self.runner.batch_size
@@ -156,8 +237,9 @@ class PolicyHook(tf.compat.v1.train.SessionRunHook):
             self._eagerly(self.runner.before_train)
             self._started = True
 
-    def before_run(self, run_context: tf.compat.v1.train.SessionRunContext) -> None:
+    def before_run(self, run_context: tf.compat.v1.train.SessionRunContext) -> tf.compat.v1.train.SessionRunArgs:
         self._eagerly(self.runner.before_step)
+        return self.access.state.run_args(self.runner.state_counters(after_this_step=True))
 
     def after_run(self, run_context: tf.compat.v1.train.SessionRunContext, run_values: Any) -> None:
         self._eagerly(self.runner.after_step)

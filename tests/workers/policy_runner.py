@@ -129,6 +129,9 @@ class Scripted(BasePolicy):
     def __init__(self, script: dict, log: list | None = None):
         self.script, self.log = script, log
 
+    def config(self):
+        return {}  # the error scenarios give ranks different scripts on purpose
+
     def after_step(self, ctx):
         if self.log is not None:
             self.log.append(("scripted", "after_step", ctx.step))
@@ -257,11 +260,12 @@ def scenario_keras() -> None:
     keras.utils.set_random_seed(3)
     model = RowCounting([keras.Input((FEATURES,)), keras.layers.Dense(1, use_bias=False)])
     opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.01), name="keras_policy")
-    monitor = FakeMonitor(lambda call: 100.0 * 2 ** (call // 4))  # doubles every 4 steps
-    opt.kungfu_monitor = monitor
+    # Doubles every 4 steps (by the step just run: the runner reads the monitor only at the checks).
+    monitor = FakeMonitor(lambda call: 100.0 * 2 ** (cb.runner.hook_step // 4))
     model.compile(optimizer=opt, loss="mse")
     gns = GNSBatchSizePolicy(max_batch_size=8 * SIZE, threshold=1.5, every=2)
-    cb = PolicyCallback([gns], batch_size=SIZE, lr_rule="sqrt", verbose=False)
+    # monitor= (not opt.kungfu_monitor): the optimizer would feed a kungfu_monitor its gradients.
+    cb = PolicyCallback([gns], batch_size=SIZE, lr_rule="sqrt", monitor=monitor, verbose=False)
     ds = adaptive_batch(shard(tf.data.Dataset.from_tensor_slices((x, y[:, None]))), cb.local_batch_size)
     rows = RowLog()
     model.fit(ds, epochs=1, steps_per_epoch=10, verbose=0, shuffle=False, callbacks=[cb, rows])
@@ -364,7 +368,42 @@ def run_loop(runner, steps=3):
                 pass
 
 
-def scenario_errors() -> None:
+def scenario_tensorboard_errors(log_dir: str) -> None:
+    """A log_dir rank 0 cannot write, and a write that fails there: every worker raises, naming it."""
+    not_a_dir = os.path.join(os.path.dirname(log_dir), "tb_not_a_dir")
+    if RANK == 0:
+        with open(not_a_dir, "w") as f:
+            f.write("a file, not a directory")
+    ops.barrier(name="tb_file_made")
+    bad = PolicyRunner([], log_dir=os.path.join(not_a_dir, "tb") if RANK == 0 else None, verbose=False)
+    fragments = ["log_dir=", "tb_not_a_dir", "not a directory"]
+    if RANK == 0:
+        expect(OSError, fragments, bad.before_train, "unwritable log_dir")
+    else:
+        expect(PeerPolicyError, ["rank 0", *fragments], bad.before_train, "unwritable log_dir on rank 0")
+
+    failing = PolicyRunner([], log_dir=os.path.join(os.path.dirname(log_dir), "tb_failing"), log_every=2, verbose=False)
+    failing.before_train()
+    if failing._summary is not None:  # rank 0: the disk fills up at the first logged step
+
+        def full(step, values):
+            raise OSError(28, "No space left on device")
+
+        failing._summary.scalars = full
+
+    def steps():
+        for _ in range(3):
+            with failing.step():
+                pass
+
+    fragments = ["log_dir=", "tb_failing", "No space left on device"]
+    if RANK == 0:
+        expect(OSError, fragments, steps, "TensorBoard write fails")
+    else:
+        expect(PeerPolicyError, ["rank 0", *fragments], steps, "TensorBoard write fails on rank 0")
+
+
+def scenario_errors(log_dir: str) -> None:
     base = 2 * SIZE
     differ = PolicyRunner([Scripted({0: [("set_batch_size", base * (RANK + 1))]})], batch_size=base, verbose=False)
     expect(PolicyDisagreementError, ["batch_size", "rank 0 ", "rank 1 ", "nothing was changed"], lambda: run_loop(differ),
@@ -374,6 +413,12 @@ def scenario_errors() -> None:
     policies = [Scripted({})] if RANK == 0 else [Scripted({}), Recorder("extra", [])]
     expect(PolicyDisagreementError, ["policies", "Recorder"], lambda: PolicyRunner(policies).before_train(),
            "different policy lists")  # fmt: skip
+
+    window = AdaptiveTopologyPolicy(window=4 + RANK)  # same class, different parameters
+    expect(PolicyDisagreementError, ["policies[0] AdaptiveTopologyPolicy.window: rank 0 4, rank 1 5"],
+           lambda: PolicyRunner([window]).before_train(), "different policy parameters")  # fmt: skip
+
+    scenario_tensorboard_errors(log_dir)
 
     zero_on_1 = PolicyRunner([Scripted({1: [("set_batch_size", 0)] if RANK == 1 else []})], batch_size=base)
     if RANK == 1:
@@ -409,7 +454,7 @@ def scenario_errors() -> None:
 
 def main() -> None:
     log_dir = sys.argv[1]
-    scenario_errors()
+    scenario_errors(log_dir)
     scenario_loop(log_dir)
     scenario_keras()
     scenario_v1()
