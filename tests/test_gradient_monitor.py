@@ -224,3 +224,157 @@ def test_v1_values_need_a_session():
         monitor = GradientMonitor(batch_size=4)
         with pytest.raises(RuntimeError, match=r"pass the session: values\(session=...\)"):
             monitor.values()
+
+
+# ------------------------------------------- one worker: pairs, checkpoints
+
+
+def _two_batch_estimates(small_sq: float, big_sq: float, small_b: float, big_b: float) -> tuple[float, float]:
+    """(|G|^2, tr(Sigma)) of McCandlish et al. App. A.1, in plain Python (the reference)."""
+    return (big_b * big_sq - small_b * small_sq) / (big_b - small_b), (small_sq - big_sq) / (1 / small_b - 1 / big_b)
+
+
+def _pair_estimates(g: np.ndarray, previous: np.ndarray, b: int) -> tuple[float, float]:
+    """The one-worker pair of two equal batches of ``b``: small = mean of both norms, big = norm of the mean."""
+    mean = 0.5 * (g + previous)
+    return _two_batch_estimates(0.5 * (g @ g + previous @ previous), mean @ mean, b, 2 * b)
+
+
+def test_one_worker_skips_the_pair_across_a_batch_size_change():
+    """The gradient before a batch-size change came from another batch size: no pair, the EMA is left alone."""
+    monitor = GradientMonitor(batch_size=1, smoothing=0.0)
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.0), monitor=monitor)
+    w = keras.Variable([1.0, 2.0])
+    grads = [np.array(g) for g in ([1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 2.0], [3.0, 1.0])]
+    opt.apply_gradients([(tf.constant(grads[0], tf.float32), w)])
+    opt.apply_gradients([(tf.constant(grads[1], tf.float32), w)])
+    before = monitor.values()
+    monitor.local_batch_size.assign(4)  # as the policy runner does
+    opt.apply_gradients([(tf.constant(grads[2], tf.float32), w)])
+    after_change = monitor.values()
+    assert np.isnan(after_change["gns_raw"]), after_change
+    assert (after_change["grad_sq_norm"], after_change["noise_trace"]) == (before["grad_sq_norm"], before["noise_trace"])
+    assert int(monitor.ema_count.numpy()) == 1
+    # The next step pairs two batches of 4.
+    opt.apply_gradients([(tf.constant(grads[3], tf.float32), w)])
+    grad_sq, trace = _pair_estimates(grads[3], grads[2], 4)
+    values = monitor.values()
+    assert values["grad_sq_norm"] == pytest.approx(grad_sq) and values["noise_trace"] == pytest.approx(trace)
+    assert values["gns_raw"] == pytest.approx(trace / grad_sq) and int(monitor.ema_count.numpy()) == 2
+    # Assigning the same size again changes nothing.
+    monitor.local_batch_size.assign(4)
+    opt.apply_gradients([(tf.constant(grads[4], tf.float32), w)])
+    assert monitor.values()["gns_raw"] == pytest.approx(np.divide(*_pair_estimates(grads[4], grads[3], 4)[::-1]))
+
+
+def _v1_monitored_graph():
+    """A v1 graph training w with a monitor; returns (train_op, monitor, w). Built for kungfu_tf.size() at call time."""
+    monitor = GradientMonitor(batch_size=2, smoothing=0.5)
+    w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+    x = tf.compat.v1.placeholder(tf.float32, [2])
+    opt = SynchronousSGDOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.0), monitor=monitor)
+    train_op = opt.minimize(tf.reduce_sum(w * x), global_step=tf.compat.v1.train.get_or_create_global_step())
+    return train_op, monitor, x
+
+
+def test_v1_checkpoint_from_a_larger_cluster_restores_into_the_one_worker_graph(tmp_path, monkeypatch):
+    """The previous-gradient copy exists only in a one-worker graph; it is local, so no Saver saves or expects it."""
+    import kungfu_tf
+
+    ckpt_dir = str(tmp_path / "v1")
+    saved = {"ema_noise_trace": 3.0, "ema_grad_sq_norm": 0.5, "ema_count": 1}
+    with tf.Graph().as_default():
+        with monkeypatch.context() as patch:
+            patch.setattr(kungfu_tf, "size", lambda: 2)  # trace the step as a worker of two would
+            _, monitor, _ = _v1_monitored_graph()
+        assert monitor._previous is None
+        per_worker = {v.op.name for v in tf.compat.v1.local_variables()}
+        assert any("step_clock_anchor" in n for n in per_worker), per_worker
+        assert not any("step_clock_anchor" in v.op.name for v in tf.compat.v1.global_variables())
+        # A Saver of the global variables, as MonitoredTrainingSession's default Scaffold makes.
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            for key, value in saved.items():
+                getattr(monitor, key).load(value, sess)
+            tf.compat.v1.train.Saver().save(sess, ckpt_dir + "/model.ckpt", global_step=0)
+    names = [n for n, _ in tf.train.list_variables(ckpt_dir)]
+    assert not any("previous" in n or "clock_anchor" in n for n in names), names
+
+    with tf.Graph().as_default():
+        train_op, monitor, x = _v1_monitored_graph()
+        assert monitor._previous is not None  # a one-worker graph pairs with the previous gradient
+        local_names = {v.op.name for v in tf.compat.v1.local_variables()}
+        assert any("previous_gradient" in n for n in local_names), local_names
+        with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=ckpt_dir, save_checkpoint_steps=None,
+                                                         save_checkpoint_secs=None) as sess:  # fmt: skip
+            assert {k: getattr(monitor, k).eval(sess) for k in saved} == saved
+            # First step: no previous gradient (initialized by the local init op): the restored EMA stays.
+            sess.run(train_op, feed_dict={x: [1.0, 0.0]})
+            assert int(monitor.ema_count.eval(sess)) == 1
+            sess.run(train_op, feed_dict={x: [0.0, 1.0]})
+            values = monitor.values(session=sess)
+    grad_sq, trace = _pair_estimates(np.array([0.0, 1.0]), np.array([1.0, 0.0]), 2)
+    correction = 1 - 0.5**2
+    assert values["noise_trace"] == pytest.approx((0.5 * saved["ema_noise_trace"] + 0.5 * trace) / correction)
+    assert values["grad_sq_norm"] == pytest.approx((0.5 * saved["ema_grad_sq_norm"] + 0.5 * grad_sq) / correction)
+
+
+def test_restore_into_a_fresh_monitor_continues_the_estimate(tmp_path):
+    """tf.train.Checkpoint of the optimizer into new objects and a new tf.function; per-worker variables stay out."""
+
+    def build():
+        monitor = GradientMonitor(batch_size=2, smoothing=0.5)
+        opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.0), monitor=monitor, name="fresh_sgd")
+        w = keras.Variable([1.0, 2.0], name="w_fresh")
+        opt.build([w])
+
+        @tf.function
+        def step(g):
+            opt.apply_gradients([(g, w)])
+
+        return monitor, opt, step
+
+    grads = [np.array(g, np.float32) for g in ([1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 3.0], [2.0, 2.0])]
+    monitor, opt, step = build()
+    for g in grads[:3]:
+        step(tf.constant(g))
+    state = {k: getattr(monitor, k).numpy() for k in ("ema_noise_trace", "ema_grad_sq_norm", "ema_count")}
+    values = monitor.values()
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "opt"))
+    names = [n for n, _ in tf.train.list_variables(path)]
+    assert any("ema_noise_trace" in n for n in names), names
+    assert not any("previous" in n or "clock_anchor" in n for n in names), names
+
+    fresh, fresh_opt, fresh_step = build()
+    tf.train.Checkpoint(optimizer=fresh_opt).restore(path).assert_existing_objects_matched()
+    restored = fresh.values()
+    assert fresh is not monitor and restored.pop("worker_compute_times") == values.pop("worker_compute_times")
+    assert restored == pytest.approx(values, nan_ok=True)
+    # The fresh monitor has no previous gradient: its first step only keeps a copy, the second pairs.
+    fresh_step(tf.constant(grads[3]))
+    assert int(fresh.ema_count.numpy()) == state["ema_count"] == 2
+    fresh_step(tf.constant(grads[4]))
+    grad_sq, trace = _pair_estimates(grads[4].astype(np.float64), grads[3].astype(np.float64), 2)
+    correction = 1 - 0.5**3
+    want_trace = (0.5 * state["ema_noise_trace"] + 0.5 * trace) / correction
+    want_grad = (0.5 * state["ema_grad_sq_norm"] + 0.5 * grad_sq) / correction
+    got = fresh.values()
+    assert got["noise_trace"] == pytest.approx(want_trace) and got["grad_sq_norm"] == pytest.approx(want_grad)
+    assert got["gns"] == pytest.approx(want_trace / want_grad) and got["monitor_step"] == 5
+
+
+@pytest.mark.parametrize("position, name", list(enumerate(
+    ["small_sq_norm", "big_sq_norm", "small_batch", "big_batch", "valid", "ema_noise_trace", "ema_grad_sq_norm",
+     "ema_count"])))  # fmt: skip
+def test_gns_update_rejects_non_scalar_inputs(position, name):
+    args = [tf.constant(5.0, tf.float64), tf.constant(3.0, tf.float64), tf.constant(4.0, tf.float64),
+            tf.constant(12.0, tf.float64), tf.constant(True), tf.constant(0.0, tf.float64),
+            tf.constant(0.0, tf.float64), tf.constant(0, tf.int64)]  # fmt: skip
+    args[position] = tf.stack([args[position], args[position]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"KungfuGnsUpdate: input '{name}' must be a scalar, got shape \[2\]"):
+        monitor_ops.gns_update(*args, smoothing=0.5)
+
+
+def test_step_clock_lap_rejects_a_non_scalar_start():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"KungfuStepClockLap: input 'start_ns' must be a scalar"):
+        monitor_ops.step_clock_lap(tf.constant([1, 2], tf.int64), [])

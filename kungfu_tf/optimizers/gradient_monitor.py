@@ -29,7 +29,13 @@ step's: ``|G_small|^2`` is the mean of the two squared norms
 (``B_small = B``), ``|G_big|^2`` the squared norm of their mean
 (``B_big = 2B``). This assumes the parameters change little in one step (it
 is exact when they do not change); it keeps a copy of the previous gradient
-(one model's worth of memory) and starts estimating at the second step.
+(one model's worth of memory) and starts estimating at the second step. The
+copy remembers its batch size: the first step after ``local_batch_size``
+changes has no pair (two unequal batches), the next one pairs again. The
+copy is per worker and never checkpointed (in a ``tf.compat.v1`` graph it is
+a local variable), so a restored or rebuilt monitor pairs from its second
+step on, and a checkpoint restores whatever the cluster size was when it
+was written.
 
 **Gradient variance** (``variance_interval > 0``): every
 ``variance_interval`` steps (``tf.cond`` inside the step, no re-trace) the
@@ -90,26 +96,47 @@ class LocalStatistics:
     size: tf.Tensor  # cluster size (int32) at run time
 
 
+def _per_worker_variable(initial_value: Any, name: str, dtype: tf.DType | None = None) -> tf.Variable:
+    """A variable that no checkpoint may hold: it describes this worker's last step, not the training state.
+
+    Held by plain objects (below), which neither ``tf.Module`` nor
+    ``tf.train.Checkpoint`` track. In a ``tf.compat.v1`` graph it goes to
+    ``LOCAL_VARIABLES`` instead of ``GLOBAL_VARIABLES``, so that a ``Saver``
+    (``MonitoredTrainingSession``'s included) neither saves nor expects it --
+    a checkpoint written by a cluster whose graph lacks it restores into one
+    that has it -- and the local init op (``MonitoredTrainingSession``'s, or
+    ``tf.compat.v1.local_variables_initializer()``) initializes it.
+    """
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return tf.Variable(initial_value, dtype=dtype, trainable=False, name=name)
+    return tf.compat.v1.Variable(
+        initial_value, dtype=dtype, trainable=False, name=name,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], use_resource=True,
+    )  # fmt: skip
+
+
 class _Untracked:
     """Per-worker variables no checkpoint should hold: a plain object, which ``tf.Module`` does not track."""
 
     def __init__(self) -> None:
         # The step clock's anchor: a resource nothing else uses (see ops.monitor.step_clock_start).
-        self.clock_anchor = tf.Variable(0, dtype=tf.int32, trainable=False, name="step_clock_anchor")
+        self.clock_anchor = _per_worker_variable(0, "step_clock_anchor", tf.int32)
 
 
 class _PreviousGradient:
-    """The one-worker method's copy of the last gradient: per worker, never checkpointed.
+    """The one-worker method's copy of the last gradient and its batch size: per worker, never checkpointed.
 
     A plain object (not trackable), so that ``tf.Module`` and checkpoints do
     not see these variables: a restored monitor pairs from its next step on.
+    ``batch_size`` is the per-worker batch size the copy was computed with,
+    0 before the first step: a step pairs only with a copy of its own batch
+    size (the estimator assumes two equal batches).
     """
 
     def __init__(self, grads: Sequence[tf.Tensor]) -> None:
         with tf.init_scope():
-            self.tensors = [tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False, name="previous_gradient")
-                            for g in grads]
-            self.valid = tf.Variable(False, trainable=False, name="previous_gradient_valid")
+            self.tensors = [_per_worker_variable(tf.zeros(g.shape, g.dtype), "previous_gradient") for g in grads]
+            self.batch_size = _per_worker_variable(0, "previous_batch_size", tf.int64)
 
 
 class GradientMonitor(tf.Module):
@@ -282,16 +309,20 @@ class GradientMonitor(tf.Module):
     def _update_gns(
         self, mean_local_sq: tf.Tensor, size_f: tf.Tensor, averaged: list[Any], local: list[Any]
     ) -> list[Any]:
-        b = tf.cast(self.local_batch_size, tf.float64)
+        batch_size = self.local_batch_size.read_value()
+        b = tf.cast(batch_size, tf.float64)
         if self._pairs_previous_gradient(local):
             current = [_dense(g) for g in local]
             norms = monitor_ops.pair_squared_norms(current, [v.read_value() for v in self._previous.tensors])
             small_sq, big_sq = 0.5 * (norms[0] + norms[1]), norms[2]
             small_b, big_b = b, 2.0 * b
-            valid = self._previous.valid.read_value()
-            with tf.control_dependencies([norms, valid]):
+            # No pair before the first step (0) nor across a batch-size change:
+            # the previous gradient's expected norm has another tr(Sigma) / B.
+            previous_batch_size = self._previous.batch_size.read_value()
+            valid = tf.equal(previous_batch_size, batch_size)
+            with tf.control_dependencies([norms, previous_batch_size]):
                 keep = [v.assign(g) for v, g in zip(self._previous.tensors, current)]
-                keep.append(self._previous.valid.assign(True))
+                keep.append(self._previous.batch_size.assign(batch_size))
         else:
             small_sq, big_sq = mean_local_sq, monitor_ops.squared_norm([_norm_operand(a) for a in averaged])
             small_b, big_b = b, b * size_f
