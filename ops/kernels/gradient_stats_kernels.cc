@@ -287,6 +287,8 @@ REGISTER_OP("KungfuGnsUpdate")
     .Output("gns_raw: double")
     .Attr("smoothing: float")
     .SetShapeFn([](InferenceContext *c) {
+      tensorflow::shape_inference::ShapeHandle unused;
+      for (int i = 0; i < c->num_inputs(); ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
       for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
       return absl::OkStatus();
     })
@@ -297,6 +299,9 @@ REGISTER_OP("KungfuGnsUpdate")
          "forty scalar TF ops per step.");
 
 class GnsUpdateOp : public OpKernel {
+  static constexpr const char *kInputNames[] = {"small_sq_norm", "big_sq_norm", "small_batch",      "big_batch",
+                                                "valid",         "ema_noise_trace", "ema_grad_sq_norm", "ema_count"};
+
  public:
   explicit GnsUpdateOp(OpKernelConstruction *ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("smoothing", &smoothing_));
@@ -305,12 +310,16 @@ class GnsUpdateOp : public OpKernel {
                                            std::to_string(smoothing_)));
   }
   void Compute(OpKernelContext *ctx) override {
-    double in[4];
-    for (int i = 0; i < 4; ++i) {
-      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
-                  absl::InvalidArgumentError("KungfuGnsUpdate: input " + std::to_string(i) + " must be a scalar"));
-      in[i] = ctx->input(i).scalar<double>()();
+    // Every input is a scalar; reading a larger tensor with scalar<>() would
+    // abort the process (a CHECK), so refuse it with the input's name.
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const TensorShape &shape = ctx->input(i).shape();
+      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(shape),
+                  absl::InvalidArgumentError("KungfuGnsUpdate: input '" + std::string(kInputNames[i]) +
+                                             "' must be a scalar, got shape " + shape.DebugString()));
     }
+    double in[4];
+    for (int i = 0; i < 4; ++i) in[i] = ctx->input(i).scalar<double>()();
     const double small = in[0], big = in[1], bs = in[2], bb = in[3];
     const double s = smoothing_;
     double ema_trace = ctx->input(5).scalar<double>()();
