@@ -91,6 +91,23 @@ def test_pair_norms_and_mean_variance_match_numpy():
     assert np.isnan(float(monitor_ops.mean_variance([], [])))
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+def test_pair_norms_and_mean_variance_in_every_dtype(dtype):
+    """Each dtype's own loop (Eigen for float32/float64), against numpy on the values as stored."""
+    rng = np.random.default_rng(3)
+    a = [tf.constant(rng.standard_normal(s), dtype) for s in ((5, 3), (17,))]
+    b = [tf.constant(rng.standard_normal(s), dtype) for s in ((5, 3), (17,))]
+    flat_a = np.concatenate([tf.cast(x, tf.float64).numpy().ravel() for x in a])
+    flat_b = np.concatenate([tf.cast(x, tf.float64).numpy().ravel() for x in b])
+    mean = 0.5 * (flat_a + flat_b)
+    got = monitor_ops.pair_squared_norms(a, b).numpy()
+    np.testing.assert_allclose(got, [flat_a @ flat_a, flat_b @ flat_b, mean @ mean], rtol=1e-12)
+    squares = [tf.abs(x) + tf.square(y) for x, y in zip(a, b)]  # >= means^2 somewhere, < elsewhere
+    flat_sq = np.concatenate([tf.cast(x, tf.float64).numpy().ravel() for x in squares])
+    want = float(np.mean(np.maximum(flat_sq - flat_b**2, 0.0)))
+    assert float(monitor_ops.mean_variance(squares, b)) == pytest.approx(want, rel=1e-12)
+
+
 def test_gns_estimates_are_unbiased_formulas():
     # E|g_B|^2 = |G|^2 + tr / B with |G|^2 = 2, tr = 12: B=4 -> 5, B=12 -> 3.
     grad_sq, trace = monitor_ops.gns_estimates(tf.constant(5.0, tf.float64), tf.constant(3.0, tf.float64), 4, 12)

@@ -265,9 +265,9 @@ class GradientMonitor(tf.Module):
         start = monitor_ops.step_clock_start(self._untracked.clock_anchor)
         ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
         compute_time = monitor_ops.step_clock_lap(start, ready)
-        if self.gns_enabled:
+        if self.gns_enabled and not _traced_for_one_worker():
             local_sq = monitor_ops.squared_norm([_norm_operand(g) for g in present])
-        else:
+        else:  # one worker: the GNS pairs with the previous gradient instead (one pass over both)
             local_sq = tf.constant(0.0, tf.float64)
         size = ops.cluster_size()
         times = tf.one_hot(ops.rank(), size, on_value=compute_time, off_value=tf.constant(0.0, tf.float64))
@@ -357,9 +357,7 @@ class GradientMonitor(tf.Module):
 
     def _pairs_previous_gradient(self, local: list[Any]) -> bool:
         """True if this step is traced with one worker: then the previous gradient is the second batch."""
-        import kungfu_tf
-
-        if kungfu_tf.size() != 1:
+        if not _traced_for_one_worker():
             return False
         if self._previous is None:
             self._previous = _PreviousGradient([_dense(g) for g in local])
@@ -387,6 +385,13 @@ def _check_positive_int(value: Any, what: str) -> None:
         raise TypeError(f"GradientMonitor: {what} must be an int > 0, got {value!r}")
     if value <= 0:
         raise ValueError(f"GradientMonitor: {what} must be > 0, got {value!r}")
+
+
+def _traced_for_one_worker() -> bool:
+    """True if the step being traced runs on one worker (the GNS then pairs successive gradients)."""
+    import kungfu_tf
+
+    return kungfu_tf.size() == 1
 
 
 def _is_graph_variable(v: tf.Variable) -> bool:
