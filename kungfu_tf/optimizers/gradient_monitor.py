@@ -161,6 +161,11 @@ class GradientMonitor(tf.Module):
             "compute_time" (float64 scalars), "worker_compute_times" (float64
             [np]), "monitor_step" (int64). NaN until first estimated.
 
+    In a ``tf.compat.v1`` graph the per-worker variables (the step clock's
+    anchor, the one-worker previous gradient) are local variables:
+    ``MonitoredTrainingSession`` initializes them; with a plain ``Session``
+    run ``tf.compat.v1.local_variables_initializer()`` as well.
+
     Raises:
         TypeError / ValueError: an argument of the wrong type or out of range
             (the message names it and the value).
