@@ -17,12 +17,14 @@ errors for bad use.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_job_ok, rank_lines, run_job
+from conftest import WORKERS_DIR, assert_job_ok, rank_lines, run_job
 
 with contextlib.suppress(RuntimeError):  # already set if another test ran TF first
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -52,12 +54,23 @@ def expected_checks(np_: int) -> int:
     return function + checkpoint + keras_part + v1 + strategy + clock
 
 
-@pytest.mark.parametrize("np_", [1, 2, 4])
+@pytest.mark.parametrize("np_", [2, 4])
 def test_monitor_against_closed_form_and_numpy(np_, tmp_path):
     rc, out, err = run_job(np_, "gradient_monitor.py", np_, tmp_path, timeout=240)
     assert_job_ok(rc, out, err, np_, expected_checks(np_))
     lines = rank_lines(out)[0]
     assert any(re.match(rf"np={np_}: GNS [\d.]+ \(true 6.0\)", line) for line in lines), lines
+
+
+def test_monitor_against_closed_form_and_numpy_one_worker_in_process(tmp_path, capsys, monkeypatch):
+    """The same worker with np=1, run in this process (a cluster of one): every check, no job launch."""
+    monkeypatch.syspath_prepend(str(WORKERS_DIR))
+    monkeypatch.setattr(sys, "argv", ["gradient_monitor.py", "1", str(tmp_path)])
+    worker = importlib.import_module("gradient_monitor")
+    worker.main()
+    out = capsys.readouterr().out.splitlines()
+    assert f"checked {expected_checks(1)} results" in out, out
+    assert any(re.match(r"np=1: GNS [\d.]+ \(true 6.0\)", line) for line in out), out
 
 
 # ----------------------------------------------------------------- kernels
