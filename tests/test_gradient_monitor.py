@@ -1,6 +1,6 @@
 """GradientMonitor (kungfu_tf/optimizers/gradient_monitor.py) and its kernels (kungfu_tf.ops.monitor).
 
-Multi-worker (tests/workers/gradient_monitor.py, np in {1, 2, 4}): on linear
+tests/workers/gradient_monitor.py (np 2 and 4 launched, np 1 in this process): on linear
 regression with a closed-form gradient mean and covariance, the monitored
 values equal a numpy replay of the estimator on every worker's data, the
 smoothed GNS is within 25 % of the true value (>= 4 standard deviations of
