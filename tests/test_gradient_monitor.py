@@ -46,7 +46,7 @@ def expected_checks(np_: int) -> int:
     compared = 10 + 5 + 1  # steps compared in check_function: t < 10, every 50th, the last
     function = compared * (replayed + 2) + 2  # + gns_raw read inside the step, monitor_step
     checkpoint_vars = 12  # local_batch_size, 8 tensors, 3 of EMA state
-    checkpoint = 1 + checkpoint_vars + 1 + replayed
+    checkpoint = 1 + checkpoint_vars + 1 + replayed + checkpoint_vars + replayed  # same object, then fresh ones
     keras_part = replayed + 1
     v1 = 1 + replayed
     strategy = replayed
