@@ -1,6 +1,6 @@
 """GradientMonitor (kungfu_tf/optimizers/gradient_monitor.py) and its kernels (kungfu_tf.ops.monitor).
 
-Multi-worker (tests/workers/gradient_monitor.py, np in {1, 2, 4}): on linear
+tests/workers/gradient_monitor.py (np 2 and 4 launched, np 1 in this process): on linear
 regression with a closed-form gradient mean and covariance, the monitored
 values equal a numpy replay of the estimator on every worker's data, the
 smoothed GNS is within 25 % of the true value (>= 4 standard deviations of
@@ -17,12 +17,14 @@ errors for bad use.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_job_ok, rank_lines, run_job
+from conftest import WORKERS_DIR, assert_job_ok, rank_lines, run_job
 
 with contextlib.suppress(RuntimeError):  # already set if another test ran TF first
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -44,7 +46,7 @@ def expected_checks(np_: int) -> int:
     compared = 10 + 5 + 1  # steps compared in check_function: t < 10, every 50th, the last
     function = compared * (replayed + 2) + 2  # + gns_raw read inside the step, monitor_step
     checkpoint_vars = 12  # local_batch_size, 8 tensors, 3 of EMA state
-    checkpoint = 1 + checkpoint_vars + 1 + replayed
+    checkpoint = 1 + checkpoint_vars + 1 + replayed + checkpoint_vars + replayed  # same object, then fresh ones
     keras_part = replayed + 1
     v1 = 1 + replayed
     strategy = replayed
@@ -52,12 +54,23 @@ def expected_checks(np_: int) -> int:
     return function + checkpoint + keras_part + v1 + strategy + clock
 
 
-@pytest.mark.parametrize("np_", [1, 2, 4])
+@pytest.mark.parametrize("np_", [2, 4])
 def test_monitor_against_closed_form_and_numpy(np_, tmp_path):
     rc, out, err = run_job(np_, "gradient_monitor.py", np_, tmp_path, timeout=240)
     assert_job_ok(rc, out, err, np_, expected_checks(np_))
     lines = rank_lines(out)[0]
     assert any(re.match(rf"np={np_}: GNS [\d.]+ \(true 6.0\)", line) for line in lines), lines
+
+
+def test_monitor_against_closed_form_and_numpy_one_worker_in_process(tmp_path, capsys, monkeypatch):
+    """The same worker with np=1, run in this process (a cluster of one): every check, no job launch."""
+    monkeypatch.syspath_prepend(str(WORKERS_DIR))
+    monkeypatch.setattr(sys, "argv", ["gradient_monitor.py", "1", str(tmp_path)])
+    worker = importlib.import_module("gradient_monitor")
+    worker.main()
+    out = capsys.readouterr().out.splitlines()
+    assert f"checked {expected_checks(1)} results" in out, out
+    assert any(re.match(r"np=1: GNS [\d.]+ \(true 6.0\)", line) for line in out), out
 
 
 # ----------------------------------------------------------------- kernels
@@ -89,6 +102,23 @@ def test_pair_norms_and_mean_variance_match_numpy():
     variance = monitor_ops.mean_variance([tf.constant(np.mean(workers**2, 0))], [tf.constant(np.mean(workers, 0))])
     assert float(variance) == pytest.approx(float(np.mean(np.var(workers, axis=0))), rel=1e-12)
     assert np.isnan(float(monitor_ops.mean_variance([], [])))
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+def test_pair_norms_and_mean_variance_in_every_dtype(dtype):
+    """Each dtype's own loop (Eigen for float32/float64), against numpy on the values as stored."""
+    rng = np.random.default_rng(3)
+    a = [tf.constant(rng.standard_normal(s), dtype) for s in ((5, 3), (17,))]
+    b = [tf.constant(rng.standard_normal(s), dtype) for s in ((5, 3), (17,))]
+    flat_a = np.concatenate([tf.cast(x, tf.float64).numpy().ravel() for x in a])
+    flat_b = np.concatenate([tf.cast(x, tf.float64).numpy().ravel() for x in b])
+    mean = 0.5 * (flat_a + flat_b)
+    got = monitor_ops.pair_squared_norms(a, b).numpy()
+    np.testing.assert_allclose(got, [flat_a @ flat_a, flat_b @ flat_b, mean @ mean], rtol=1e-12)
+    squares = [tf.abs(x) + tf.square(y) for x, y in zip(a, b)]  # >= means^2 somewhere, < elsewhere
+    flat_sq = np.concatenate([tf.cast(x, tf.float64).numpy().ravel() for x in squares])
+    want = float(np.mean(np.maximum(flat_sq - flat_b**2, 0.0)))
+    assert float(monitor_ops.mean_variance(squares, b)) == pytest.approx(want, rel=1e-12)
 
 
 def test_gns_estimates_are_unbiased_formulas():
@@ -224,3 +254,157 @@ def test_v1_values_need_a_session():
         monitor = GradientMonitor(batch_size=4)
         with pytest.raises(RuntimeError, match=r"pass the session: values\(session=...\)"):
             monitor.values()
+
+
+# ------------------------------------------- one worker: pairs, checkpoints
+
+
+def _two_batch_estimates(small_sq: float, big_sq: float, small_b: float, big_b: float) -> tuple[float, float]:
+    """(|G|^2, tr(Sigma)) of McCandlish et al. App. A.1, in plain Python (the reference)."""
+    return (big_b * big_sq - small_b * small_sq) / (big_b - small_b), (small_sq - big_sq) / (1 / small_b - 1 / big_b)
+
+
+def _pair_estimates(g: np.ndarray, previous: np.ndarray, b: int) -> tuple[float, float]:
+    """The one-worker pair of two equal batches of ``b``: small = mean of both norms, big = norm of the mean."""
+    mean = 0.5 * (g + previous)
+    return _two_batch_estimates(0.5 * (g @ g + previous @ previous), mean @ mean, b, 2 * b)
+
+
+def test_one_worker_skips_the_pair_across_a_batch_size_change():
+    """The gradient before a batch-size change came from another batch size: no pair, the EMA is left alone."""
+    monitor = GradientMonitor(batch_size=1, smoothing=0.0)
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.0), monitor=monitor)
+    w = keras.Variable([1.0, 2.0])
+    grads = [np.array(g) for g in ([1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 2.0], [3.0, 1.0])]
+    opt.apply_gradients([(tf.constant(grads[0], tf.float32), w)])
+    opt.apply_gradients([(tf.constant(grads[1], tf.float32), w)])
+    before = monitor.values()
+    monitor.local_batch_size.assign(4)  # as the policy runner does
+    opt.apply_gradients([(tf.constant(grads[2], tf.float32), w)])
+    after_change = monitor.values()
+    assert np.isnan(after_change["gns_raw"]), after_change
+    assert (after_change["grad_sq_norm"], after_change["noise_trace"]) == (before["grad_sq_norm"], before["noise_trace"])
+    assert int(monitor.ema_count.numpy()) == 1
+    # The next step pairs two batches of 4.
+    opt.apply_gradients([(tf.constant(grads[3], tf.float32), w)])
+    grad_sq, trace = _pair_estimates(grads[3], grads[2], 4)
+    values = monitor.values()
+    assert values["grad_sq_norm"] == pytest.approx(grad_sq) and values["noise_trace"] == pytest.approx(trace)
+    assert values["gns_raw"] == pytest.approx(trace / grad_sq) and int(monitor.ema_count.numpy()) == 2
+    # Assigning the same size again changes nothing.
+    monitor.local_batch_size.assign(4)
+    opt.apply_gradients([(tf.constant(grads[4], tf.float32), w)])
+    assert monitor.values()["gns_raw"] == pytest.approx(np.divide(*_pair_estimates(grads[4], grads[3], 4)[::-1]))
+
+
+def _v1_monitored_graph():
+    """A v1 graph training w with a monitor; returns (train_op, monitor, w). Built for kungfu_tf.size() at call time."""
+    monitor = GradientMonitor(batch_size=2, smoothing=0.5)
+    w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+    x = tf.compat.v1.placeholder(tf.float32, [2])
+    opt = SynchronousSGDOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.0), monitor=monitor)
+    train_op = opt.minimize(tf.reduce_sum(w * x), global_step=tf.compat.v1.train.get_or_create_global_step())
+    return train_op, monitor, x
+
+
+def test_v1_checkpoint_from_a_larger_cluster_restores_into_the_one_worker_graph(tmp_path, monkeypatch):
+    """The previous-gradient copy exists only in a one-worker graph; it is local, so no Saver saves or expects it."""
+    import kungfu_tf
+
+    ckpt_dir = str(tmp_path / "v1")
+    saved = {"ema_noise_trace": 3.0, "ema_grad_sq_norm": 0.5, "ema_count": 1}
+    with tf.Graph().as_default():
+        with monkeypatch.context() as patch:
+            patch.setattr(kungfu_tf, "size", lambda: 2)  # trace the step as a worker of two would
+            _, monitor, _ = _v1_monitored_graph()
+        assert monitor._previous is None
+        per_worker = {v.op.name for v in tf.compat.v1.local_variables()}
+        assert any("step_clock_anchor" in n for n in per_worker), per_worker
+        assert not any("step_clock_anchor" in v.op.name for v in tf.compat.v1.global_variables())
+        # A Saver of the global variables, as MonitoredTrainingSession's default Scaffold makes.
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            for key, value in saved.items():
+                getattr(monitor, key).load(value, sess)
+            tf.compat.v1.train.Saver().save(sess, ckpt_dir + "/model.ckpt", global_step=0)
+    names = [n for n, _ in tf.train.list_variables(ckpt_dir)]
+    assert not any("previous" in n or "clock_anchor" in n for n in names), names
+
+    with tf.Graph().as_default():
+        train_op, monitor, x = _v1_monitored_graph()
+        assert monitor._previous is not None  # a one-worker graph pairs with the previous gradient
+        local_names = {v.op.name for v in tf.compat.v1.local_variables()}
+        assert any("previous_gradient" in n for n in local_names), local_names
+        with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=ckpt_dir, save_checkpoint_steps=None,
+                                                         save_checkpoint_secs=None) as sess:  # fmt: skip
+            assert {k: getattr(monitor, k).eval(sess) for k in saved} == saved
+            # First step: no previous gradient (initialized by the local init op): the restored EMA stays.
+            sess.run(train_op, feed_dict={x: [1.0, 0.0]})
+            assert int(monitor.ema_count.eval(sess)) == 1
+            sess.run(train_op, feed_dict={x: [0.0, 1.0]})
+            values = monitor.values(session=sess)
+    grad_sq, trace = _pair_estimates(np.array([0.0, 1.0]), np.array([1.0, 0.0]), 2)
+    correction = 1 - 0.5**2
+    assert values["noise_trace"] == pytest.approx((0.5 * saved["ema_noise_trace"] + 0.5 * trace) / correction)
+    assert values["grad_sq_norm"] == pytest.approx((0.5 * saved["ema_grad_sq_norm"] + 0.5 * grad_sq) / correction)
+
+
+def test_restore_into_a_fresh_monitor_continues_the_estimate(tmp_path):
+    """tf.train.Checkpoint of the optimizer into new objects and a new tf.function; per-worker variables stay out."""
+
+    def build():
+        monitor = GradientMonitor(batch_size=2, smoothing=0.5)
+        opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.0), monitor=monitor, name="fresh_sgd")
+        w = keras.Variable([1.0, 2.0], name="w_fresh")
+        opt.build([w])
+
+        @tf.function
+        def step(g):
+            opt.apply_gradients([(g, w)])
+
+        return monitor, opt, step
+
+    grads = [np.array(g, np.float32) for g in ([1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 3.0], [2.0, 2.0])]
+    monitor, opt, step = build()
+    for g in grads[:3]:
+        step(tf.constant(g))
+    state = {k: getattr(monitor, k).numpy() for k in ("ema_noise_trace", "ema_grad_sq_norm", "ema_count")}
+    values = monitor.values()
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "opt"))
+    names = [n for n, _ in tf.train.list_variables(path)]
+    assert any("ema_noise_trace" in n for n in names), names
+    assert not any("previous" in n or "clock_anchor" in n for n in names), names
+
+    fresh, fresh_opt, fresh_step = build()
+    tf.train.Checkpoint(optimizer=fresh_opt).restore(path).assert_existing_objects_matched()
+    restored = fresh.values()
+    assert fresh is not monitor and restored.pop("worker_compute_times") == values.pop("worker_compute_times")
+    assert restored == pytest.approx(values, nan_ok=True)
+    # The fresh monitor has no previous gradient: its first step only keeps a copy, the second pairs.
+    fresh_step(tf.constant(grads[3]))
+    assert int(fresh.ema_count.numpy()) == state["ema_count"] == 2
+    fresh_step(tf.constant(grads[4]))
+    grad_sq, trace = _pair_estimates(grads[4].astype(np.float64), grads[3].astype(np.float64), 2)
+    correction = 1 - 0.5**3
+    want_trace = (0.5 * state["ema_noise_trace"] + 0.5 * trace) / correction
+    want_grad = (0.5 * state["ema_grad_sq_norm"] + 0.5 * grad_sq) / correction
+    got = fresh.values()
+    assert got["noise_trace"] == pytest.approx(want_trace) and got["grad_sq_norm"] == pytest.approx(want_grad)
+    assert got["gns"] == pytest.approx(want_trace / want_grad) and got["monitor_step"] == 5
+
+
+@pytest.mark.parametrize("position, name", list(enumerate(
+    ["small_sq_norm", "big_sq_norm", "small_batch", "big_batch", "valid", "ema_noise_trace", "ema_grad_sq_norm",
+     "ema_count"])))  # fmt: skip
+def test_gns_update_rejects_non_scalar_inputs(position, name):
+    args = [tf.constant(5.0, tf.float64), tf.constant(3.0, tf.float64), tf.constant(4.0, tf.float64),
+            tf.constant(12.0, tf.float64), tf.constant(True), tf.constant(0.0, tf.float64),
+            tf.constant(0.0, tf.float64), tf.constant(0, tf.int64)]  # fmt: skip
+    args[position] = tf.stack([args[position], args[position]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"KungfuGnsUpdate: input '{name}' must be a scalar, got shape \[2\]"):
+        monitor_ops.gns_update(*args, smoothing=0.5)
+
+
+def test_step_clock_lap_rejects_a_non_scalar_start():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"KungfuStepClockLap: input 'start_ns' must be a scalar"):
+        monitor_ops.step_clock_lap(tf.constant([1, 2], tf.int64), [])

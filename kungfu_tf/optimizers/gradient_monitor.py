@@ -29,7 +29,13 @@ step's: ``|G_small|^2`` is the mean of the two squared norms
 (``B_small = B``), ``|G_big|^2`` the squared norm of their mean
 (``B_big = 2B``). This assumes the parameters change little in one step (it
 is exact when they do not change); it keeps a copy of the previous gradient
-(one model's worth of memory) and starts estimating at the second step.
+(one model's worth of memory) and starts estimating at the second step. The
+copy remembers its batch size: the first step after ``local_batch_size``
+changes has no pair (two unequal batches), the next one pairs again. The
+copy is per worker and never checkpointed (in a ``tf.compat.v1`` graph it is
+a local variable), so a restored or rebuilt monitor pairs from its second
+step on, and a checkpoint restores whatever the cluster size was when it
+was written.
 
 **Gradient variance** (``variance_interval > 0``): every
 ``variance_interval`` steps (``tf.cond`` inside the step, no re-trace) the
@@ -90,26 +96,47 @@ class LocalStatistics:
     size: tf.Tensor  # cluster size (int32) at run time
 
 
+def _per_worker_variable(initial_value: Any, name: str, dtype: tf.DType | None = None) -> tf.Variable:
+    """A variable that no checkpoint may hold: it describes this worker's last step, not the training state.
+
+    Held by plain objects (below), which neither ``tf.Module`` nor
+    ``tf.train.Checkpoint`` track. In a ``tf.compat.v1`` graph it goes to
+    ``LOCAL_VARIABLES`` instead of ``GLOBAL_VARIABLES``, so that a ``Saver``
+    (``MonitoredTrainingSession``'s included) neither saves nor expects it --
+    a checkpoint written by a cluster whose graph lacks it restores into one
+    that has it -- and the local init op (``MonitoredTrainingSession``'s, or
+    ``tf.compat.v1.local_variables_initializer()``) initializes it.
+    """
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return tf.Variable(initial_value, dtype=dtype, trainable=False, name=name)
+    return tf.compat.v1.Variable(
+        initial_value, dtype=dtype, trainable=False, name=name,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], use_resource=True,
+    )  # fmt: skip
+
+
 class _Untracked:
     """Per-worker variables no checkpoint should hold: a plain object, which ``tf.Module`` does not track."""
 
     def __init__(self) -> None:
         # The step clock's anchor: a resource nothing else uses (see ops.monitor.step_clock_start).
-        self.clock_anchor = tf.Variable(0, dtype=tf.int32, trainable=False, name="step_clock_anchor")
+        self.clock_anchor = _per_worker_variable(0, "step_clock_anchor", tf.int32)
 
 
 class _PreviousGradient:
-    """The one-worker method's copy of the last gradient: per worker, never checkpointed.
+    """The one-worker method's copy of the last gradient and its batch size: per worker, never checkpointed.
 
     A plain object (not trackable), so that ``tf.Module`` and checkpoints do
     not see these variables: a restored monitor pairs from its next step on.
+    ``batch_size`` is the per-worker batch size the copy was computed with,
+    0 before the first step: a step pairs only with a copy of its own batch
+    size (the estimator assumes two equal batches).
     """
 
     def __init__(self, grads: Sequence[tf.Tensor]) -> None:
         with tf.init_scope():
-            self.tensors = [tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False, name="previous_gradient")
-                            for g in grads]
-            self.valid = tf.Variable(False, trainable=False, name="previous_gradient_valid")
+            self.tensors = [_per_worker_variable(tf.zeros(g.shape, g.dtype), "previous_gradient") for g in grads]
+            self.batch_size = _per_worker_variable(0, "previous_batch_size", tf.int64)
 
 
 class GradientMonitor(tf.Module):
@@ -133,6 +160,11 @@ class GradientMonitor(tf.Module):
             "gns", "gns_raw", "noise_trace", "grad_sq_norm", "grad_variance",
             "compute_time" (float64 scalars), "worker_compute_times" (float64
             [np]), "monitor_step" (int64). NaN until first estimated.
+
+    In a ``tf.compat.v1`` graph the per-worker variables (the step clock's
+    anchor, the one-worker previous gradient) are local variables:
+    ``MonitoredTrainingSession`` initializes them; with a plain ``Session``
+    run ``tf.compat.v1.local_variables_initializer()`` as well.
 
     Raises:
         TypeError / ValueError: an argument of the wrong type or out of range
@@ -238,9 +270,9 @@ class GradientMonitor(tf.Module):
         start = monitor_ops.step_clock_start(self._untracked.clock_anchor)
         ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
         compute_time = monitor_ops.step_clock_lap(start, ready)
-        if self.gns_enabled:
+        if self.gns_enabled and not _traced_for_one_worker():
             local_sq = monitor_ops.squared_norm([_norm_operand(g) for g in present])
-        else:
+        else:  # one worker: the GNS pairs with the previous gradient instead (one pass over both)
             local_sq = tf.constant(0.0, tf.float64)
         size = ops.cluster_size()
         times = tf.one_hot(ops.rank(), size, on_value=compute_time, off_value=tf.constant(0.0, tf.float64))
@@ -282,16 +314,20 @@ class GradientMonitor(tf.Module):
     def _update_gns(
         self, mean_local_sq: tf.Tensor, size_f: tf.Tensor, averaged: list[Any], local: list[Any]
     ) -> list[Any]:
-        b = tf.cast(self.local_batch_size, tf.float64)
+        batch_size = self.local_batch_size.read_value()
+        b = tf.cast(batch_size, tf.float64)
         if self._pairs_previous_gradient(local):
             current = [_dense(g) for g in local]
             norms = monitor_ops.pair_squared_norms(current, [v.read_value() for v in self._previous.tensors])
             small_sq, big_sq = 0.5 * (norms[0] + norms[1]), norms[2]
             small_b, big_b = b, 2.0 * b
-            valid = self._previous.valid.read_value()
-            with tf.control_dependencies([norms, valid]):
+            # No pair before the first step (0) nor across a batch-size change:
+            # the previous gradient's expected norm has another tr(Sigma) / B.
+            previous_batch_size = self._previous.batch_size.read_value()
+            valid = tf.equal(previous_batch_size, batch_size)
+            with tf.control_dependencies([norms, previous_batch_size]):
                 keep = [v.assign(g) for v, g in zip(self._previous.tensors, current)]
-                keep.append(self._previous.valid.assign(True))
+                keep.append(self._previous.batch_size.assign(batch_size))
         else:
             small_sq, big_sq = mean_local_sq, monitor_ops.squared_norm([_norm_operand(a) for a in averaged])
             small_b, big_b = b, b * size_f
@@ -326,9 +362,7 @@ class GradientMonitor(tf.Module):
 
     def _pairs_previous_gradient(self, local: list[Any]) -> bool:
         """True if this step is traced with one worker: then the previous gradient is the second batch."""
-        import kungfu_tf
-
-        if kungfu_tf.size() != 1:
+        if not _traced_for_one_worker():
             return False
         if self._previous is None:
             self._previous = _PreviousGradient([_dense(g) for g in local])
@@ -356,6 +390,13 @@ def _check_positive_int(value: Any, what: str) -> None:
         raise TypeError(f"GradientMonitor: {what} must be an int > 0, got {value!r}")
     if value <= 0:
         raise ValueError(f"GradientMonitor: {what} must be > 0, got {value!r}")
+
+
+def _traced_for_one_worker() -> bool:
+    """True if the step being traced runs on one worker (the GNS then pairs successive gradients)."""
+    import kungfu_tf
+
+    return kungfu_tf.size() == 1
 
 
 def _is_graph_variable(v: tf.Variable) -> bool:

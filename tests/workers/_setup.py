@@ -10,6 +10,7 @@ numpy, independently of the runtime.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import zlib
@@ -17,8 +18,11 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(2)
+# Raises RuntimeError once TF has started: a test may import a worker module
+# in-process (tests/test_gradient_monitor.py, np=1) after setting them itself.
+with contextlib.suppress(RuntimeError):
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
 
 from kungfu_tf import ops
 

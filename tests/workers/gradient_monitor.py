@@ -22,7 +22,8 @@ can rebuild every worker's gradients in numpy. Checked on every rank:
   np 2, 2.8 % at np 4: GNS_RTOL = 25 % is >= 4 standard deviations);
 * checkpoint: tf.train.Checkpoint(monitor=...) restores every monitored
   value and the EMA state after they were overwritten; a checkpoint of the
-  optimizer holds the monitor too;
+  optimizer holds the monitor too, and restored into a new optimizer and
+  monitor with a new tf.function it continues the same estimate;
 * keras (Model.fit, "mse" loss: twice the gradient, four times both norms)
   and v1 (graph + MonitoredTrainingSession, GradientDescentOptimizer(0))
   and strategy (tf.function, the 'AllReduce' builder): numpy replay;
@@ -35,6 +36,7 @@ Ends with "checked N results"; N is expected_checks() in the test.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -186,8 +188,27 @@ def check_function(chk: Checker, rank: int, size: int, ckpt_dir: str) -> None:
     names = [n for n, _ in tf.train.list_variables(opt_path)]
     chk.true(any("kungfu_monitor/ema_noise_trace" in n for n in names), f"optimizer checkpoint holds the monitor: {names}")
     # The restored monitor continues the same estimate.
+    fresh_replay = copy.deepcopy(replay)
     train_step(*batch(T_LONG, rank))
     compare(chk, monitor.values(), replay.step(T_LONG), "function after restore")
+
+    # Restored into new objects (monitor, optimizer, tf.function), as after a restart.
+    fresh = GradientMonitor(batch_size=B, smoothing=SMOOTHING, variance_interval=VARIANCE_INTERVAL)
+    fresh_opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.0), monitor=fresh, name="fresh_sgd")
+    fresh_opt.build([w])
+    tf.train.Checkpoint(optimizer=fresh_opt).restore(opt_path).assert_existing_objects_matched()
+    for old, new in zip(saved_state.values(), fresh.variables):
+        chk.true(np.array_equal(old, new.numpy(), equal_nan=True), f"fresh monitor restores {new.name}")
+
+    @tf.function
+    def fresh_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = 0.5 * tf.reduce_mean(tf.square(tf.linalg.matvec(x, w.value) - y))
+        fresh_opt.apply_gradients([(tape.gradient(loss, w.value), w)])
+
+    fresh_replay.previous = None  # one worker: a new monitor has no previous gradient to pair with
+    fresh_step(*batch(T_LONG, rank))
+    compare(chk, fresh.values(), fresh_replay.step(T_LONG), "fresh monitor after restore")
 
 
 def check_keras(chk: Checker, rank: int, size: int) -> None:
