@@ -248,10 +248,12 @@ def test_a_policy_due_every_n_steps_costs_nothing_in_between():
     # (before_train's setup round, once, does not count: _started is still False there)
     runner._settle = lambda failure, original=runner._settle: (
         runner._started and rounds.append(runner.hook_step), original(failure))  # fmt: skip
+    bodies = 0
     with runner.training():
         for _ in range(9):
             with runner.step():
-                pass
+                bodies += 1  # stands for the training step, which this test is not about
+    assert bodies == runner.steps_done == 9
     assert monitor.calls == 3
     assert rounds == [2, 5, 8]
 
@@ -289,7 +291,8 @@ def test_loss_scale_optimizer_learning_rate_and_monitor_come_from_the_inner_opti
     with runner.training():
         for _ in range(2):
             with runner.step():
-                pass
+                steps_taken = runner.steps_done + 1
+    assert steps_taken == runner.steps_done == 2
     assert float(inner.learning_rate.numpy()) == pytest.approx(0.2)  # what the training step reads
     assert runner.learning_rate == pytest.approx(0.2)
     assert int(inner.kungfu_monitor.local_batch_size.numpy()) == 4

@@ -362,10 +362,12 @@ def expect(exc_type, fragments, fn, what):
 
 
 def run_loop(runner, steps=3):
+    """Runs the runner's hooks around ``steps`` empty steps (the policies are what is tested)."""
     with runner.training():
         for _ in range(steps):
             with runner.step():
-                pass
+                taken = runner.steps_done + 1
+    assert taken == runner.steps_done == steps, f"run_loop ran {runner.steps_done} steps, not {steps}"
 
 
 def scenario_tensorboard_errors(log_dir: str) -> None:
