@@ -110,6 +110,10 @@ def _joiners(state: config_pb2.JobState, *states: int) -> list[str]:
     return [peer_string(j.peer) for j in state.joiners if not states or j.state in states]
 
 
+def _count(workers: int) -> str:
+    return f"{workers} worker" if workers == 1 else f"{workers} workers"
+
+
 def _host_of(peer: str) -> str:
     return peer.rpartition(":")[0]
 
@@ -239,7 +243,7 @@ class ElasticSupervisor:
         self._printed_version = state.cluster.version
         self._printed_workers = _workers(state.cluster)
         self._console.event(
-            f"cluster v{state.cluster.version}: {len(state.cluster.workers)} workers "
+            f"cluster v{state.cluster.version}: {_count(len(state.cluster.workers))} "
             f"(min {state.min_size}, max {state.max_size or 'no limit'}, target {state.target_size})"
         )
         self._observe(state)
@@ -476,7 +480,7 @@ class ElasticSupervisor:
             self._count_joiner_outcomes(state)
         size = len(state.cluster.workers)
         if size < state.min_size and not self._stopping:
-            self._fail(f"cluster fell to {size} workers, below --min-np {state.min_size} ({self._last_change})")
+            self._fail(f"cluster fell to {_count(size)}, below --min-np {state.min_size} ({self._last_change})")
 
     def _cluster_at(self, version: int) -> config_pb2.Cluster | None:
         assert self._client is not None
@@ -592,21 +596,23 @@ class ElasticSupervisor:
                 cause = self._joiner_end.get(peer, "ended")
                 self._console.message(
                     f"giving up on starting joiners: {self._joiner_failures} in a row ended before they were "
-                    f"admitted (the last, {peer}: {cause}); the job goes on with {len(members)} workers"
+                    f"admitted (the last, {peer}: {cause}); the job goes on with {_count(len(members))}"
                 )
 
     def _place_joiners(self) -> None:
         state = self._state
         if state is None or self._gave_up or self._finishing:
             return
-        in_flight = _joiners(state, Joiner.STARTING, Joiner.READY)
+        # A REJECTED joiner counts until its process is gone: it still holds a slot.
+        pending = _joiners(state)
         target = min(state.target_size, self._plan.max_np)
-        missing = target - len(state.cluster.workers) - len(in_flight)
-        # More joiners than needed (the target was lowered): withdraw the newest.
-        surplus = in_flight[max(0, target - len(state.cluster.workers)) :] if missing < 0 else []
-        for peer in reversed(surplus):
-            self._placed.discard(peer)
-            self._remove_joiner(peer)
+        missing = target - len(state.cluster.workers) - len(pending)
+        if missing < 0:
+            # More joiners than needed (the target was lowered): withdraw the newest.
+            withdrawable = _joiners(state, Joiner.STARTING, Joiner.READY)
+            for peer in reversed(withdrawable[max(0, len(withdrawable) + missing) :]):
+                self._placed.discard(peer)
+                self._remove_joiner(peer)
         while missing > 0:
             try:
                 placement = self._placer.place(self._hosts, self._occupied())
@@ -683,7 +689,7 @@ class ElasticSupervisor:
             if len(keep) < self._plan.min_np:
                 self._last_change = "evicting the workers of " + ", ".join(sorted(removed))
                 self._fail(
-                    f"cluster fell to {len(keep)} workers, below --min-np {self._plan.min_np} "
+                    f"cluster fell to {_count(len(keep))}, below --min-np {self._plan.min_np} "
                     f"(hosts {', '.join(sorted(removed))} removed by --host-discovery-script)"
                 )
                 return
