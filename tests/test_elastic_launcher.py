@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -245,6 +247,33 @@ def test_rejected_joiners_are_given_up_after_three():
     assert "no free slot" not in err
 
 
+def test_sigterm_stops_every_worker(tmp_path):
+    proc = subprocess.Popen(
+        launcher("-np", "2", "--elastic", "--logdir", str(tmp_path), sys.executable, FAKE, "die", "9@99"),
+        cwd=REPO_ROOT, env=worker_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("rank-*.log"))) < 2 or not all(
+            f.read_text() for f in tmp_path.glob("rank-*.log")
+        ):
+            assert time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.05)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc, _, err = finish_job(proc, 30)
+    finally:
+        kill_tree(proc)
+    assert rc == 128 + signal.SIGTERM, err
+    assert "kungfu-run: received SIGTERM, stopping workers" in err
+    assert time.monotonic() - start < 5
+    # Stopping is not a membership change.
+    assert [line for line in events(err) if line.startswith("cluster v")] == [
+        "cluster v1: 2 workers (min 1, max 2, target 2)"]
+    assert (tmp_path / "rank-0.log").read_text().startswith("member 127.0.0.1:")
+
+
 def test_unreachable_config_service_fails_fast():
     port = free_port()
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID="unreachable")
@@ -356,3 +385,35 @@ def test_joiner_is_started_by_the_launcher_of_its_host(request, tmp_path):
     assert f"cluster v2: 2 -> 3 workers (admitted {joiner})" in events(err_a)
     assert f"cluster v2: 2 -> 3 workers (joined {joiner})" in events(err_b)
     assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v2$", out_a, re.MULTILINE)) == ["0", "1"]
+
+
+FORKS_WHILE_POLLING = """
+    import subprocess, sys, threading
+    from kungfu_tf.run.grpc_fork_safety import disable_grpc_fork_handlers
+    if sys.argv[1] == "disabled":
+        disable_grpc_fork_handlers()
+    from kungfu_tf.run.config_server import ConfigClient, ConfigServer
+
+    server = ConfigServer(secret="ab" * 32, elastic=True).start()
+    client = ConfigClient(server.address, secret="ab" * 32)
+    state = client.get_job_state()
+
+    def poll():
+        while True:
+            client.wait_job_state(state.state_version + 1, 0.01)
+
+    threading.Thread(target=poll, daemon=True).start()
+    # As the launcher starts joiners: a preexec_fn while gRPC threads run.
+    failed = sum(subprocess.run(["true"], preexec_fn=lambda: None, capture_output=True).returncode != 0
+                 for _ in range(100))
+    print("failed forks", failed)
+"""
+
+
+def test_forks_while_grpc_polls_do_not_abort():
+    """Before grpc_fork_safety, gRPC's fork handlers killed about 1 child in 6 with SIGABRT."""
+    script = textwrap.dedent(FORKS_WHILE_POLLING)
+    res = subprocess.run([sys.executable, "-c", script, "disabled"], cwd=REPO_ROOT, env=worker_env(),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["failed", "forks", "0"], res.stderr

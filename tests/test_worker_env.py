@@ -162,8 +162,10 @@ def test_launcher_exports_the_elastic_variables():
     joiner = build_worker_env({"KUNGFU_ELASTIC": "stale"}, me, [me], **common,
                               config_server="127.0.0.1:9999", joiner=True)
     assert read_worker_env(joiner).joiner
-    assert {k: joiner[k] for k in ("KUNGFU_ELASTIC", "KUNGFU_JOINER", "KUNGFU_CLUSTER_VERSION", "KUNGFU_PEERS")} == {
-        "KUNGFU_ELASTIC": "1", "KUNGFU_JOINER": "1", "KUNGFU_CLUSTER_VERSION": "0", "KUNGFU_PEERS": "127.0.0.1:10005"}
+    assert {k: joiner[k] for k in ("KUNGFU_ELASTIC", "KUNGFU_JOINER", "KUNGFU_CLUSTER_VERSION", "KUNGFU_PEERS",
+                                   "KUNGFU_RANK", "KUNGFU_SIZE")} == {
+        "KUNGFU_ELASTIC": "1", "KUNGFU_JOINER": "1", "KUNGFU_CLUSTER_VERSION": "0", "KUNGFU_PEERS": "127.0.0.1:10005",
+        "KUNGFU_RANK": "0", "KUNGFU_SIZE": "1"}
     # A plain job started from inside an elastic worker does not inherit its role.
     plain = build_worker_env(joiner, me, [me], **common)
     assert not {"KUNGFU_ELASTIC", "KUNGFU_JOINER", "KUNGFU_CONFIG_SERVER"} & plain.keys()

@@ -20,7 +20,7 @@ from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.host_discovery import run_discovery_script
 from kungfu_tf.run.job_id import resolve_job_id
 from kungfu_tf.run.job_secret import resolve_job_secret
-from kungfu_tf.run.local_host import choose_self_host, is_local_address
+from kungfu_tf.run.local_host import choose_self_host
 from kungfu_tf.run.placement import (
     LOCALHOST,
     HostSlots,
@@ -89,7 +89,12 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
     """
     min_np = options.min_np if options.min_np is not None else 1
     max_np = options.max_np if options.max_np is not None else options.np
-    if options.discovery_script is not None:
+    config_host = options.config_server.rpartition(":")[0] if options.config_server is not None else None
+    if options.discovery_script is not None and options.self_host not in (None, config_host):
+        # Another host's launcher: the serving one places every worker, and
+        # the script may not even run here (nor list this host yet).
+        hosts = []
+    elif options.discovery_script is not None:
         hosts = run_discovery_script(options.discovery_script)
         if not hosts:
             raise LaunchError(f"--host-discovery-script {options.discovery_script} printed no host")
@@ -102,7 +107,7 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
             raise LaunchError(f"--max-np {max_np} exceeds the {total} slots of -H {listing}")
     host_names = [h.host for h in hosts]
 
-    if options.config_server is None:
+    if config_host is None:
         if len(hosts) > 1 or options.discovery_script is not None:
             raise LaunchError(
                 "an elastic job on several hosts needs --config-server HOST:PORT on every "
@@ -110,9 +115,8 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
             )
         config_host, config_port = host_names[0], 0
     else:
-        config_host, _, port_text = options.config_server.rpartition(":")
-        config_port = int(port_text)
-    self_host = _self_host(host_names, options.self_host, config_host)
+        config_port = int(options.config_server.rpartition(":")[2])
+    self_host = _self_host(host_names, options.self_host, config_host, options.discovery_script is not None)
     serves = self_host == config_host
     if serves and config_host not in host_names:
         raise LaunchError(f"--config-server host {config_host} is not one of the hosts: {', '.join(host_names)}")
@@ -157,16 +161,12 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
     )
 
 
-def _self_host(hosts: list[str], requested: str | None, config_host: str) -> str:
+def _self_host(hosts: list[str], requested: str | None, config_host: str, discovering: bool) -> str:
     """Which host this launcher runs on.
 
-    A host that the discovery script does not list yet (it joins later) may
-    run a launcher: with ``--self`` it needs not be in the list.
+    With a discovery script, a host that it does not list yet (one that is
+    added later) may run a launcher: ``--self`` then needs not be listed.
     """
-    if requested is not None and requested not in hosts:
-        if requested == config_host:
-            raise LaunchError(f"--self {requested} serves the config service but is not one of the hosts: {', '.join(hosts)}")
+    if discovering and requested is not None and requested != config_host:
         return requested
-    if requested is None and config_host not in hosts and is_local_address(config_host):
-        return config_host
     return choose_self_host(hosts, requested)

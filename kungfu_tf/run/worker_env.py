@@ -90,7 +90,9 @@ def build_worker_env(
             TIMEOUT_ENV: str(timeout),
             SECRET_ENV: secret,
             JOB_ID_ENV: job_id,
-            "KUNGFU_RANK": str(me.rank),
+            # Its position in `peers`: a joiner (peers == [me]) is rank 0 of 1
+            # until admitted, whatever number the launcher gave it.
+            "KUNGFU_RANK": str([p.address for p in peers].index(me.address)),
             "KUNGFU_SIZE": str(len(peers)),
             "PYTHONUNBUFFERED": "1",
         }

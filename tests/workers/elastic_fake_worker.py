@@ -17,7 +17,7 @@ MODE (what the initial members do):
                left out prints "detached" and exits 0, the rest exit 0.
   reject N     rank 0 sets the signature "w (2,) float32", asks for one more
                worker, and exits 0 once N joiners (whose signature differs)
-               were rejected and no further joiner came for 2 s.
+               were rejected and no further joiner came for 1 s.
   evict H      every member waits until no worker of host H is left in the
                cluster; one on H exits 0 when it is left out ("detached").
 """
@@ -118,7 +118,7 @@ elif mode == "reject":
         return len(seen) >= int(arg)
 
     state = wait_until(enough_rejected)
-    time.sleep(2)
+    time.sleep(1)
     state = client.get_job_state()
     print(f"saw {len(seen)} rejected joiners; {len(state.joiners)} joiners now", flush=True)
 elif mode == "evict":
