@@ -247,6 +247,18 @@ def test_rejected_joiners_are_given_up_after_three():
     assert "no free slot" not in err
 
 
+def test_member_crash_after_another_finished_fails_the_job(tmp_path):
+    """The job ends well only when every member exits 0; once one finished,
+    a crash is not replaced (the job is ending) and decides the status."""
+    rc, out, err = run_elastic("-np", "2", "--elastic", "--min-np", "2", "finish-crash", str(tmp_path))
+    assert rc == 128 + signal.SIGKILL, err
+    assert "[1] killing myself" in out.splitlines()
+    crashed = re.search(rf"^\[1\] member ({PEER})", out, re.MULTILINE).group(1)
+    assert f"worker [1] {crashed} killed by signal SIGKILL" in err
+    assert "joiner" not in err
+    assert "below --min-np" not in err  # a finishing job is judged by exit codes
+
+
 def test_sigterm_stops_every_worker(tmp_path):
     proc = subprocess.Popen(
         launcher("-np", "2", "--elastic", "--logdir", str(tmp_path), sys.executable, FAKE, "die", "9@99"),

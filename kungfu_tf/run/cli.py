@@ -140,8 +140,9 @@ def _build_parser() -> argparse.ArgumentParser:
     elastic.add_argument(
         "--config-server",
         metavar="HOST:PORT",
-        help="where the config service is (multi-host: give it on every host; the "
-        "first -H host serves it on PORT, the others connect to it)",
+        help="where the config service is (needed on several hosts: give the same "
+        "value to every launcher; the one on HOST serves it on PORT and places "
+        "every joiner, the others connect to it; default on one host: a free port)",
     )
     elastic.add_argument(
         "--host-discovery-script",

@@ -479,7 +479,9 @@ class ElasticSupervisor:
         if self._plan.serves:
             self._count_joiner_outcomes(state)
         size = len(state.cluster.workers)
-        if size < state.min_size and not self._stopping:
+        # Once members finish, their peers may take their goodbyes for
+        # losses: the exit codes decide then, not the cluster's size.
+        if size < state.min_size and not self._stopping and not self._finishing:
             self._fail(f"cluster fell to {_count(size)}, below --min-np {state.min_size} ({self._last_change})")
 
     def _cluster_at(self, version: int) -> config_pb2.Cluster | None:
@@ -536,6 +538,9 @@ class ElasticSupervisor:
                 self._finishing = True
                 return
             self._console.message(f"worker [{label}] {w.peer} {describe_exit(rc)}")
+            if self._finishing and self._status is None:
+                # The job ends well only if every member exits 0.
+                self._status = exit_status(rc)
             self._report_lost(w.peer, exit_cause(rc))
         elif w.peer in joiners or (w.joiner and w.peer not in self._ever_members):
             self._joiner_end.setdefault(w.peer, "exited before it was admitted" if rc == 0 else exit_cause(rc))

@@ -18,6 +18,9 @@ MODE (what the initial members do):
   reject N     rank 0 sets the signature "w (2,) float32", asks for one more
                worker, and exits 0 once N joiners (whose signature differs)
                were rejected and no further joiner came for 1 s.
+  finish-crash DIR
+               rank 0 writes its pid to DIR/pid and exits 0 (it finished);
+               rank 1 SIGKILLs itself once rank 0 was reaped by the launcher.
   evict H      every member waits until no worker of host H is left in the
                cluster; one on H exits 0 when it is left out ("detached").
 """
@@ -26,6 +29,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from kungfu_tf.run.config_server import ConfigClient, cluster_peers
 from kungfu_tf.run.worker_env import read_worker_env
@@ -121,6 +125,18 @@ elif mode == "reject":
     time.sleep(1)
     state = client.get_job_state()
     print(f"saw {len(seen)} rejected joiners; {len(state.joiners)} joiners now", flush=True)
+elif mode == "finish-crash":
+    pid_file = os.path.join(arg, "pid")
+    if env.rank == 0:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        sys.exit(0)
+    while not os.path.exists(pid_file) or os.path.exists(f"/proc/{Path(pid_file).read_text()}"):
+        if time.monotonic() > DEADLINE:
+            sys.exit(3)
+        time.sleep(0.02)
+    die()
 elif mode == "evict":
     state = wait_until(lambda s: not any(w.host == arg for w in s.cluster.workers))
     print("detached" if me not in members(state) else f"member of v{state.cluster.version}", flush=True)
