@@ -304,7 +304,8 @@ def test_unreachable_config_service_fails_fast():
 
 
 def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
-    """127.0.0.1 and 127.0.0.2 are two hosts of one machine, one launcher each."""
+    """127.0.0.1 and 127.0.0.2 are two hosts of one machine, one launcher each;
+    127.0.0.3, which appears later, has no launcher (it only gets a placement)."""
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("127.0.0.1:2\n127.0.0.2:1\n")
     script = tmp_path / "hosts.sh"
@@ -323,7 +324,7 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
     ]
     try:
         time.sleep(1.5)  # both launchers run their workers; the script is polled every 2 s
-        (tmp_path / "next.txt").write_text("127.0.0.1:2\n")
+        (tmp_path / "next.txt").write_text("127.0.0.1:2\n127.0.0.3:1\n")
         (tmp_path / "next.txt").rename(hosts)
         results = [finish_job(p, 60) for p in procs]
     finally:
@@ -337,8 +338,10 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
     assert "[2] detached" in out_b.splitlines()
     assert sorted(re.findall(r"^\[(\d)\] member of v2$", out_a, re.MULTILINE)) == ["0", "1"]
     lines = events(err_a)
-    assert "hosts: 127.0.0.1:2 (removed 127.0.0.2)" in lines, err_a
+    assert "hosts: 127.0.0.1:2,127.0.0.3:1 (added 127.0.0.3; removed 127.0.0.2)" in lines, err_a
     assert f"cluster v2: 3 -> 2 workers (left {evicted})" in lines
+    # --elastic replaces the evicted worker in the slot of the new host.
+    assert f"placed joiner 127.0.0.3:{first} (target 3 workers)" in lines
     # The remote launcher describes the change from the difference too.
     assert f"cluster v2: 3 -> 2 workers (left {evicted})" in events(err_b)
 
@@ -361,22 +364,18 @@ def test_bad_discovery_output_stops_the_launcher(tmp_path):
 
 # ------------------------------------------- two hosts as two namespaces
 
-HOST_A = "10.213.1.1"
-HOST_B = "10.213.1.2"
+HOST_A = "10.216.0.1"  # a /24 that no other test uses
+HOST_B = "10.216.0.2"
 
 
-def test_joiner_is_started_by_the_launcher_of_its_host(request, tmp_path):
-    """Host A serves and runs both initial workers; the worker asks for a
-    third, A has no slot left, so A places the joiner on B and B's launcher
-    starts it."""
-    two = make_two_hosts(request, HOST_A.rsplit(".", 1)[0], "kfe")
-    config = f"{HOST_A}:7070"
-    common = ["-np", "2", "--elastic", "--max-np", "3", "-H", f"{HOST_A}:2,{HOST_B}:1", "--config-server", config,
-              "--timeout", "5"]
-    env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID="netns-elastic")
+def run_on_two_hosts(two, launcher_args: list[str], mode: str, arg: str, job_id: str) -> dict[str, tuple[str, str]]:
+    """One launcher per namespace (B names itself with --self); both must exit 0."""
+    env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job_id)
     procs = {
-        host: subprocess.Popen([*two.exec_prefix(i), *launcher(*common, *extra, sys.executable, FAKE, "grow", "3")],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        host: subprocess.Popen(
+            [*two.exec_prefix(i), *launcher(*launcher_args, *extra, sys.executable, FAKE, mode, arg)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
         for i, (host, extra) in enumerate([(HOST_A, []), (HOST_B, ["--self", HOST_B])])
     }
     outputs = {}
@@ -388,7 +387,19 @@ def test_joiner_is_started_by_the_launcher_of_its_host(request, tmp_path):
             proc.kill()
     for host, proc in procs.items():
         assert proc.returncode == 0, f"{host}: {outputs[host]}"
-    (out_a, err_a), (out_b, err_b) = outputs[HOST_A], outputs[HOST_B]
+    return outputs
+
+
+def test_joiners_are_started_by_the_launcher_of_their_host(request):
+    """Host A serves. Growing: A's two slots are taken, so A places the joiner
+    on B and B's launcher starts it. Crash on B: B's launcher reports it lost
+    and starts the replacement A placed there, on a port not used before."""
+    two = make_two_hosts(request, HOST_A.rsplit(".", 1)[0], "kfe")
+    common = ["--elastic", "--config-server", f"{HOST_A}:7070", "--timeout", "5"]
+
+    grow = run_on_two_hosts(two, ["-np", "2", "--max-np", "3", "-H", f"{HOST_A}:2,{HOST_B}:1", *common],
+                            "grow", "3", "netns-grow")
+    (out_a, err_a), (out_b, err_b) = grow[HOST_A], grow[HOST_B]
     joiner = f"{HOST_B}:10000"
     assert f"started joiner [2] {joiner}" in events(err_b)
     assert "started joiner" not in err_a
@@ -397,6 +408,19 @@ def test_joiner_is_started_by_the_launcher_of_its_host(request, tmp_path):
     assert f"cluster v2: 2 -> 3 workers (admitted {joiner})" in events(err_a)
     assert f"cluster v2: 2 -> 3 workers (joined {joiner})" in events(err_b)
     assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v2$", out_a, re.MULTILINE)) == ["0", "1"]
+
+    crash = run_on_two_hosts(two, ["-np", "3", "-H", f"{HOST_A}:2,{HOST_B}:2", *common],
+                             "crash", "2", "netns-crash")
+    (out_a, err_a), (out_b, err_b) = crash[HOST_A], crash[HOST_B]
+    crashed, replacement = f"{HOST_B}:10000", f"{HOST_B}:10001"
+    assert f"[2] member {crashed} v1 elastic=True" in out_b.splitlines()
+    assert f"worker [2] {crashed} killed by signal SIGKILL" in err_b
+    for err in (err_a, err_b):
+        assert f"cluster v2: 3 -> 2 workers (lost {crashed}: killed by SIGKILL)" in events(err), err
+    assert f"started joiner [3] {replacement}" in events(err_b)
+    assert f"cluster v3: 2 -> 3 workers (admitted {replacement})" in events(err_a)
+    assert "[3] admitted at v3 as rank 2 of 3" in out_b.splitlines()
+    assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v3$", out_a, re.MULTILINE)) == ["0", "1"]
 
 
 FORKS_WHILE_POLLING = """

@@ -643,6 +643,9 @@ class ElasticSupervisor:
                 return
             self._placed.add(peer)
             missing -= 1
+            if placement[0] != self._plan.self_host:
+                # Its own launcher prints "started joiner" on that host.
+                self._console.event(f"placed joiner {peer} (target {_count(target)})")
 
     def _occupied(self) -> dict[str, int]:
         """Workers per host: members, joiners, and local processes still alive."""
