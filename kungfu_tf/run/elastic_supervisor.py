@@ -77,6 +77,8 @@ CALL_TIMEOUT = 10.0
 CONNECT_RETRY_SECONDS = 0.5
 # Attempts at a compare-and-swap (ReportLost, PutCluster) that raced with another change.
 CAS_ATTEMPTS = 5
+# How long joiners wait for a free slot before the launcher says so.
+NO_SLOT_REPORT_SECONDS = 2.0
 # The job's status when the cluster fell below --min-np.
 BELOW_MIN_STATUS = 1
 
@@ -161,6 +163,8 @@ class ElasticSupervisor:
         self._joiner_end: dict[str, str] = {}
         self._joiner_failures = 0
         self._gave_up = False
+        # Since when no slot was free (None: one was), and whether it was said.
+        self._no_slot_since: float | None = None
         self._no_slot_reported = False
 
     # ----------------------------------------------------------------- run
@@ -626,14 +630,18 @@ class ElasticSupervisor:
                 self._gave_up = True
                 return
             if placement is None:
-                if not self._no_slot_reported:
+                # A crashed worker holds its slot until it is reaped: only a
+                # wait that lasts is worth a message.
+                now = time.monotonic()
+                self._no_slot_since = self._no_slot_since or now
+                if not self._no_slot_reported and now - self._no_slot_since >= NO_SLOT_REPORT_SECONDS:
                     self._no_slot_reported = True
                     slots = ",".join(f"{h.host}:{h.slots}" for h in self._hosts)
                     self._console.message(
                         f"no free slot for a joiner (target {target} workers, hosts {slots}); waiting for one"
                     )
                 return
-            self._no_slot_reported = False
+            self._no_slot_since, self._no_slot_reported = None, False
             peer = f"{placement[0]}:{placement[1]}"
             assert self._client is not None
             try:
@@ -679,7 +687,7 @@ class ElasticSupervisor:
         )
         self._console.event(f"hosts: {listing}" + (f" ({change})" if change else " (slots changed)"))
         self._hosts = list(outcome)
-        self._no_slot_reported = False
+        self._no_slot_since, self._no_slot_reported = None, False
         if removed:
             self._evict_hosts(set(removed))
 
