@@ -304,8 +304,10 @@ def test_unreachable_config_service_fails_fast():
 
 
 def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
-    """127.0.0.1 and 127.0.0.2 are two hosts of one machine, one launcher each;
-    127.0.0.3, which appears later, has no launcher (it only gets a placement)."""
+    """127.0.0.1, .2 and .3 are three hosts of one machine, one launcher each.
+    The script lists .1 and .2 first, then .1 and .3: the worker on .2 is
+    evicted and (--elastic) replaced by a joiner on .3, whose launcher was
+    started before the script listed its host."""
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("127.0.0.1:2\n127.0.0.2:1\n")
     script = tmp_path / "hosts.sh"
@@ -320,7 +322,7 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
         subprocess.Popen(launcher(*common, *extra, sys.executable, FAKE, "evict", "127.0.0.2"), cwd=REPO_ROOT,
                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
-        for extra in ([], ["--self", "127.0.0.2"])
+        for extra in ([], ["--self", "127.0.0.2"], ["--self", "127.0.0.3"])
     ]
     try:
         time.sleep(1.5)  # both launchers run their workers; the script is polled every 2 s
@@ -330,20 +332,23 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
     finally:
         for p in procs:
             kill_tree(p)
-    (rc_a, out_a, err_a), (rc_b, out_b, err_b) = results
-    assert rc_a == 0, err_a
-    assert rc_b == 0, err_b
-    evicted = f"127.0.0.2:{first}"
+    (rc_a, out_a, err_a), (rc_b, out_b, err_b), (rc_c, out_c, err_c) = results
+    assert (rc_a, rc_b, rc_c) == (0, 0, 0), (err_a, err_b, err_c)
+    evicted, replacement = f"127.0.0.2:{first}", f"127.0.0.3:{first}"
     assert f"[2] member {evicted} v1 elastic=True" in out_b.splitlines()
     assert "[2] detached" in out_b.splitlines()
-    assert sorted(re.findall(r"^\[(\d)\] member of v2$", out_a, re.MULTILINE)) == ["0", "1"]
+    assert sorted(re.findall(r"^\[(\d)\] member of v3 with 3 workers$", out_a, re.MULTILINE)) == ["0", "1"]
     lines = events(err_a)
     assert "hosts: 127.0.0.1:2,127.0.0.3:1 (added 127.0.0.3; removed 127.0.0.2)" in lines, err_a
     assert f"cluster v2: 3 -> 2 workers (left {evicted})" in lines
     # --elastic replaces the evicted worker in the slot of the new host.
-    assert f"placed joiner 127.0.0.3:{first} (target 3 workers)" in lines
-    # The remote launcher describes the change from the difference too.
+    assert f"placed joiner {replacement} (target 3 workers)" in lines
+    assert f"cluster v3: 2 -> 3 workers (admitted {replacement})" in lines
+    assert f"started joiner [3] {replacement}" in events(err_c)
+    assert "[3] admitted at v3 as rank 2 of 3" in out_c.splitlines()
+    # The other launchers describe the changes from the difference.
     assert f"cluster v2: 3 -> 2 workers (left {evicted})" in events(err_b)
+    assert f"cluster v3: 2 -> 3 workers (joined {replacement})" in events(err_c)
 
 
 def test_bad_discovery_output_stops_the_launcher(tmp_path):

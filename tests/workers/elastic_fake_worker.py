@@ -21,8 +21,9 @@ MODE (what the initial members do):
   finish-crash DIR
                rank 0 writes its pid to DIR/pid and exits 0 (it finished);
                rank 1 SIGKILLs itself once rank 0 was reaped by the launcher.
-  evict H      every member waits until no worker of host H is left in the
-               cluster; one on H exits 0 when it is left out ("detached").
+  evict H      rank 0 sets the signature; a member on host H exits 0 when it
+               is left out ("detached"); the others exit 0 once the cluster
+               has no worker of H and is whole again (a replacement joined).
 """
 
 import os
@@ -138,7 +139,13 @@ elif mode == "finish-crash":
         time.sleep(0.02)
     die()
 elif mode == "evict":
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
     state = wait_until(lambda s: not any(w.host == arg for w in s.cluster.workers))
-    print("detached" if me not in members(state) else f"member of v{state.cluster.version}", flush=True)
+    if me not in members(state):
+        print("detached", flush=True)
+        sys.exit(0)
+    state = wait_until(lambda s: len(members(s)) == env.size and not any(w.host == arg for w in s.cluster.workers))
+    print(f"member of v{state.cluster.version} with {len(members(state))} workers", flush=True)
 else:
     sys.exit(f"unknown mode {mode!r}")
