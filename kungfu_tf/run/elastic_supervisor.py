@@ -12,13 +12,12 @@ processes:
 * a member that dies otherwise is reported lost (ReportLost; its peers may
   have reported it first) and, with ``--elastic``, replaced: the config
   service keeps the target size, so a joiner is placed for it;
-* joiners are placed by the serving launcher while the cluster plus the
-  joiners in flight is smaller than the target size and the slots (and
-  ``--max-np``) allow: AddJoiner carries the placement, and the launcher of
-  that host starts it (``KUNGFU_JOINER=1``, a one-worker cluster at version 0);
-* a joiner that dies is forgotten (RemoveJoiner); after
-  :data:`MAX_JOINER_FAILURES` joiners in a row ended without being admitted
-  the serving launcher stops placing joiners (the job goes on);
+* joiners are placed by the serving launcher (kungfu_tf/run/joiner_scheduler.py:
+  slots, ``--max-np``, giving up on joiners that keep failing, host
+  discovery); the launcher of the joiner's host starts it
+  (``KUNGFU_JOINER=1``, a one-worker cluster at version 0);
+* a joiner that dies is forgotten (RemoveJoiner), a REJECTED one's reason
+  is printed;
 * fewer members than ``--min-np`` stops every worker and fails the job.
 
 Every committed version is printed as one line, e.g.
@@ -42,17 +41,21 @@ from kungfu_tf.proto import config_pb2
 from kungfu_tf.run.config_server import (
     ConfigClient,
     ConfigServer,
+    cluster_peers,
     make_cluster,
     peer_string,
 )
 from kungfu_tf.run.elastic_plan import ElasticPlan
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.host_discovery import HostDiscovery
 from kungfu_tf.run.job_state_watcher import JobStateWatcher, rpc_error_text
-from kungfu_tf.run.joiner_placement import JoinerPlacer, NoPortLeft
-from kungfu_tf.run.membership_change import describe_change
+from kungfu_tf.run.joiner_scheduler import (
+    JoinerScheduler,
+    SupervisorHooks,
+    joiner_peers,
+)
+from kungfu_tf.run.membership_change import describe_change, workers_text
 from kungfu_tf.run.output import Console
-from kungfu_tf.run.placement import HostSlots, Peer
+from kungfu_tf.run.placement import Peer
 from kungfu_tf.run.supervisor import (
     FORWARDED_SIGNALS,
     GRACE_SECONDS,
@@ -67,18 +70,12 @@ from kungfu_tf.run.worker_process import (
     exit_status,
 )
 
-# Joiners in a row that may end without being admitted before the serving
-# launcher stops placing them: a joiner that keeps failing (a different
-# model, a crash while warming up) would otherwise be restarted forever.
-MAX_JOINER_FAILURES = 3
 # Bound on one config-service call (long polls are shorter, see job_state_watcher).
 CALL_TIMEOUT = 10.0
 # Pause between attempts to reach the config service at start-up.
 CONNECT_RETRY_SECONDS = 0.5
-# Attempts at a compare-and-swap (ReportLost, PutCluster) that raced with another change.
+# Attempts at a ReportLost that raced with another change.
 CAS_ATTEMPTS = 5
-# How long joiners wait for a free slot before the launcher says so.
-NO_SLOT_REPORT_SECONDS = 2.0
 # The job's status when the cluster fell below --min-np.
 BELOW_MIN_STATUS = 1
 
@@ -104,22 +101,6 @@ class _LocalWorker:
     returncode: int | None = None
 
 
-def _workers(cluster: config_pb2.Cluster) -> list[str]:
-    return [peer_string(w) for w in cluster.workers]
-
-
-def _joiners(state: config_pb2.JobState, *states: int) -> list[str]:
-    return [peer_string(j.peer) for j in state.joiners if not states or j.state in states]
-
-
-def _count(workers: int) -> str:
-    return f"{workers} worker" if workers == 1 else f"{workers} workers"
-
-
-def _host_of(peer: str) -> str:
-    return peer.rpartition(":")[0]
-
-
 class ElasticSupervisor:
     """Start, watch and replace this host's workers of an elastic job.
 
@@ -138,7 +119,7 @@ class ElasticSupervisor:
         self._server: ConfigServer | None = None
         self._client: ConfigClient | None = None
         self._watcher: JobStateWatcher | None = None
-        self._discovery: HostDiscovery | None = None
+        self._scheduler: JoinerScheduler | None = None  # the serving launcher's
         self._workers: list[_LocalWorker] = []
         self._started: set[str] = set()
         self._next_label = 0
@@ -156,16 +137,7 @@ class ElasticSupervisor:
         self._ever_members: set[str] = set()
         self._exit_causes: dict[str, str] = {}
         self._rejected_seen: set[str] = set()
-        # Serving launcher only: joiner placement and the hosts it may use.
-        self._hosts: list[HostSlots] = list(plan.hosts)
-        self._placer = JoinerPlacer(plan.port_range, plan.self_host)
-        self._placed: set[str] = set()
         self._joiner_end: dict[str, str] = {}
-        self._joiner_failures = 0
-        self._gave_up = False
-        # Since when no slot was free (None: one was), and whether it was said.
-        self._no_slot_since: float | None = None
-        self._no_slot_reported = False
 
     # ----------------------------------------------------------------- run
 
@@ -229,8 +201,8 @@ class ElasticSupervisor:
                 self._console.event(f"config service at {plan.config_address}")
             self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
             state = self._client.get_job_state()
-            for p in plan.initial_peers:
-                self._placer.note_used(p.host, p.port)
+            hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
+            self._scheduler = JoinerScheduler(plan, self._client, self._console, hooks)
             initial = list(plan.initial_peers)
         else:
             state = self._reach_config_service()
@@ -245,15 +217,13 @@ class ElasticSupervisor:
         self._next_label = len(initial)
         # Changes before this launcher connected are not its to print.
         self._printed_version = state.cluster.version
-        self._printed_workers = _workers(state.cluster)
+        self._printed_workers = cluster_peers(state.cluster)
         self._console.event(
-            f"cluster v{state.cluster.version}: {_count(len(state.cluster.workers))} "
+            f"cluster v{state.cluster.version}: {workers_text(len(state.cluster.workers))} "
             f"(min {state.min_size}, max {state.max_size or 'no limit'}, target {state.target_size})"
         )
         self._observe(state)
         self._watcher = JobStateWatcher(self._client, state.state_version)
-        if plan.serves and plan.discovery_script is not None:
-            self._discovery = HostDiscovery(plan.discovery_script, plan.hosts)
         return initial, 1
 
     def _reach_config_service(self) -> config_pb2.JobState:
@@ -379,9 +349,10 @@ class ElasticSupervisor:
             self._take_news()
             self._reap()
             if not self._stopping:
-                if self._plan.serves:
-                    self._apply_discovery()
-                    self._place_joiners()
+                if self._scheduler is not None:
+                    self._scheduler.poll_hosts()
+                    if self._state is not None and not self._finishing:
+                        self._scheduler.place(self._state, [w.peer for w in self._running()])
                 self._start_local_joiners()
                 self._stop_orphaned_joiners()
                 self._check_service()
@@ -464,29 +435,26 @@ class ElasticSupervisor:
             cluster = state.cluster if v == state.cluster.version else self._cluster_at(v)
             if cluster is None:
                 continue
-            workers = _workers(cluster)
+            workers = cluster_peers(cluster)
             reason = self._server.commit_reason(v) if self._server is not None else None
             line = describe_change(v, self._printed_workers, workers, reason, self._exit_causes)
             self._last_change = line[line.index("(") + 1 : -1]
             self._console.event(line)
             self._printed_version, self._printed_workers = v, workers
             self._ever_members.update(workers)
-        for p in _workers(state.cluster):
-            self._placer.note_used(_host_of(p), int(p.rpartition(":")[2]))
         for j in state.joiners:
             address = peer_string(j.peer)
-            self._placer.note_used(j.peer.host, j.peer.port)
             if j.state == Joiner.REJECTED and address not in self._rejected_seen:
                 self._rejected_seen.add(address)
                 self._joiner_end[address] = "rejected"
                 self._console.event(f"joiner {address} rejected: {j.reason}")
-        if self._plan.serves:
-            self._count_joiner_outcomes(state)
+        if self._scheduler is not None:
+            self._scheduler.note(state, self._ever_members, self._joiner_end)
         size = len(state.cluster.workers)
         # Once members finish, their peers may take their goodbyes for
         # losses: the exit codes decide then, not the cluster's size.
         if size < state.min_size and not self._stopping and not self._finishing:
-            self._fail(f"cluster fell to {_count(size)}, below --min-np {state.min_size} ({self._last_change})")
+            self._fail(f"cluster fell to {workers_text(size)}, below --min-np {state.min_size} ({self._last_change})")
 
     def _cluster_at(self, version: int) -> config_pb2.Cluster | None:
         assert self._client is not None
@@ -534,8 +502,8 @@ class ElasticSupervisor:
 
     def _judge_exit(self, w: _LocalWorker, rc: int) -> None:
         state = self._fresh_state()
-        members = _workers(state.cluster) if state is not None else []
-        joiners = _joiners(state) if state is not None else []
+        members = cluster_peers(state.cluster) if state is not None else []
+        joiners = joiner_peers(state) if state is not None else []
         label = w.process.peer.rank
         if w.peer in members:
             if rc == 0:
@@ -559,7 +527,7 @@ class ElasticSupervisor:
         assert self._client is not None
         for _ in range(CAS_ATTEMPTS):
             state = self._state
-            if state is None or peer not in _workers(state.cluster):
+            if state is None or peer not in cluster_peers(state.cluster):
                 return
             try:
                 self._observe(self._client.report_lost(state.cluster.version, [peer], cause))
@@ -583,153 +551,11 @@ class ElasticSupervisor:
         state = self._state
         if state is None:
             return
-        pending = set(_joiners(state)) | set(_workers(state.cluster))
+        pending = set(joiner_peers(state)) | set(cluster_peers(state.cluster))
         for w in self._running():
             if w.joiner and not w.stopped_by_launcher and w.peer not in pending and w.peer not in self._ever_members:
                 self._console.event(f"stopping joiner {w.peer}: it was withdrawn")
                 self._stop_worker(w, signal.SIGTERM)
-
-    # --------------------------------------------- placement (serving only)
-
-    def _count_joiner_outcomes(self, state: config_pb2.JobState) -> None:
-        """Joiners this launcher placed that are gone: admitted, or one more failure."""
-        members, joiners = set(_workers(state.cluster)), set(_joiners(state))
-        for peer in sorted(self._placed - joiners):
-            self._placed.discard(peer)
-            if peer in members or peer in self._ever_members:
-                self._joiner_failures = 0
-                continue
-            self._joiner_failures += 1
-            if self._joiner_failures >= MAX_JOINER_FAILURES and not self._gave_up:
-                self._gave_up = True
-                cause = self._joiner_end.get(peer, "ended")
-                self._console.message(
-                    f"giving up on starting joiners: {self._joiner_failures} in a row ended before they were "
-                    f"admitted (the last, {peer}: {cause}); the job goes on with {_count(len(members))}"
-                )
-
-    def _place_joiners(self) -> None:
-        state = self._state
-        if state is None or self._gave_up or self._finishing:
-            return
-        # A REJECTED joiner counts until its process is gone: it still holds a slot.
-        pending = _joiners(state)
-        target = min(state.target_size, self._plan.max_np)
-        missing = target - len(state.cluster.workers) - len(pending)
-        if missing < 0:
-            # More joiners than needed (the target was lowered): withdraw the newest.
-            withdrawable = _joiners(state, Joiner.STARTING, Joiner.READY)
-            for peer in reversed(withdrawable[max(0, len(withdrawable) + missing) :]):
-                self._placed.discard(peer)
-                self._remove_joiner(peer)
-        while missing > 0:
-            try:
-                placement = self._placer.place(self._hosts, self._occupied())
-            except NoPortLeft as e:
-                self._console.message(f"cannot place a joiner: {e}")
-                self._gave_up = True
-                return
-            if placement is None:
-                # A crashed worker holds its slot until it is reaped: only a
-                # wait that lasts is worth a message.
-                now = time.monotonic()
-                self._no_slot_since = self._no_slot_since or now
-                if not self._no_slot_reported and now - self._no_slot_since >= NO_SLOT_REPORT_SECONDS:
-                    self._no_slot_reported = True
-                    slots = ",".join(f"{h.host}:{h.slots}" for h in self._hosts)
-                    self._console.message(
-                        f"no free slot for a joiner (target {target} workers, hosts {slots}); waiting for one"
-                    )
-                return
-            self._no_slot_since, self._no_slot_reported = None, False
-            peer = f"{placement[0]}:{placement[1]}"
-            assert self._client is not None
-            try:
-                self._observe(self._client.add_joiner(peer))
-            except grpc.RpcError as e:
-                self._console.message(f"cannot add joiner {peer}: {rpc_error_text(e)}")
-                return
-            self._placed.add(peer)
-            missing -= 1
-            if placement[0] != self._plan.self_host:
-                # Its own launcher prints "started joiner" on that host.
-                self._console.event(f"placed joiner {peer} (target {_count(target)})")
-
-    def _occupied(self) -> dict[str, int]:
-        """Workers per host: members, joiners, and local processes still alive."""
-        state = self._state
-        assert state is not None
-        peers = set(_workers(state.cluster)) | set(_joiners(state))
-        peers |= {w.peer for w in self._running()}
-        occupied: dict[str, int] = {}
-        for p in peers:
-            occupied[_host_of(p)] = occupied.get(_host_of(p), 0) + 1
-        return occupied
-
-    def _apply_discovery(self) -> None:
-        if self._discovery is None:
-            return
-        outcome = self._discovery.take()
-        if outcome is None:
-            return
-        if isinstance(outcome, str):
-            self._console.message(outcome)
-            return
-        if outcome == self._hosts:
-            return
-        old = {h.host for h in self._hosts}
-        new = {h.host for h in outcome}
-        removed = sorted(old - new)
-        added = sorted(new - old)
-        listing = ",".join(f"{h.host}:{h.slots}" for h in outcome)
-        change = "; ".join(
-            part for part in (f"added {', '.join(added)}" if added else "", f"removed {', '.join(removed)}" if removed else "") if part
-        )
-        self._console.event(f"hosts: {listing}" + (f" ({change})" if change else " (slots changed)"))
-        self._hosts = list(outcome)
-        self._no_slot_since, self._no_slot_reported = None, False
-        if removed:
-            self._evict_hosts(set(removed))
-
-    def _evict_hosts(self, removed: set[str]) -> None:
-        """Commit a cluster without the removed hosts' workers; withdraw their joiners."""
-        assert self._client is not None
-        target_before = self._state.target_size if self._state is not None else 0
-        for _ in range(CAS_ATTEMPTS):
-            state = self._fresh_state()
-            if state is None:
-                return
-            keep = [w for w in state.cluster.workers if w.host not in removed]
-            if len(keep) == len(state.cluster.workers):
-                break
-            if len(keep) < self._plan.min_np:
-                self._last_change = "evicting the workers of " + ", ".join(sorted(removed))
-                self._fail(
-                    f"cluster fell to {_count(len(keep))}, below --min-np {self._plan.min_np} "
-                    f"(hosts {', '.join(sorted(removed))} removed by --host-discovery-script)"
-                )
-                return
-            try:
-                self._client.put_cluster(make_cluster(state.cluster.version + 1, keep))
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                    self._console.message(f"cannot evict the workers of {', '.join(sorted(removed))}: {rpc_error_text(e)}")
-                    return
-        state = self._fresh_state()
-        if state is None:
-            return
-        for j in state.joiners:
-            if j.peer.host in removed:
-                address = peer_string(j.peer)
-                self._placed.discard(address)
-                self._remove_joiner(address)
-        # PutCluster lowered the target; crashed-worker replacement covers
-        # hosts that went away as well.
-        if self._plan.replace_crashed and target_before > len(state.cluster.workers):
-            try:
-                self._observe(self._client.request_size(target_before))
-            except grpc.RpcError as e:
-                self._console.message(f"cannot restore the target size {target_before}: {rpc_error_text(e)}")
 
     # ------------------------------------------------------------ teardown
 
@@ -745,8 +571,8 @@ class ElasticSupervisor:
             w.process.finish_output(OUTPUT_DRAIN_SECONDS)
         if self._watcher is not None:
             self._watcher.stop()
-        if self._discovery is not None:
-            self._discovery.stop()
+        if self._scheduler is not None:
+            self._scheduler.stop()
         if self._client is not None:
             self._client.close()
         if self._server is not None:

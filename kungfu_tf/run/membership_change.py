@@ -36,6 +36,11 @@ def describe_change(
     return f"cluster v{version}: {len(old)} -> {len(new)} workers ({reason})"
 
 
+def workers_text(count: int) -> str:
+    """``1 worker``, ``3 workers``."""
+    return f"{count} worker" if count == 1 else f"{count} workers"
+
+
 def _difference(old: Sequence[str], new: Sequence[str], known_exits: Mapping[str, str]) -> str:
     gone = [p for p in old if p not in new]
     parts = [f"lost {p}: {known_exits[p]}" for p in gone if p in known_exits]
