@@ -106,6 +106,8 @@ def test_elastic_plan_checks_slots_and_the_config_service():
         build_elastic_plan(parse_args(["-np", "2", "--elastic", "--max-np", "5", "-H", "127.0.0.1:4", "p"]), {})
     with pytest.raises(LaunchError, match=r"needs --config-server HOST:PORT on every launcher"):
         build_elastic_plan(parse_args(["-np", "2", "--elastic", "-H", "127.0.0.1:1,10.9.9.9:1", "p"]), {})
+    with pytest.raises(LaunchError, match=r"--config-server host localhost is not one of the hosts \(127.0.0.1\)"):
+        build_elastic_plan(parse_args(["-np", "2", "--elastic", "--config-server", "localhost:7000", "p"]), {})
     plan = build_elastic_plan(parse_args(["-np", "2", "--elastic", "--max-np", "3", "p"]), {})
     assert (plan.serves, plan.config_host, plan.hosts, plan.port_range) == (
         True, "127.0.0.1", [HostSlots("127.0.0.1", 3)], None)

@@ -116,10 +116,15 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
         config_host, config_port = host_names[0], 0
     else:
         config_port = int(options.config_server.rpartition(":")[2])
+    # The launcher on the config host serves: that host must be a worker
+    # host, named as the hosts name it (every launcher compares names).
+    if host_names and config_host not in host_names:
+        raise LaunchError(
+            f"--config-server host {config_host} is not one of the hosts ({', '.join(host_names)}); "
+            "name it as -H or the discovery script does: its launcher serves the config service"
+        )
     self_host = _self_host(host_names, options.self_host, config_host, options.discovery_script is not None)
     serves = self_host == config_host
-    if serves and config_host not in host_names:
-        raise LaunchError(f"--config-server host {config_host} is not one of the hosts: {', '.join(host_names)}")
     # Every launcher but the serving one must share the secret and run id
     # with it, which only works when they are exported.
     multi_host = len(hosts) > 1 or not serves or options.discovery_script is not None
