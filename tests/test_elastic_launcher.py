@@ -318,7 +318,7 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
     config = f"127.0.0.1:{free_port()}"
     first = 20000 + os.getpid() % 2000 * 10
     common = ["-np", "3", "--elastic", "--host-discovery-script", str(script), "--config-server", config,
-              "--port-range", f"{first}-{first + 9}", "--timeout", "3"]
+              "--port-range", f"{first}-{first + 9}"]
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=f"discovery-{os.getpid()}")
     procs = [
         subprocess.Popen(launcher(*common, *extra, sys.executable, FAKE, "evict", "127.0.0.2"), cwd=REPO_ROOT,
@@ -348,6 +348,9 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
     assert f"cluster v3: 2 -> 3 workers (admitted {replacement})" in lines
     assert f"started joiner [3] {replacement}" in events(err_c)
     assert "[3] admitted at v3 as rank 2 of 3" in out_c.splitlines()
+    # .2 has nothing left to run: it ends soon after the serving launcher
+    # (not after --timeout, 120 s by default).
+    assert "kungfu-run: lost the config service at" in err_b and "for 2 s" in err_b
     # The other launchers describe the changes from the difference.
     assert f"cluster v2: 3 -> 2 workers (left {evicted})" in events(err_b)
     assert f"cluster v3: 2 -> 3 workers (joined {replacement})" in events(err_c)

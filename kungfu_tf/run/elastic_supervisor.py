@@ -76,6 +76,9 @@ CALL_TIMEOUT = 10.0
 CONNECT_RETRY_SECONDS = 0.5
 # Attempts at a ReportLost that raced with another change.
 CAS_ATTEMPTS = 5
+# How long a launcher with no worker running waits for a config service that
+# does not answer before it ends (with workers running: --timeout).
+IDLE_SERVICE_LOSS_SECONDS = 2.0
 # The job's status when the cluster fell below --min-np.
 BELOW_MIN_STATUS = 1
 
@@ -470,11 +473,14 @@ class ElasticSupervisor:
         if trouble is None or self._service_lost or self._plan.serves:
             return
         since, text = trouble
-        if time.monotonic() - since < self._plan.timeout:
+        # With nothing running here there is nothing to protect: the serving
+        # launcher is most likely gone because the job ended.
+        patience = self._plan.timeout if self._running() else min(self._plan.timeout, IDLE_SERVICE_LOSS_SECONDS)
+        if time.monotonic() - since < patience:
             return
         self._service_lost = True
         self._console.message(
-            f"lost the config service at {self._plan.config_address} for {self._plan.timeout} s ({text}); "
+            f"lost the config service at {self._plan.config_address} for {patience:g} s ({text}); "
             f"no more membership changes here, waiting for the {len(self._running())} running worker(s) to end"
         )
         for w in self._running():
