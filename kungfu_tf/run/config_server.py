@@ -67,6 +67,7 @@ CHALLENGE_METHOD = SERVICE + "Challenge"
 __all__ = [
     "ConfigClient",
     "ConfigServer",
+    "PendingCall",
     "ServerNotAuthenticatedError",
     "cluster_peers",
     "make_cluster",
@@ -426,6 +427,41 @@ def _peer_argument(name: str, peer: str) -> config_pb2.PeerID:
         raise type(e)(f"{name}: {e}") from None
 
 
+class PendingCall:
+    """A ConfigClient call in flight (see ConfigClient.start_wait_job_state).
+
+    ``result()`` waits for the answer, checks the server's proof and returns
+    the response message (or raises grpc.RpcError); ``cancel()`` abandons the
+    call, after which ``result()`` raises grpc.FutureCancelledError.
+    """
+
+    def __init__(self, future, key: bytes, nonce: bytes, method: str, job_id: str, address: str, response_type):
+        self._future = future
+        self._key = key
+        self._nonce = nonce
+        self._method = method
+        self._job_id = job_id
+        self._address = address
+        self._response_type = response_type
+
+    def result(self, timeout: float | None = None):
+        """The response message; raises grpc.RpcError, ServerNotAuthenticatedError or
+        grpc.FutureCancelledError (after cancel())."""
+        raw_response = self._future.result(timeout=timeout)
+        expected = response_mac(self._key, self._nonce, self._method, self._job_id, raw_response)
+        proofs = [v for k, v in (self._future.trailing_metadata() or ()) if k == SERVER_MAC_METADATA_KEY]
+        if len(proofs) != 1 or not macs_equal(expected, proofs[0]):
+            raise ServerNotAuthenticatedError(self._address, self._method)
+        return self._response_type.FromString(raw_response)
+
+    def cancel(self) -> bool:
+        """Abandons the call (the server's long poll ends at once)."""
+        return self._future.cancel()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
 class ConfigClient:
     """Client for a ConfigServer at `address` ("host:port").
 
@@ -473,22 +509,21 @@ class ConfigClient:
     def address(self) -> str:
         return self._address
 
-    def _call(self, name: str, request, response_type, *, timeout: float | None = None):
+    def _start(self, name: str, request, response_type, *, timeout: float | None = None) -> PendingCall:
         method = SERVICE + name
         nonce = self._challenge(config_pb2.ChallengeRequest(), timeout=self._timeout).nonce
         raw_request = request.SerializeToString()
         proof = request_mac(self._key, nonce, method, self._job_id, raw_request)
         # Bytes in and out, so that both proofs cover exactly what travelled.
-        raw_response, call = self._channel.unary_unary(method).with_call(
+        future = self._channel.unary_unary(method).future(
             raw_request,
             metadata=((NONCE_METADATA_KEY, nonce.hex()), (MAC_METADATA_KEY, proof)),
             timeout=self._timeout if timeout is None else timeout,
         )
-        expected = response_mac(self._key, nonce, method, self._job_id, raw_response)
-        proofs = [v for k, v in (call.trailing_metadata() or ()) if k == SERVER_MAC_METADATA_KEY]
-        if len(proofs) != 1 or not macs_equal(expected, proofs[0]):
-            raise ServerNotAuthenticatedError(self._address, method)
-        return response_type.FromString(raw_response)
+        return PendingCall(future, self._key, nonce, method, self._job_id, self._address, response_type)
+
+    def _call(self, name: str, request, response_type, *, timeout: float | None = None):
+        return self._start(name, request, response_type, timeout=timeout).result()
 
     def get_cluster(self) -> config_pb2.Cluster:
         return self._call("GetCluster", config_pb2.GetClusterRequest(), config_pb2.Cluster)
@@ -511,8 +546,13 @@ class ConfigClient:
         """Long poll: the JobState once its state_version > ``after_state_version``.
 
         Answers with the current (unchanged) state after ``timeout`` seconds,
-        which is capped at 60 s: loop on it to watch the job.
+        which is capped at 60 s: loop on it to watch the job (or use
+        kungfu_tf.run.job_watcher.JobWatcher).
         """
+        return self.start_wait_job_state(after_state_version, timeout).result()
+
+    def start_wait_job_state(self, after_state_version: int, timeout: float) -> PendingCall:
+        """Starts :meth:`wait_job_state` without blocking: ``.result()`` waits, ``.cancel()`` gives up."""
         _check_uint("after_state_version", after_state_version, _UINT64_MAX)
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or math.isnan(timeout) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
@@ -521,7 +561,7 @@ class ConfigClient:
             after_state_version=after_state_version, timeout_ms=int(wait * 1000)
         )
         # The call's deadline leaves the server its whole wait plus the usual margin.
-        return self._call("WaitJobState", request, config_pb2.JobState, timeout=wait + self._timeout)
+        return self._start("WaitJobState", request, config_pb2.JobState, timeout=wait + self._timeout)
 
     def get_cluster_at(self, version: int) -> config_pb2.Cluster:
         """The Cluster committed as ``version`` (NOT_FOUND if it never was)."""
