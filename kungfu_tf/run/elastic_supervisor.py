@@ -47,7 +47,7 @@ from kungfu_tf.run.config_server import (
 )
 from kungfu_tf.run.elastic_plan import ElasticPlan
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.job_state_watcher import JobStateWatcher, rpc_error_text
+from kungfu_tf.run.job_watcher import JobWatcher
 from kungfu_tf.run.joiner_scheduler import (
     JoinerScheduler,
     SupervisorHooks,
@@ -56,6 +56,7 @@ from kungfu_tf.run.joiner_scheduler import (
 from kungfu_tf.run.membership_change import describe_change, workers_text
 from kungfu_tf.run.output import Console
 from kungfu_tf.run.placement import Peer
+from kungfu_tf.run.rpc_errors import rpc_error_text
 from kungfu_tf.run.supervisor import (
     FORWARDED_SIGNALS,
     GRACE_SECONDS,
@@ -70,15 +71,19 @@ from kungfu_tf.run.worker_process import (
     exit_status,
 )
 
-# Bound on one config-service call (long polls are shorter, see job_state_watcher).
+# Bound on one config-service call (but a long poll).
 CALL_TIMEOUT = 10.0
 # Pause between attempts to reach the config service at start-up.
 CONNECT_RETRY_SECONDS = 0.5
 # Attempts at a ReportLost that raced with another change.
 CAS_ATTEMPTS = 5
 # How long a launcher with no worker running waits for a config service that
-# does not answer before it ends (with workers running: --timeout).
+# does not answer before it ends (with workers running: --timeout), and how
+# often it asks meanwhile.
 IDLE_SERVICE_LOSS_SECONDS = 2.0
+IDLE_PROBE_SECONDS = 0.5
+# One long poll of the job state (the watcher polls again at once).
+WATCH_POLL_SECONDS = 10.0
 # The job's status when the cluster fell below --min-np.
 BELOW_MIN_STATUS = 1
 
@@ -121,7 +126,9 @@ class ElasticSupervisor:
         self._grace = grace
         self._server: ConfigServer | None = None
         self._client: ConfigClient | None = None
-        self._watcher: JobStateWatcher | None = None
+        self._watcher: JobWatcher | None = None
+        self._probe_at = 0.0
+        self._probe_failing_since: float | None = None
         self._scheduler: JoinerScheduler | None = None  # the serving launcher's
         self._workers: list[_LocalWorker] = []
         self._started: set[str] = set()
@@ -226,7 +233,7 @@ class ElasticSupervisor:
             f"(min {state.min_size}, max {state.max_size or 'no limit'}, target {state.target_size})"
         )
         self._observe(state)
-        self._watcher = JobStateWatcher(self._client, state.state_version)
+        self._watcher = JobWatcher(self._client, poll_timeout=WATCH_POLL_SECONDS, unreachable_timeout=plan.timeout)
         return initial, 1
 
     def _reach_config_service(self) -> config_pb2.JobState:
@@ -469,23 +476,45 @@ class ElasticSupervisor:
 
     def _check_service(self) -> None:
         """A launcher that lost the config service can only let its workers end."""
-        trouble = self._watcher.trouble() if self._watcher is not None else None
-        if trouble is None or self._service_lost or self._plan.serves:
+        if self._service_lost or self._plan.serves or self._watcher is None:
             return
-        since, text = trouble
-        # With nothing running here there is nothing to protect: the serving
-        # launcher is most likely gone because the job ended.
-        patience = self._plan.timeout if self._running() else min(self._plan.timeout, IDLE_SERVICE_LOSS_SECONDS)
-        if time.monotonic() - since < patience:
+        error = self._watcher.error
+        problem = str(error) if error is not None else None
+        if problem is None and not self._running():
+            problem = self._probe_idle()
+        if problem is None:
             return
         self._service_lost = True
         self._console.message(
-            f"lost the config service at {self._plan.config_address} for {patience:g} s ({text}); "
-            f"no more membership changes here, waiting for the {len(self._running())} running worker(s) to end"
+            f"lost the config service ({problem}); no more membership changes here, "
+            f"waiting for the {len(self._running())} running worker(s) to end"
         )
         for w in self._running():
             if w.joiner and w.peer not in self._ever_members:
                 self._stop_worker(w, signal.SIGTERM)
+
+    def _probe_idle(self) -> str | None:
+        """With nothing running here there is nothing to protect: a config
+        service that stops answering (the serving launcher ended with the
+        job, most likely) ends this launcher within IDLE_SERVICE_LOSS_SECONDS,
+        not the watcher's --timeout."""
+        now = time.monotonic()
+        if now < self._probe_at:
+            return None
+        self._probe_at = now + IDLE_PROBE_SECONDS
+        assert self._client is not None
+        try:
+            self._observe(self._client.get_job_state())
+        except grpc.RpcError as e:
+            self._probe_failing_since = self._probe_failing_since or now
+            if now - self._probe_failing_since >= IDLE_SERVICE_LOSS_SECONDS:
+                return (
+                    f"{self._plan.config_address} did not answer for "
+                    f"{IDLE_SERVICE_LOSS_SECONDS:g} s: {rpc_error_text(e)}"
+                )
+            return None
+        self._probe_failing_since = None
+        return None
 
     # -------------------------------------------------------------- exits
 

@@ -41,11 +41,11 @@ from kungfu_tf.run.config_server import (
 )
 from kungfu_tf.run.elastic_plan import ElasticPlan
 from kungfu_tf.run.host_discovery import HostDiscovery
-from kungfu_tf.run.job_state_watcher import rpc_error_text
 from kungfu_tf.run.joiner_placement import JoinerPlacer, NoPortLeft
 from kungfu_tf.run.membership_change import workers_text
 from kungfu_tf.run.output import Console
 from kungfu_tf.run.placement import HostSlots
+from kungfu_tf.run.rpc_errors import rpc_error_text
 
 # Joiners in a row that may end without being admitted before no more are
 # placed: a joiner that keeps failing would otherwise be restarted for ever.
