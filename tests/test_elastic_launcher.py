@@ -302,6 +302,31 @@ def test_unreachable_config_service_fails_fast():
     assert time.monotonic() - start < 20
 
 
+def test_launcher_with_another_secret_is_refused(tmp_path):
+    config = f"127.0.0.1:{free_port()}"
+    common = ["-np", "1", "--elastic", "-H", "127.0.0.1:1,127.0.0.2:1", "--config-server", config]
+    serving = subprocess.Popen(
+        launcher(*common, "--logdir", str(tmp_path), sys.executable, FAKE, "die", "9@99"), cwd=REPO_ROOT,
+        env=worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID="refused"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "rank-0.log").exists() or not (tmp_path / "rank-0.log").read_text():
+            assert time.monotonic() < deadline and serving.poll() is None, "the serving launcher did not start"
+            time.sleep(0.05)
+        res = subprocess.run(
+            launcher(*common, "--self", "127.0.0.2", sys.executable, FAKE, "die", "9@99"), cwd=REPO_ROOT,
+            env=worker_env(KUNGFU_JOB_SECRET="f" * 64, KUNGFU_JOB_ID="refused"),
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+    finally:
+        kill_tree(serving)
+    assert res.returncode == 2, res.stderr
+    assert f"kungfu-run: error: the config service at {config} refused this launcher (PERMISSION_DENIED:" in res.stderr
+    assert "export the same KUNGFU_JOB_SECRET and KUNGFU_JOB_ID on every host" in res.stderr
+
+
 # ---------------------------------------- host discovery (two launchers)
 
 
