@@ -207,13 +207,13 @@ class ElasticSupervisor:
                 raise LaunchError(f"cannot serve the config service on {plan.config_address}: {e}") from None
             self._server = server
             self._plan = plan = plan.served_at(server.port)
-            if not plan.quiet:
-                self._console.event(f"config service at {plan.config_address}")
+            self._console.event(f"config service at {plan.config_address}")
             self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
             state = self._client.get_job_state()
             hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
             self._scheduler = JoinerScheduler(plan, self._client, self._console, hooks)
             initial = list(plan.initial_peers)
+            self._next_label = len(initial)
         else:
             state = self._reach_config_service()
             assert self._client is not None
@@ -224,7 +224,15 @@ class ElasticSupervisor:
                     f"the config service at {plan.config_address} has no cluster version 1: {rpc_error_text(e)}"
                 ) from None
             initial = [Peer(rank, w.host, w.port) for rank, w in enumerate(first.workers)]
-        self._next_label = len(initial)
+            self._next_label = len(initial)
+            if state.cluster.version != 1 and any(p.host == plan.self_host for p in initial):
+                # Too late: the others moved on without this host's members
+                # (they are replaced, or the job goes on without them).
+                self._console.message(
+                    f"the job is at cluster version {state.cluster.version} already: not starting the "
+                    f"members of version 1 placed on {plan.self_host}"
+                )
+                initial = [p for p in initial if p.host != plan.self_host]
         # Changes before this launcher connected are not its to print.
         self._printed_version = state.cluster.version
         self._printed_workers = cluster_peers(state.cluster)
