@@ -28,6 +28,7 @@ from kungfu_tf.run.config_server import (
     parse_peer_string,
     peer_string,
 )
+from kungfu_tf.run.job_state import job_finished
 
 SECRET = "s3cret-token-0123456789abcdef"
 
@@ -386,6 +387,7 @@ NEW_METHODS = [
     "JoinerReady",
     "SetSignature",
     "RemoveJoiner",
+    "ReportFinished",
 ]
 
 
@@ -435,6 +437,17 @@ def test_elastic_grow_crash_and_history_over_grpc(elastic_server, elastic_client
     assert c.get_job_state().target_size == 1
 
 
+def test_finished_members_over_grpc(elastic_server, elastic_client):
+    c = elastic_client
+    state = c.report_finished("127.0.0.1:10002")
+    assert peers_of(config_pb2.Cluster(workers=state.finished)) == ["127.0.0.1:10002"]
+    assert state.cluster.version == 1 and not job_finished(state)
+    # Its peers' crash report about it is ignored: a finished member is not lost.
+    assert c.report_lost(1, ["127.0.0.1:10002"], "connection reset") == state
+    state = c.report_finished("127.0.0.1:10001")
+    assert job_finished(state) and state == elastic_server.job_state()
+
+
 @pytest.mark.parametrize(
     "call, code, message",
     [
@@ -445,6 +458,8 @@ def test_elastic_grow_crash_and_history_over_grpc(elastic_server, elastic_client
         (lambda c: c.report_lost(9, ["h:1"]), "INVALID_ARGUMENT", "ReportLost: reported version 9 was never committed"),
         (lambda c: c.add_joiner("127.0.0.1:10001"), "ALREADY_EXISTS", "AddJoiner: 127.0.0.1:10001 is already a member"),
         (lambda c: c.remove_joiner("h:1"), "NOT_FOUND", "RemoveJoiner: h:1 is not a joiner"),
+        (lambda c: c.report_finished("h:1"), "FAILED_PRECONDITION",
+         "ReportFinished: h:1 is not a member of the current cluster version 1"),
         (lambda c: c.joiner_ready("h:3", ""), "INVALID_ARGUMENT", "JoinerReady: empty model signature"),
         (lambda c: c.wait_job_state(99, 1), "INVALID_ARGUMENT", "WaitJobState: after_state_version 99 is ahead"),
     ],
@@ -476,6 +491,7 @@ def test_elastic_calls_to_a_plain_server_fail_precondition(client):
     "call, error, message",
     [
         (lambda c: c.add_joiner("no-port"), ValueError, "peer: bad peer address 'no-port'"),
+        (lambda c: c.report_finished("h"), ValueError, "peer: bad peer address 'h'"),
         (lambda c: c.report_lost(1, ["h:1", "h:0"]), ValueError, "peers[1]: bad peer address 'h:0'"),
         (lambda c: c.report_lost(1, "h:1"), TypeError, "not the string 'h:1'"),
         (lambda c: c.request_size(-1), ValueError, "n must be an integer in 0..4294967295, got -1"),
@@ -513,6 +529,7 @@ def test_new_client_calls_with_a_wrong_secret_are_denied(elastic_server):
             lambda: intruder.joiner_ready("h:9", SIG),
             lambda: intruder.set_signature(SIG),
             lambda: intruder.remove_joiner("h:9"),
+            lambda: intruder.report_finished("127.0.0.1:10001"),
         ]:
             with pytest.raises(grpc.RpcError) as err:
                 call()

@@ -16,6 +16,7 @@ from kungfu_tf.run.job_state import (
     JobStateMachine,
     NotFoundError,
     OutOfRangeError,
+    job_finished,
     signature_difference,
 )
 from kungfu_tf.run.peer_string import cluster_peers, parse_peer_string, peer_string
@@ -196,6 +197,7 @@ def test_elastic_requests_need_an_elastic_job():
         "JoinerReady": lambda: jobs.joiner_ready(p("h:2"), SIG),
         "SetSignature": lambda: jobs.set_signature(SIG),
         "RemoveJoiner": lambda: jobs.remove_joiner(p("h:2")),
+        "ReportFinished": lambda: jobs.report_finished(p("h:1")),
     }
     for method, call in calls.items():
         with pytest.raises(FailedPreconditionError, match=f"{method} needs an elastic job"):
@@ -371,6 +373,84 @@ def test_replace_crashed_keeps_target_and_admits_a_ready_replacement():
     # Version 2 without the lost worker, then version 3 with the replacement.
     assert cluster_peers(jobs.cluster_at(2)) == ["h:1", "h:3"]
     assert state.cluster.version == 3 and cluster_peers(state.cluster) == ["h:1", "h:3", "h:9"]
+
+
+# ------------------------------------------------------------- finished members
+
+
+def finished(state) -> list[str]:
+    return [peer_string(w) for w in state.finished]
+
+
+def test_finished_members_stay_members_until_every_one_finished():
+    jobs = elastic("h:1", "h:2", "h:3")
+    state = jobs.report_finished(p("h:2"))
+    assert finished(state) == ["h:2"] and state.state_version == 2
+    # The membership does not change: nothing is committed.
+    assert state.cluster.version == 1 and cluster_peers(state.cluster) == ["h:1", "h:2", "h:3"]
+    assert not job_finished(state)
+    assert jobs.report_finished(p("h:2")).state_version == 2  # repeated: no-op
+    jobs.report_finished(p("h:3"))
+    state = jobs.report_finished(p("h:1"))
+    assert finished(state) == ["h:2", "h:3", "h:1"]  # in the order reported
+    assert job_finished(state) and job_finished(jobs.job_state())
+
+
+def test_only_a_current_member_can_finish():
+    jobs = elastic("h:1", "h:2", max_size=4)
+    jobs.add_joiner(p("h:3"))
+    for peer in ("h:3", "h:9"):  # a joiner, a stranger
+        with pytest.raises(
+            FailedPreconditionError,
+            match=rf"{peer} is not a member of the current cluster version 1 \(h:1, h:2\); "
+            "a worker that exits 0 after it was left out detached, it did not finish",
+        ):
+            jobs.report_finished(p(peer))
+    # Left out by version 2 (a shrink): its exit 0 is a detach.
+    jobs.put_cluster(cluster(2, "h:1"))
+    with pytest.raises(FailedPreconditionError, match="h:2 is not a member of the current cluster version 2"):
+        jobs.report_finished(p("h:2"))
+    with pytest.raises(InvalidArgumentError, match="peer has an empty host"):
+        jobs.report_finished(config_pb2.PeerID(port=1))
+    assert finished(jobs.job_state()) == []
+
+
+def test_a_finished_member_is_not_lost():
+    jobs = elastic("h:1", "h:2", "h:3", "h:4", replace_crashed=True)
+    jobs.report_finished(p("h:1"))
+    before = jobs.job_state()
+    # Its peers took its goodbye for a crash: ignored, nothing committed.
+    assert jobs.report_lost(1, [p("h:1")], "connection reset") == before
+    # Named beside a real crash: only the crashed one leaves.
+    state = jobs.report_lost(1, [p("h:1"), p("h:3")], "connection reset")
+    assert state.cluster.version == 2 and cluster_peers(state.cluster) == ["h:1", "h:2", "h:4"]
+    assert jobs.commit_reason(2) == "lost h:3: connection reset"
+    assert finished(state) == ["h:1"]  # still a finished member of version 2
+    jobs.report_finished(p("h:2"))
+    assert not job_finished(jobs.job_state())  # h:4 still runs
+    assert job_finished(jobs.report_finished(p("h:4")))
+
+
+def test_no_joiner_is_admitted_once_a_member_finished():
+    jobs = elastic("h:1", "h:2", max_size=4)
+    jobs.set_signature(SIG)
+    jobs.request_size(3)
+    jobs.report_finished(p("h:1"))
+    state = jobs.joiner_ready(p("h:3"), SIG)
+    # Room and the right model, but the job is ending: it stays READY.
+    assert state.cluster.version == 1 and joiners(state) == {"h:3": Joiner.READY}
+    assert jobs.request_size(4).cluster.version == 1
+
+
+def test_finished_members_left_out_by_put_cluster_are_forgotten():
+    jobs = elastic("h:1", "h:2", "h:3")
+    jobs.report_finished(p("h:3"))
+    jobs.report_finished(p("h:1"))
+    jobs.put_cluster(cluster(2, "h:1", "h:2"))
+    assert finished(jobs.job_state()) == ["h:1"]
+    assert not job_finished(jobs.job_state())
+    # h:3 is no member any more: the job is over without it.
+    assert job_finished(jobs.report_finished(p("h:2")))
 
 
 # ------------------------------------------------------------- state_version

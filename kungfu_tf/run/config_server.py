@@ -6,7 +6,7 @@ it. PutCluster is a compare-and-swap on Cluster.version (the new version must
 be the current one + 1), so two launchers cannot both apply a resize.
 
 Elastic jobs (``ConfigServer(elastic=True)``) also keep a JobState: target
-size, min/max, the model signature, joiners and a ``state_version`` that
+size, min/max, the model signature, joiners, finished members and a ``state_version`` that
 launchers and workers long-poll (WaitJobState). The rules live in
 kungfu_tf/run/job_state.py; this module is the gRPC glue: it maps
 :class:`~kungfu_tf.run.job_state.JobStateError` to status codes and gives
@@ -210,6 +210,10 @@ class _Servicer(config_pb2_grpc.ConfigServiceServicer):
     @_rpc
     def ReportLost(self, request, context):
         return self._jobs.report_lost(request.version, list(request.peers), request.reason)
+
+    @_rpc
+    def ReportFinished(self, request, context):
+        return self._jobs.report_finished(request.peer)
 
     @_rpc
     def AddJoiner(self, request, context):
@@ -475,7 +479,8 @@ class ConfigClient:
                            (ServerNotAuthenticatedError)
       FAILED_PRECONDITION  put_cluster version conflict (re-read and retry);
                            an elastic call to a server that is not elastic;
-                           a signature that differs from the job's
+                           a signature that differs from the job's;
+                           report_finished of a peer that is not a member
       INVALID_ARGUMENT     malformed cluster or peer; report_lost naming a
                            non-member or a version never committed
       OUT_OF_RANGE         a size outside the job's [min_size, max_size]
@@ -583,6 +588,16 @@ class ConfigClient:
             reason=reason,
         )
         return self._call("ReportLost", request, config_pb2.JobState)
+
+    def report_finished(self, peer: str) -> config_pb2.JobState:
+        """The member at ``peer`` exited 0: it is listed in JobState.finished.
+
+        The job is over when every member has finished
+        (:func:`kungfu_tf.run.job_state.job_finished`); FAILED_PRECONDITION if
+        ``peer`` is not a member of the current cluster (it detached).
+        """
+        request = config_pb2.ReportFinishedRequest(peer=_peer_argument("peer", peer))
+        return self._call("ReportFinished", request, config_pb2.JobState)
 
     def add_joiner(self, peer: str) -> config_pb2.JobState:
         """Announces a joiner process started at ``peer`` (STARTING)."""

@@ -6,8 +6,8 @@ methods below and :class:`JobStateError` to status codes). It holds:
 
 * the committed Cluster versions (every one is kept: GetClusterAt);
 * for elastic jobs, a ``JobState`` (proto/config.proto): target size,
-  min/max, the model signature, joiners (STARTING / READY / REJECTED) and
-  ``state_version``, which advances on every change so launchers and workers
+  min/max, the model signature, joiners (STARTING / READY / REJECTED), the
+  members that finished, and ``state_version``, which advances on every change so launchers and workers
   can long-poll it (:meth:`JobStateMachine.wait`).
 
 Rules (see /work/wt/notes/elastic_spec.md and proto/config.proto):
@@ -24,6 +24,13 @@ Rules (see /work/wt/notes/elastic_spec.md and proto/config.proto):
   without ``peers`` (survivors keep their order); the first report about v
   wins, later ones are answered with the current state. ``target_size`` is
   lowered by the number lost unless crashed workers are replaced.
+* ``report_finished(peer)``: a member's process exited 0. It stays a member
+  (listed in ``JobState.finished``) and is never lost: ``report_lost``
+  leaves finished members out (naming only finished ones commits nothing),
+  because a worker whose training ended may look like a crash to a peer
+  that was still talking to it. Once a member finished, joiners are no
+  longer admitted (they would wait for members that are gone); the job is
+  over when every member has finished (:func:`job_finished`).
 
 Example:
     >>> from kungfu_tf.run.job_state import JobStateMachine
@@ -60,6 +67,7 @@ __all__ = [
     "NotFoundError",
     "OutOfRangeError",
     "cluster_problem",
+    "job_finished",
     "signature_difference",
 ]
 
@@ -150,6 +158,22 @@ def _key(peer: config_pb2.PeerID) -> tuple[str, int]:
     return (peer.host, peer.port)
 
 
+def job_finished(state: config_pb2.JobState) -> bool:
+    """Whether every member of ``state``'s cluster has finished (the job is over).
+
+    Example:
+        >>> from kungfu_tf.run.peer_string import parse_peer_string as p
+        >>> state = config_pb2.JobState(cluster=config_pb2.Cluster(version=1, workers=[p("h:1")]))
+        >>> job_finished(state)
+        False
+        >>> state.finished.append(p("h:1"))
+        >>> job_finished(state)
+        True
+    """
+    members = {_key(w) for w in state.cluster.workers}
+    return bool(members) and members <= {_key(w) for w in state.finished}
+
+
 @dataclass
 class _Joiner:
     peer: config_pb2.PeerID
@@ -213,6 +237,7 @@ class JobStateMachine:
         self._target = size
         self._signature = ""
         self._joiners: dict[tuple[str, int], _Joiner] = {}  # in the order they were added
+        self._finished: dict[tuple[str, int], config_pb2.PeerID] = {}  # in the order reported
         self._ready_count = 0
         # Starts at 1, so a first wait(after_state_version=0) answers at once.
         self._state_version = 1
@@ -349,7 +374,9 @@ class JobStateMachine:
         """Members of cluster ``version`` crashed: commits version + 1 without them.
 
         Only the first report about the current version commits; a report
-        about an older version is answered with the current state.
+        about an older version is answered with the current state. Finished
+        members are left out (not lost); a report naming only finished
+        members commits nothing.
 
         Raises:
             InvalidArgumentError: no peers, a malformed peer, a version that
@@ -378,7 +405,10 @@ class JobStateMachine:
                     )
             if version != self._cluster.version:
                 return self._snapshot()  # an earlier report about `version` already committed
-            lost = {_key(p) for p in peers}
+            # A finished member ended well; its goodbye is not a crash.
+            lost = {_key(p) for p in peers} - self._finished.keys()
+            if not lost:
+                return self._snapshot()
             survivors = [w for w in self._cluster.workers if _key(w) not in lost]
             names = ", ".join(peer_string(w) for w in self._cluster.workers if _key(w) in lost)
             self._commit(survivors, f"lost {names}" + (f": {reason}" if reason else ""))
@@ -386,6 +416,30 @@ class JobStateMachine:
                 self._target = self._clamp(self._target - len(lost))
             self._admit()
             self._changed()
+            return self._snapshot()
+
+    def report_finished(self, peer: config_pb2.PeerID) -> config_pb2.JobState:
+        """A member's process exited 0: it is listed as finished (repeating it is a no-op).
+
+        Raises:
+            FailedPreconditionError: ``peer`` is not a member of the current
+                cluster (e.g. the version just committed left it out: it
+                detached rather than finished).
+        """
+        self._require_elastic("ReportFinished")
+        self._check_peer(peer)
+        with self._cond:
+            key = _key(peer)
+            if not any(_key(w) == key for w in self._cluster.workers):
+                raise FailedPreconditionError(
+                    f"{peer_string(peer)} is not a member of the current cluster version "
+                    f"{self._cluster.version} "
+                    f"({', '.join(peer_string(w) for w in self._cluster.workers) or 'no workers'}); "
+                    "a worker that exits 0 after it was left out detached, it did not finish"
+                )
+            if key not in self._finished:
+                self._finished[key] = self._copy_peer(peer)
+                self._changed()
             return self._snapshot()
 
     def add_joiner(self, peer: config_pb2.PeerID) -> config_pb2.JobState:
@@ -538,6 +592,8 @@ class JobStateMachine:
         """Admits READY joiners in ready order while size < target (lock held): one commit."""
         if not self._signature:
             return  # READY joiners wait until a member has set the job's signature
+        if self._finished:
+            return  # the job is ending: a joiner would wait for members that are gone
         room = self._target - len(self._cluster.workers)
         ready = sorted(
             (j for j in self._joiners.values() if j.state == Joiner.READY), key=lambda j: j.ready_order
@@ -555,6 +611,8 @@ class JobStateMachine:
         for w in workers:
             cluster.workers.add().CopyFrom(w)
             self._joiners.pop(_key(w), None)
+        members = {_key(w) for w in cluster.workers}
+        self._finished = {k: w for k, w in self._finished.items() if k in members}
         self._cluster = cluster
         self._history[cluster.version] = self._copy(cluster)
         self._reasons[cluster.version] = reason
@@ -574,6 +632,8 @@ class JobStateMachine:
         state.cluster.CopyFrom(self._cluster)
         for j in self._joiners.values():
             state.joiners.add(peer=j.peer, state=j.state, signature=j.signature, reason=j.reason)
+        for w in self._finished.values():
+            state.finished.add().CopyFrom(w)
         return state
 
     @staticmethod
