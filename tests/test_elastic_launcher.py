@@ -84,6 +84,9 @@ def free_port() -> int:
         (["-np", "2", "--elastic", "--config-server", "h"], "bad --config-server 'h'"),
         (["-np", "2", "--min-np", "1", "--host-discovery-script", "x"], "--host-discovery-script needs --elastic"),
         (["-np", "2", "--elastic", "-H", "a:2", "--host-discovery-script", "x"], "either -H or --host-discovery-script"),
+        (["-np", "2", "--min-np", "1", "--join-timeout", "5"], "--join-timeout 5 needs --elastic"),
+        (["-np", "2", "--elastic", "--join-timeout", "0"], "--join-timeout must be a number of seconds > 0, got 0"),
+        (["-np", "2", "--elastic", "--join-timeout", "nan"], "--join-timeout must be a number of seconds > 0, got nan"),
     ],
 )
 def test_inconsistent_elastic_options_are_named(capsys, args, message):
@@ -96,6 +99,8 @@ def test_inconsistent_elastic_options_are_named(capsys, args, message):
 def test_elastic_options_are_read():
     options = parse_args(["-np", "2", "--elastic", "--min-np", "1", "--max-np", "4", "prog"])
     assert (options.elastic, options.replace_crashed, options.min_np, options.max_np) == (True, True, 1, 4)
+    assert options.join_timeout == 600  # TF warm-up (imports, tracing) can be slow
+    assert parse_args(["-np", "1", "--elastic", "--join-timeout", "2.5", "p"]).join_timeout == 2.5
     survive_only = parse_args(["-np", "2", "--min-np", "1", "prog"])
     assert (survive_only.elastic, survive_only.replace_crashed) == (True, False)
     assert not parse_args(["-np", "2", "prog"]).elastic
@@ -201,7 +206,7 @@ def test_crashed_worker_is_reported_and_replaced():
     assert f"cluster v2: 3 -> 2 workers (lost {crashed}: killed by SIGKILL)" in lines, lines
     joiner = re.search(rf"started joiner \[3\] ({PEER})", err).group(1)
     assert joiner != crashed
-    assert lines[-1] == f"cluster v3: 2 -> 3 workers (admitted {joiner})"
+    assert lines[-2:] == [f"cluster v3: 2 -> 3 workers (admitted {joiner})", "all 3 members of cluster v3 finished"]
     assert f"worker [2] {crashed} killed by signal SIGKILL" in err
     assert "[3] admitted at v3 as rank 2 of 3" in out.splitlines()
 
@@ -229,7 +234,7 @@ def test_detached_worker_exits_cleanly_and_is_not_replaced():
     assert rc == 0, err
     rank2 = re.search(rf"^\[2\] member ({PEER})", out, re.MULTILINE).group(1)
     assert "[2] detached" in out.splitlines()
-    assert events(err)[2:] == [f"cluster v2: 3 -> 2 workers (left {rank2})"]
+    assert events(err)[2:] == [f"cluster v2: 3 -> 2 workers (left {rank2})", "all 2 members of cluster v2 finished"]
     assert "joiner" not in err
 
 
@@ -247,6 +252,26 @@ def test_rejected_joiners_are_given_up_after_three():
     )
     assert "[0] saw 3 rejected joiners; 0 joiners now" in out.splitlines()
     assert "no free slot" not in err
+
+
+def test_joiner_stuck_at_starting_is_withdrawn_after_the_join_timeout():
+    """Joiners that never report READY are withdrawn (and stopped) after
+    --join-timeout; each counts as a failure, so the third ends the tries."""
+    start = time.monotonic()
+    rc, out, err = run_elastic("-np", "1", "--elastic", "--max-np", "2", "--join-timeout", "1", "stuck", "3")
+    assert rc == 0, err
+    started = re.findall(rf"started joiner \[\d\] ({PEER})", err)
+    assert len(started) == 3 and len(set(started)) == 3, err
+    for peer in started:
+        assert f"withdrawing joiner {peer}: still STARTING 1 s after it was placed (--join-timeout 1)" in err
+        assert f"stopping joiner {peer}: it was withdrawn" in events(err)
+    assert (
+        f"giving up on starting joiners: 3 in a row ended before they were admitted "
+        f"(the last, {started[-1]}: still STARTING after --join-timeout 1 s); the job goes on with 1 worker" in err
+    )
+    assert "[0] saw 3 joiners come and go; 0 joiners now" in out.splitlines()
+    assert sorted(re.findall(r"^\[(\d)\] warming up for ever$", out, re.MULTILINE)) == ["1", "2", "3"]
+    assert time.monotonic() - start < 30
 
 
 def test_member_crash_after_another_finished_fails_the_job(tmp_path):
@@ -373,9 +398,11 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
     assert f"cluster v3: 2 -> 3 workers (admitted {replacement})" in lines
     assert f"started joiner [3] {replacement}" in events(err_c)
     assert "[3] admitted at v3 as rank 2 of 3" in out_c.splitlines()
-    # .2 has nothing left to run: it ends soon after the serving launcher
-    # (not after --timeout, 120 s by default).
-    assert f"kungfu-run: lost the config service ({config} did not answer for 2 s" in err_b, err_b
+    # .2 has nothing left to run: it ends with the job (not after --timeout,
+    # 120 s by default), which it learns from the config service.
+    for err in (err_a, err_b, err_c):
+        assert events(err)[-1] == "all 3 members of cluster v3 finished", err
+    assert "lost the config service" not in err_b
     # The other launchers describe the changes from the difference.
     assert f"cluster v2: 3 -> 2 workers (left {evicted})" in events(err_b)
     assert f"cluster v3: 2 -> 3 workers (joined {replacement})" in events(err_c)
@@ -456,6 +483,25 @@ def test_joiners_are_started_by_the_launcher_of_their_host(request):
     assert f"cluster v3: 2 -> 3 workers (admitted {replacement})" in events(err_a)
     assert "[3] admitted at v3 as rank 2 of 3" in out_b.splitlines()
     assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v3$", out_a, re.MULTILINE)) == ["0", "1"]
+
+
+def test_job_ends_when_the_members_of_every_host_finished(request):
+    """Host A's member finishes first: A keeps serving the config service
+    (B's member still uses it) until B's member finished too; then both
+    launchers end at once, without waiting for a lost config service."""
+    two = make_two_hosts(request, HOST_A.rsplit(".", 1)[0], "kff")
+    start = time.monotonic()
+    outputs = run_on_two_hosts(
+        two, ["-np", "2", "-H", f"{HOST_A}:1,{HOST_B}:1", "--elastic", "--config-server", f"{HOST_A}:7070",
+              "--timeout", "30"], "finish-apart", "2", "netns-finish")
+    assert time.monotonic() - start < 20  # 2 s of work; a lost service costs --timeout 30 s
+    (_, err_a), (out_b, err_b) = outputs[HOST_A], outputs[HOST_B]
+    member_a, member_b = f"{HOST_A}:10000", f"{HOST_B}:10000"
+    assert f"[1] saw {member_a} finished at v1" in out_b.splitlines()
+    assert f"no worker left on {HOST_A}; waiting for 1 member elsewhere to finish: {member_b}" in events(err_a), err_a
+    for err in (err_a, err_b):
+        assert "all 2 members of cluster v1 finished" in events(err), err
+        assert "lost the config service" not in err
 
 
 FORKS_WHILE_POLLING = """

@@ -1,6 +1,7 @@
 """Command-line syntax of ``kungfu-run`` and per-option validation."""
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +14,9 @@ from kungfu_tf.run.topology import DEFAULT_TOPOLOGY, TOPOLOGIES, normalize_topol
 from kungfu_tf.run.worker_env import MAX_TIMEOUT_SECONDS
 
 DEFAULT_TIMEOUT = 120
+# Seconds a joiner may take from its placement to READY: a TensorFlow joiner
+# imports TF, builds the model and traces its step first, which can be slow.
+DEFAULT_JOIN_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,8 @@ class LaunchOptions:
     the bounds on the cluster size (None when not given); ``replace_crashed``
     is ``--elastic`` (crashed workers are replaced by joiners);
     ``config_server`` is the ``--config-server`` ``host:port``;
-    ``discovery_script`` the ``--host-discovery-script``.
+    ``discovery_script`` the ``--host-discovery-script``; ``join_timeout``
+    the ``--join-timeout`` seconds a joiner may stay STARTING.
     """
 
     np: int
@@ -44,6 +49,7 @@ class LaunchOptions:
     max_np: int | None = None
     config_server: str | None = None
     discovery_script: Path | None = None
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
 
     @property
     def elastic(self) -> bool:
@@ -152,6 +158,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "host, run every few seconds (needs --elastic); workers of a host that "
         "disappears are evicted, slots of new hosts are used for joiners",
     )
+    elastic.add_argument(
+        "--join-timeout",
+        type=float,
+        metavar="S",
+        help="withdraw (and stop) a joiner that is not ready S seconds after it "
+        "was placed, and place another; three such failures in a row end the "
+        f"tries (needs --elastic; default {DEFAULT_JOIN_TIMEOUT:g})",
+    )
     parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
@@ -205,6 +219,11 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
                 else None
             ),
             discovery_script=ns.host_discovery_script,
+            join_timeout=(
+                ns.join_timeout
+                if ns.join_timeout is not None
+                else DEFAULT_JOIN_TIMEOUT
+            ),
         )
     except LaunchError as e:
         parser.error(str(e))
@@ -233,6 +252,15 @@ def _check_elastic_options(ns: argparse.Namespace) -> None:
             f"--config-server {ns.config_server} is only used by elastic jobs "
             "(--elastic or --min-np)"
         )
+    if ns.join_timeout is not None:
+        if not ns.elastic:
+            raise LaunchError(
+                f"--join-timeout {ns.join_timeout:g} needs --elastic (without it no joiner is started)"
+            )
+        if not math.isfinite(ns.join_timeout) or ns.join_timeout <= 0:
+            raise LaunchError(
+                f"--join-timeout must be a number of seconds > 0, got {ns.join_timeout:g}"
+            )
     if ns.host_discovery_script is not None:
         if not ns.elastic:
             raise LaunchError("--host-discovery-script needs --elastic")

@@ -59,6 +59,7 @@ class ElasticPlan:
     max_np: int
     replace_crashed: bool
     discovery_script: Path | None
+    join_timeout: float
     command: list[str]
     topology: str
     timeout: int
@@ -156,6 +157,7 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
         max_np=max_np,
         replace_crashed=options.replace_crashed,
         discovery_script=options.discovery_script,
+        join_timeout=options.join_timeout,
         command=options.command,
         topology=options.topology,
         timeout=options.timeout,

@@ -6,8 +6,13 @@ version 1; every launcher starts the members of version 1 placed on its
 host, then follows the job's state (a long poll of WaitJobState) and its own
 processes:
 
-* a member that exits 0 has finished; the job ends well when every member
-  did (joiners still warming up are then stopped);
+* a member that exits 0 has finished: its launcher reports it
+  (ReportFinished), so that every launcher knows, whichever host it ran on.
+  Once one member finished the job is ending: joiners still warming up are
+  stopped and none is placed. The job ends when every member of the current
+  cluster has finished (on every host): then every launcher ends, the
+  serving one last of its host's processes but not before the others'
+  members are done (it serves the config service they still use);
 * a worker that exits 0 and is no longer a member detached (a resize);
 * a member that dies otherwise is reported lost (ReportLost; its peers may
   have reported it first) and, with ``--elastic``, replaced: the config
@@ -17,7 +22,8 @@ processes:
   discovery); the launcher of the joiner's host starts it
   (``KUNGFU_JOINER=1``, a one-worker cluster at version 0);
 * a joiner that dies is forgotten (RemoveJoiner), a REJECTED one's reason
-  is printed;
+  is printed; one still STARTING ``--join-timeout`` seconds after it was
+  placed is withdrawn (and stopped by the launcher of its host);
 * fewer members than ``--min-np`` stops every worker and fails the job.
 
 Every committed version is printed as one line, e.g.
@@ -47,6 +53,7 @@ from kungfu_tf.run.config_server import (
 )
 from kungfu_tf.run.elastic_plan import ElasticPlan
 from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.job_state import job_finished
 from kungfu_tf.run.job_watcher import JobWatcher
 from kungfu_tf.run.joiner_scheduler import (
     JoinerScheduler,
@@ -137,7 +144,10 @@ class ElasticSupervisor:
         self._status: int | None = None
         self._stopping = False
         self._kill_at: float | None = None
+        # A member finished (here or, as the job state says, elsewhere).
         self._finishing = False
+        self._said_waiting = False
+        self._said_finished = False
         self._service_lost = False
         # What the job looks like: the newest state and the last printed version.
         self._state: config_pb2.JobState | None = None
@@ -375,13 +385,15 @@ class ElasticSupervisor:
                 self._stop_orphaned_joiners()
                 self._check_service()
             running = self._running()
-            if not running and (self._stopping or self._finishing or self._service_lost):
+            if not running and (self._stopping or self._service_lost or self._job_over()):
                 break
-            if self._finishing and not self._stopping and all(w.joiner and w.peer not in self._ever_members for w in running):
-                # Every member here finished: joiners would wait for ever.
+            if self._finishing and not self._stopping:
+                # No joiner is admitted once a member finished: it would wait for ever.
                 for w in running:
-                    if not w.stopped_by_launcher:
+                    if w.joiner and w.peer not in self._ever_members and not w.stopped_by_launcher:
                         self._stop_worker(w, signal.SIGTERM)
+                if not running:
+                    self._say_waiting()
             if running and self._kill_at is not None and time.monotonic() >= self._kill_at:
                 self._console.message(
                     f"{len(running)} worker(s) still running {self._grace:g}s after SIGTERM, sending SIGKILL"
@@ -391,6 +403,36 @@ class ElasticSupervisor:
                 self._kill_at = None
             time.sleep(POLL_INTERVAL)
         return self._status if self._status is not None else 0
+
+    def _job_over(self) -> bool:
+        """Every member of the current cluster finished (says so once)."""
+        state = self._state
+        if state is None or not job_finished(state):
+            return False
+        if not self._said_finished:
+            self._said_finished = True
+            self._console.event(
+                f"all {len(state.cluster.workers)} members of cluster v{state.cluster.version} finished"
+                if len(state.cluster.workers) > 1
+                else f"the only member of cluster v{state.cluster.version} finished"
+            )
+        return True
+
+    def _say_waiting(self) -> None:
+        """Nothing runs here any more, but members elsewhere do: say for whom the launcher waits."""
+        state = self._state
+        if self._said_waiting or state is None:
+            return
+        done = set(cluster_peers(config_pb2.Cluster(workers=state.finished)))
+        others = [w for w in cluster_peers(state.cluster) if w not in done]
+        if not others:
+            return
+        self._said_waiting = True
+        shown = ", ".join(others[:8]) + (f", ... ({len(others) - 8} more)" if len(others) > 8 else "")
+        self._console.event(
+            f"no worker left on {self._plan.self_host}; waiting for {len(others)} "
+            f"member{'s' if len(others) > 1 else ''} elsewhere to finish: {shown}"
+        )
 
     def _running(self) -> list[_LocalWorker]:
         return [w for w in self._workers if w.returncode is None]
@@ -449,6 +491,8 @@ class ElasticSupervisor:
         if self._state is not None and state.state_version <= self._state.state_version:
             return
         self._state = state
+        if state.finished:
+            self._finishing = True
         for v in range(self._printed_version + 1, state.cluster.version + 1):
             cluster = state.cluster if v == state.cluster.version else self._cluster_at(v)
             if cluster is None:
@@ -550,7 +594,7 @@ class ElasticSupervisor:
         label = w.process.peer.rank
         if w.peer in members:
             if rc == 0:
-                self._finishing = True
+                self._report_finished(w.peer)
                 return
             self._console.message(f"worker [{label}] {w.peer} {describe_exit(rc)}")
             if self._finishing and self._status is None:
@@ -580,6 +624,17 @@ class ElasticSupervisor:
                     return
             # Another change may have been committed in between: look again.
             self._fresh_state()
+
+    def _report_finished(self, peer: str) -> None:
+        """A member exited 0: tell every launcher (the job ends when all members did)."""
+        assert self._client is not None
+        try:
+            self._observe(self._client.report_finished(peer))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return  # left out by the version just committed: it detached
+            self._console.message(f"cannot report {peer} finished: {rpc_error_text(e)}")
+        self._finishing = True
 
     def _remove_joiner(self, peer: str) -> None:
         assert self._client is not None

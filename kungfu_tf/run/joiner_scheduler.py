@@ -8,9 +8,14 @@ never disagree:
   than the target size (and ``--max-np``), the next joiner goes to the first
   host with a free slot, on a port no worker of the job used; AddJoiner
   carries that placement to the launcher of its host;
+* when a joiner takes too long: one still STARTING ``--join-timeout``
+  seconds after it was placed (its host's launcher never started it, or
+  its warm-up hangs) is withdrawn (RemoveJoiner: the launcher of its host
+  stops it) and another is placed;
 * when to stop trying: after :data:`MAX_JOINER_FAILURES` joiners in a row
-  ended without being admitted (a different model, a crash while warming
-  up), no further joiner is placed and the job goes on as it is;
+  ended without being admitted (a different model, a crash or a timeout
+  while warming up), no further joiner is placed and the job goes on as it
+  is;
 * which workers leave with their host: when ``--host-discovery-script``
   stops listing a host, a cluster without its workers is committed
   (PutCluster; they detach) and its joiners are withdrawn; with
@@ -96,6 +101,10 @@ class JoinerScheduler:
         for p in plan.initial_peers:
             self._placer.note_used(p.host, p.port)
         self._placed: set[str] = set()
+        # When each placed joiner was placed (for --join-timeout), and why
+        # the scheduler itself ended some (withdrawn ones).
+        self._placed_at: dict[str, float] = {}
+        self._withdrawn: dict[str, str] = {}
         self._failures = 0
         self.gave_up = False
         # Since when no slot was free (None: one was), and whether it was said.
@@ -125,6 +134,8 @@ class JoinerScheduler:
         members, joiners = set(cluster_peers(state.cluster)), set(joiner_peers(state))
         for peer in sorted(self._placed - joiners):
             self._placed.discard(peer)
+            self._placed_at.pop(peer, None)
+            why = self._withdrawn.pop(peer, None) or joiner_end.get(peer, "ended")
             if peer in members or peer in ever_members:
                 self._failures = 0
                 continue
@@ -133,7 +144,7 @@ class JoinerScheduler:
                 self.gave_up = True
                 self._console.message(
                     f"giving up on starting joiners: {self._failures} in a row ended before they were "
-                    f"admitted (the last, {peer}: {joiner_end.get(peer, 'ended')}); "
+                    f"admitted (the last, {peer}: {why}); "
                     f"the job goes on with {workers_text(len(members))}"
                 )
 
@@ -147,6 +158,8 @@ class JoinerScheduler:
         """
         if self.gave_up:
             return
+        if self._withdraw_late(state):
+            return  # placed again with the state that follows the withdrawal
         # A REJECTED joiner counts until its process is gone: it still holds a slot.
         target = min(state.target_size, self._plan.max_np)
         missing = target - len(state.cluster.workers) - len(state.joiners)
@@ -155,6 +168,7 @@ class JoinerScheduler:
             withdrawable = joiner_peers(state, Joiner.STARTING, Joiner.READY)
             for peer in reversed(withdrawable[max(0, len(withdrawable) + missing) :]):
                 self._placed.discard(peer)
+                self._placed_at.pop(peer, None)
                 self._hooks.remove_joiner(peer)
             return
         occupied = self._occupied(state, running_peers)
@@ -177,10 +191,34 @@ class JoinerScheduler:
                 self._console.message(f"cannot add joiner {peer}: {rpc_error_text(e)}")
                 return
             self._placed.add(peer)
+            self._placed_at[peer] = time.monotonic()
             occupied[host] = occupied.get(host, 0) + 1
             if host != self._plan.self_host:
                 # Its own launcher prints "started joiner" on that host.
                 self._console.event(f"placed joiner {peer} (target {workers_text(target)})")
+
+    def _withdraw_late(self, state: config_pb2.JobState) -> bool:
+        """Withdraw placed joiners still STARTING after --join-timeout; whether there were any.
+
+        A joiner that never gets READY would hold its place toward the
+        target for ever. Each one withdrawn counts as a failed joiner (see
+        :meth:`note`), so a joiner that can never warm up is not retried for ever.
+        """
+        limit = self._plan.join_timeout
+        now = time.monotonic()
+        late = [
+            peer
+            for peer in joiner_peers(state, Joiner.STARTING)
+            if peer in self._placed_at and now - self._placed_at[peer] >= limit
+        ]
+        for peer in late:
+            self._withdrawn[peer] = f"still STARTING after --join-timeout {limit:g} s"
+            self._console.message(
+                f"withdrawing joiner {peer}: still STARTING {limit:g} s after it was placed "
+                f"(--join-timeout {limit:g}): its launcher did not start it or its warm-up hangs"
+            )
+            self._hooks.remove_joiner(peer)
+        return bool(late)
 
     def _say_no_slot(self, target: int) -> None:
         # A crashed worker holds its slot until it is reaped: only a wait
@@ -255,6 +293,7 @@ class JoinerScheduler:
             if j.peer.host in removed:
                 address = peer_string(j.peer)
                 self._placed.discard(address)
+                self._placed_at.pop(address, None)
                 self._hooks.remove_joiner(address)
         # PutCluster lowered the target; crashed-worker replacement covers
         # hosts that went away as well.

@@ -24,6 +24,14 @@ MODE (what the initial members do):
   evict H      rank 0 sets the signature; a member on host H exits 0 when it
                is left out ("detached"); the others exit 0 once the cluster
                has no worker of H and is whole again (a replacement joined).
+  finish-apart S
+               rank 0 exits 0 at once (it finished); the others wait until
+               the job state lists it as finished, then S seconds more (the
+               config service must still answer then), and exit 0.
+  stuck N      rank 0 sets the signature and asks for one more worker; its
+               joiners never report READY (a warm-up that hangs); rank 0
+               exits 0 once N joiners came and went and no further joiner
+               came for 1 s.
 """
 
 import os
@@ -32,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from kungfu_tf.run.config_server import ConfigClient, cluster_peers
+from kungfu_tf.run.config_server import ConfigClient, cluster_peers, peer_string
 from kungfu_tf.run.worker_env import read_worker_env
 
 SIGNATURE = "w (2,) float32"
@@ -73,6 +81,10 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+if env.joiner and mode == "stuck":
+    print("warming up for ever", flush=True)
+    time.sleep(60)
+    sys.exit(3)
 if env.joiner:
     client.joiner_ready(me, OTHER_SIGNATURE if mode == "reject" else SIGNATURE)
     state = wait_until(lambda s: me in members(s) or rejected(s))
@@ -147,5 +159,27 @@ elif mode == "evict":
         sys.exit(0)
     state = wait_until(lambda s: len(members(s)) == env.size and not any(w.host == arg for w in s.cluster.workers))
     print(f"member of v{state.cluster.version} with {len(members(state))} workers", flush=True)
+elif mode == "finish-apart":
+    if env.rank == 0:
+        sys.exit(0)
+    state = wait_until(lambda s: len(s.finished) > 0)
+    print(f"saw {', '.join(map(peer_string, state.finished))} finished at v{state.cluster.version}", flush=True)
+    time.sleep(float(arg))
+    client.get_job_state()
+elif mode == "stuck":
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+        client.request_size(env.size + 1)
+    seen = set()
+
+    def enough_came_and_went(state):
+        current = {cluster_peers_of(j) for j in state.joiners}
+        seen.update(current)
+        return len(seen) >= int(arg) and not current
+
+    state = wait_until(enough_came_and_went)
+    time.sleep(1)
+    state = client.get_job_state()
+    print(f"saw {len(seen)} joiners come and go; {len(state.joiners)} joiners now", flush=True)
 else:
     sys.exit(f"unknown mode {mode!r}")
