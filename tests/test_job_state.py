@@ -319,6 +319,19 @@ def test_joiner_bookkeeping_errors():
         jobs.remove_joiner(p("h:1"))
     state = jobs.remove_joiner(p("h:2"))
     assert list(state.joiners) == []
+    # A withdrawn joiner that reports READY late is not brought back ...
+    jobs.add_joiner(p("h:4"))
+    jobs.remove_joiner(p("h:4"))  # e.g. still STARTING after --join-timeout
+    with pytest.raises(FailedPreconditionError, match="joiner h:4 was withdrawn .RemoveJoiner. before it was ready"):
+        jobs.joiner_ready(p("h:4"), SIG)
+    assert list(jobs.job_state().joiners) == []
+    # ... unless a launcher announces a joiner at that address again.
+    jobs.add_joiner(p("h:4"))
+    assert joiners(jobs.joiner_ready(p("h:4"), SIG)) == {"h:4": Joiner.READY}
+    # Withdrawn while READY (a surplus one): its retried JoinerReady is refused too.
+    jobs.remove_joiner(p("h:4"))
+    with pytest.raises(FailedPreconditionError, match="joiner h:4 was withdrawn"):
+        jobs.joiner_ready(p("h:4"), SIG)
     # A member's retried JoinerReady gets the state (it was admitted already).
     assert jobs.joiner_ready(p("h:1"), SIG).cluster.version == 1
 

@@ -24,6 +24,9 @@ Rules (see /work/wt/notes/elastic_spec.md and proto/config.proto):
   without ``peers`` (survivors keep their order); the first report about v
   wins, later ones are answered with the current state. ``target_size`` is
   lowered by the number lost unless crashed workers are replaced.
+* ``remove_joiner(peer)`` forgets a joiner; if it was STARTING or READY
+  (withdrawn: its launcher stops it), its late JoinerReady is refused until
+  ``add_joiner`` announces a joiner at that address again.
 * ``report_finished(peer)``: a member's process exited 0. It stays a member
   (listed in ``JobState.finished``) and is never lost: ``report_lost``
   leaves finished members out (naming only finished ones commits nothing),
@@ -238,6 +241,10 @@ class JobStateMachine:
         self._signature = ""
         self._joiners: dict[tuple[str, int], _Joiner] = {}  # in the order they were added
         self._finished: dict[tuple[str, int], config_pb2.PeerID] = {}  # in the order reported
+        # Joiners withdrawn with remove_joiner before they were judged (until
+        # one is added there again): their late JoinerReady must not bring
+        # them back.
+        self._removed: set[tuple[str, int]] = set()
         self._ready_count = 0
         # Starts at 1, so a first wait(after_state_version=0) answers at once.
         self._state_version = 1
@@ -465,6 +472,7 @@ class JobStateMachine:
                     "RemoveJoiner it before starting another at that address"
                 )
             self._joiners[key] = _Joiner(peer=self._copy_peer(peer))
+            self._removed.discard(key)
             self._changed()
             return self._snapshot()
 
@@ -474,6 +482,11 @@ class JobStateMachine:
         May admit it (and other READY joiners) at once. A joiner not announced
         with add_joiner is accepted (its launcher may be slower than it); one
         that is already a member gets the current state (a retried call).
+
+        Raises:
+            FailedPreconditionError: the joiner was removed (remove_joiner:
+                its launcher withdrew it, e.g. after --join-timeout, and is
+                stopping it), or it is REJECTED / READY with another signature.
         """
         self._require_elastic("JoinerReady")
         self._check_peer(peer)
@@ -483,6 +496,11 @@ class JobStateMachine:
             if any(_key(w) == key for w in self._cluster.workers):
                 return self._snapshot()
             joiner = self._joiners.get(key)
+            if joiner is None and key in self._removed:
+                raise FailedPreconditionError(
+                    f"joiner {peer_string(peer)} was withdrawn (RemoveJoiner) before it was ready; "
+                    "it will not be admitted (AddJoiner announces a new joiner at that address)"
+                )
             if joiner is None:
                 joiner = self._joiners[key] = _Joiner(peer=self._copy_peer(peer))
             elif joiner.state != Joiner.STARTING:
@@ -530,6 +548,11 @@ class JobStateMachine:
     def remove_joiner(self, peer: config_pb2.PeerID) -> config_pb2.JobState:
         """Forgets a joiner (any state) whose process exited or was stopped.
 
+        The late JoinerReady of a joiner removed while STARTING or READY is
+        refused (until add_joiner announces a joiner at that address again):
+        its launcher withdrew it and is stopping it. After a REJECTED one,
+        whose process exits by itself, a new process at the address may join.
+
         Raises:
             NotFoundError: ``peer`` is not a joiner (e.g. it was admitted: a
                 member that is gone is reported with report_lost).
@@ -537,7 +560,8 @@ class JobStateMachine:
         self._require_elastic("RemoveJoiner")
         self._check_peer(peer)
         with self._cond:
-            if self._joiners.pop(_key(peer), None) is None:
+            joiner = self._joiners.pop(_key(peer), None)
+            if joiner is None:
                 member = any(_key(w) == _key(peer) for w in self._cluster.workers)
                 raise NotFoundError(
                     f"{peer_string(peer)} is not a joiner"
@@ -547,6 +571,9 @@ class JobStateMachine:
                         else ""
                     )
                 )
+            if joiner.state != Joiner.REJECTED:
+                # Withdrawn while its process may still run (and be stopped).
+                self._removed.add(_key(peer))
             self._changed()
             return self._snapshot()
 
