@@ -274,6 +274,24 @@ def test_joiner_stuck_at_starting_is_withdrawn_after_the_join_timeout():
     assert time.monotonic() - start < 30
 
 
+def test_joiner_whose_launcher_never_starts_it_is_withdrawn():
+    """Joiners go to host .2 (.1's one slot is taken), whose launcher never
+    runs: each is withdrawn after --join-timeout and placed again, three times."""
+    first = 21000 + os.getpid() % 2000 * 10
+    rc, out, err = run_elastic(
+        "-np", "1", "--elastic", "--max-np", "2", "--join-timeout", "0.5", "-H", "127.0.0.1:1,127.0.0.2:1",
+        "--config-server", f"127.0.0.1:{free_port()}", "--port-range", f"{first}-{first + 9}", "stuck", "3",
+        env=worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=f"never-started-{os.getpid()}"),
+    )
+    assert rc == 0, err
+    placed = [f"127.0.0.2:{first + i}" for i in range(3)]  # a fresh port each time
+    for peer in placed:
+        assert f"placed joiner {peer} (target 2 workers)" in events(err), err
+        assert f"withdrawing joiner {peer}: still STARTING 0.5 s after it was placed" in err
+    assert f"(the last, {placed[-1]}: still STARTING after --join-timeout 0.5 s)" in err
+    assert "[0] saw 3 joiners come and go; 0 joiners now" in out.splitlines()
+
+
 def test_member_crash_after_another_finished_fails_the_job(tmp_path):
     """The job ends well only when every member exits 0; once one finished,
     a crash is not replaced (the job is ending) and decides the status."""
