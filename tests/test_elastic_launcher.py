@@ -506,20 +506,26 @@ def test_joiners_are_started_by_the_launcher_of_their_host(request):
 def test_job_ends_when_the_members_of_every_host_finished(request):
     """Host A's member finishes first: A keeps serving the config service
     (B's member still uses it) until B's member finished too; then both
-    launchers end at once, without waiting for a lost config service."""
+    launchers end at once, without waiting for a lost config service. Then
+    the other way round: B, with nothing left to run, waits for A's member."""
     two = make_two_hosts(request, HOST_A.rsplit(".", 1)[0], "kff")
-    start = time.monotonic()
-    outputs = run_on_two_hosts(
-        two, ["-np", "2", "-H", f"{HOST_A}:1,{HOST_B}:1", "--elastic", "--config-server", f"{HOST_A}:7070",
-              "--timeout", "30"], "finish-apart", "2", "netns-finish")
-    assert time.monotonic() - start < 20  # 2 s of work; a lost service costs --timeout 30 s
-    (_, err_a), (out_b, err_b) = outputs[HOST_A], outputs[HOST_B]
-    member_a, member_b = f"{HOST_A}:10000", f"{HOST_B}:10000"
-    assert f"[1] saw {member_a} finished at v1" in out_b.splitlines()
-    assert f"no worker left on {HOST_A}; waiting for 1 member elsewhere to finish: {member_b}" in events(err_a), err_a
-    for err in (err_a, err_b):
-        assert "all 2 members of cluster v1 finished" in events(err), err
-        assert "lost the config service" not in err
+    member = {HOST_A: f"{HOST_A}:10000", HOST_B: f"{HOST_B}:10000"}
+    for first, last in ((HOST_A, HOST_B), (HOST_B, HOST_A)):
+        rank_first, rank_last = (0, 1) if first == HOST_A else (1, 0)
+        start = time.monotonic()
+        outputs = run_on_two_hosts(
+            two, ["-np", "2", "-H", f"{HOST_A}:1,{HOST_B}:1", "--elastic", "--config-server", f"{HOST_A}:7070",
+                  "--timeout", "30"], "finish-apart", f"{rank_first}:1", f"netns-finish-{rank_first}")
+        assert time.monotonic() - start < 20  # 1 s of work; a lost service costs --timeout 30 s
+        out_last = outputs[last][0]
+        assert f"[{rank_last}] saw {member[first]} finished at v1" in out_last.splitlines()
+        assert (
+            f"no worker left on {first}; waiting for 1 member elsewhere to finish: {member[last]}"
+            in events(outputs[first][1])
+        ), outputs[first][1]
+        for _, err in outputs.values():
+            assert events(err)[-1] == "all 2 members of cluster v1 finished", err
+            assert "lost the config service" not in err
 
 
 FORKS_WHILE_POLLING = """

@@ -24,8 +24,8 @@ MODE (what the initial members do):
   evict H      rank 0 sets the signature; a member on host H exits 0 when it
                is left out ("detached"); the others exit 0 once the cluster
                has no worker of H and is whole again (a replacement joined).
-  finish-apart S
-               rank 0 exits 0 at once (it finished); the others wait until
+  finish-apart R:S
+               rank R exits 0 at once (it finished); the others wait until
                the job state lists it as finished, then S seconds more (the
                config service must still answer then), and exit 0.
   stuck N      rank 0 sets the signature and asks for one more worker; its
@@ -160,11 +160,12 @@ elif mode == "evict":
     state = wait_until(lambda s: len(members(s)) == env.size and not any(w.host == arg for w in s.cluster.workers))
     print(f"member of v{state.cluster.version} with {len(members(state))} workers", flush=True)
 elif mode == "finish-apart":
-    if env.rank == 0:
+    first, pause = arg.split(":")
+    if env.rank == int(first):
         sys.exit(0)
     state = wait_until(lambda s: len(s.finished) > 0)
     print(f"saw {', '.join(map(peer_string, state.finished))} finished at v{state.cluster.version}", flush=True)
-    time.sleep(float(arg))
+    time.sleep(float(pause))
     client.get_job_state()
 elif mode == "stuck":
     if env.rank == 0:
