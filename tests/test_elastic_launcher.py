@@ -270,7 +270,6 @@ def test_joiner_stuck_at_starting_is_withdrawn_after_the_join_timeout():
         f"(the last, {started[-1]}: still STARTING after --join-timeout 1 s); the job goes on with 1 worker" in err
     )
     assert "[0] saw 3 joiners come and go; 0 joiners now" in out.splitlines()
-    assert sorted(re.findall(r"^\[(\d)\] warming up for ever$", out, re.MULTILINE)) == ["1", "2", "3"]
     assert time.monotonic() - start < 30
 
 

@@ -49,6 +49,7 @@ from kungfu_tf.run.config_server import (
     ConfigServer,
     cluster_peers,
     make_cluster,
+    parse_peer_string,
     peer_string,
 )
 from kungfu_tf.run.elastic_plan import ElasticPlan
@@ -91,6 +92,10 @@ IDLE_SERVICE_LOSS_SECONDS = 2.0
 IDLE_PROBE_SECONDS = 0.5
 # One long poll of the job state (the watcher polls again at once).
 WATCH_POLL_SECONDS = 10.0
+# How long the serving launcher keeps serving after the job is over, so that
+# the other hosts' launchers (their watchers between two polls, or their idle
+# probes) still read the final state rather than find the service gone.
+JOB_END_LINGER_SECONDS = 1.0
 # The job's status when the cluster fell below --min-np.
 BELOW_MIN_STATUS = 1
 
@@ -148,6 +153,7 @@ class ElasticSupervisor:
         self._finishing = False
         self._said_waiting = False
         self._said_finished = False
+        self._serve_until: float | None = None
         self._service_lost = False
         # What the job looks like: the newest state and the last printed version.
         self._state: config_pb2.JobState | None = None
@@ -385,7 +391,9 @@ class ElasticSupervisor:
                 self._stop_orphaned_joiners()
                 self._check_service()
             running = self._running()
-            if not running and (self._stopping or self._service_lost or self._job_over()):
+            if not running and (self._stopping or self._service_lost):
+                break
+            if not running and self._job_over() and self._served_the_end():
                 break
             if self._finishing and not self._stopping:
                 # No joiner is admitted once a member finished: it would wait for ever.
@@ -417,6 +425,19 @@ class ElasticSupervisor:
                 else f"the only member of cluster v{state.cluster.version} finished"
             )
         return True
+
+    def _served_the_end(self) -> bool:
+        """Whether the other hosts' launchers had their time to read the job's end.
+
+        Only the serving launcher of a job with members on other hosts
+        waits (JOB_END_LINGER_SECONDS); the others end at once.
+        """
+        if self._server is None or all(parse_peer_string(m).host == self._plan.self_host for m in self._ever_members):
+            return True
+        now = time.monotonic()
+        if self._serve_until is None:
+            self._serve_until = now + JOB_END_LINGER_SECONDS
+        return now >= self._serve_until
 
     def _say_waiting(self) -> None:
         """Nothing runs here any more, but members elsewhere do: say for whom the launcher waits."""
@@ -537,6 +558,14 @@ class ElasticSupervisor:
         if problem is None:
             return
         self._service_lost = True
+        if self._finishing and not self._running():
+            # The serving launcher ends with the job: it most likely ended
+            # before this launcher read the last member's finish.
+            self._console.message(
+                f"the config service stopped answering after members finished ({problem}); "
+                "the job is over, most likely"
+            )
+            return
         self._console.message(
             f"lost the config service ({problem}); no more membership changes here, "
             f"waiting for the {len(self._running())} running worker(s) to end"
