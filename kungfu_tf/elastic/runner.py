@@ -103,6 +103,8 @@ def run(
         if not isinstance(state, ElasticState):
             raise TypeError(f"elastic.run: the first argument must be an ElasticState, got {type(state).__name__}")
         state._in_run = True
+        if em.is_elastic():
+            em.watcher()  # from the start: a crash must interrupt the first step already
         try:
             if em.is_elastic() and em.is_joiner():
                 state.join(warm_up)

@@ -38,10 +38,8 @@ import dataclasses
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 
-import grpc
 import numpy as np
 import tensorflow as tf
 
@@ -228,68 +226,44 @@ def resizing() -> Iterator[None]:
 # ------------------------------------------------------------------ watcher
 
 
-class _Watcher(threading.Thread):
-    """Long-polls the job state; records the newest committed version; interrupts on a crash."""
+class _Watcher:
+    """Follows the job state (run/job_watcher.py's long poll); interrupts the runtime on a crash."""
 
     def __init__(self, address: str) -> None:
-        super().__init__(name="kungfu-elastic-watcher", daemon=True)
         from kungfu_tf.run.config_server import ConfigClient
+        from kungfu_tf.run.job_watcher import JobWatcher
 
-        # A client of its own: its long polls must not share a timeout with short calls.
+        # A client of its own: its long polls must not wait behind short calls.
         self._client = ConfigClient(
             address, secret=os.environ.get(SECRET_ENV, ""), job_id=os.environ.get(JOB_ID_ENV, "")
         )
-        self._cond = threading.Condition()
-        self._stopping = False
-        self.job_state = None  # the newest JobState seen
-        self.error: BaseException | None = None  # the last failure to reach the server
         self._interrupted_version: int | None = None
-
-    def run(self) -> None:
-        after = 0
-        failures = 0
-        while not self._stopping:
-            try:
-                state = self._client.wait_job_state(after, LONG_POLL_SECONDS)
-            except (grpc.RpcError, ValueError) as e:  # ValueError: the channel closed by stop()
-                if self._stopping:
-                    return
-                failures += 1
-                with self._cond:
-                    self.error = e
-                    self._cond.notify_all()
-                time.sleep(min(0.1 * failures, 1.0))
-                continue
-            failures = 0
-            after = state.state_version
-            with self._cond:
-                self.job_state = state
-                self.error = None
-                self._cond.notify_all()
-            self.recheck()
+        self._watcher = JobWatcher(
+            self._client,
+            on_change=self.recheck,
+            poll_timeout=LONG_POLL_SECONDS,
+            unreachable_timeout=timeout_seconds(),
+        )
 
     def newest(self):
-        with self._cond:
-            return self.job_state
+        """The newest JobState seen (no RPC)."""
+        return self._watcher.latest()
 
     def wait_for(self, predicate: Callable[[object], bool], timeout: float):
-        """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                state = self.job_state
-                if state is not None and predicate(state):
-                    return state
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._cond.wait(min(remaining, 1.0))
+        """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds.
 
-    def recheck(self) -> None:
+        Raises:
+            JobWatcherError: the config service refused the watcher or stayed unreachable.
+        """
+        try:
+            return self._watcher.wait_for(predicate, max(timeout, 0.0))
+        except TimeoutError:
+            return None
+
+    def recheck(self, state=None) -> None:
         """Interrupts the runtime if the newest committed version dropped members of ours."""
-        state = self.newest()
         if state is None:
-            return
+            state = self.newest()
         with _state.lock:
             version, peers, me = _state.version, _state.peers, _state.self_peer
             if version is None or version < 1 or _state.resizing or me not in peers:
@@ -309,9 +283,8 @@ class _Watcher(threading.Thread):
         membership.interrupt(reason)
 
     def stop(self) -> None:
-        self._stopping = True
-        with contextlib.suppress(Exception):
-            self._client.close()  # cancels the long poll in flight
+        self._watcher.stop()
+        self._client.close()
 
 
 def watcher() -> _Watcher:
@@ -321,27 +294,18 @@ def watcher() -> _Watcher:
     with _state.lock:
         if _state.watcher is None:
             _state.watcher = _Watcher(address)
-            _state.watcher.start()
             atexit.register(_state.watcher.stop)
         return _state.watcher
 
 
-def job_state(timeout: float | None = None):
-    """The newest JobState the watcher has seen (waits up to ``timeout`` for the first one)."""
-    w = watcher()
-    state = w.wait_for(lambda s: True, timeout if timeout is not None else timeout_seconds())
-    if state is None:
-        raise TimeoutError(
-            f"no answer from the config service at {os.environ.get(CONFIG_SERVER_ENV)} "
-            f"within {timeout_seconds():.0f} s" + (f": {w.error}" if w.error else "")
-        )
-    return state
+def job_state():
+    """The newest JobState the watcher has seen (no RPC)."""
+    return watcher().newest()
 
 
 def newest_seen() -> int:
-    """The newest committed cluster version this worker's watcher has seen (0 if none yet)."""
-    state = watcher().newest()
-    return int(state.cluster.version) if state is not None else 0
+    """The newest committed cluster version this worker's watcher has seen."""
+    return int(watcher().newest().cluster.version)
 
 
 def wait_newer_than(version: int, timeout: float):
