@@ -6,7 +6,10 @@ environment ``kungfu-run --elastic`` gives them, plus one joiner started at
 once (so that it is warm and READY when the job grows: Or et al.'s
 pre-warmed joiner). One run of tests/workers/elastic_train.py covers:
 
-* 3 -> 2 by ``resize(2)`` at step 4: the worker of rank 2 is detached and
+* bad requests at step 2 (workers that disagree, a size above the
+  maximum, an unknown worker): the same precise error on every worker,
+  nothing changes;
+* 3 -> 2 by ``resize(2)`` (in a ``tf.function``) at step 4: the worker of rank 2 is detached and
   exits 0, the others go on;
 * 2 -> 3 by ``resize(3, wait=True)`` at step 8: the joiner is admitted and
   fetches the state (the sync ends with a digest consensus, so a joiner
@@ -39,7 +42,7 @@ from kungfu_tf.run.config_server import ConfigServer, make_cluster
 from kungfu_tf.run.peer_string import parse_peer_string
 from kungfu_tf.run.ports import find_free_ports
 
-STEPS, SHRINK_AT, GROW_AT, KILL_AT = 20, 4, 8, 14
+STEPS, REFUSE_AT, SHRINK_AT, GROW_AT, KILL_AT = 20, 2, 4, 8, 14
 DIM, BATCH, LR, MOMENTUM = 4, 6, 0.05, 0.9
 TRUE_W = np.array([1.0, -2.0, 0.5, 3.0])
 JOB_TIMEOUT = 150
@@ -67,7 +70,7 @@ def reference() -> np.ndarray:
 
 
 def start(env: dict[str, str]) -> subprocess.Popen:
-    args = [STEPS, SHRINK_AT, GROW_AT, KILL_AT, env["VICTIM"]]
+    args = [STEPS, REFUSE_AT, SHRINK_AT, GROW_AT, KILL_AT, env["VICTIM"]]
     return subprocess.Popen(
         [sys.executable, worker_path("elastic_train.py"), *map(str, args)],
         env=env,
@@ -151,3 +154,31 @@ def test_shrink_grow_and_crash_keep_every_worker_identical():
         assert f"change v2->v3 size 3 step {GROW_AT}" in outputs[peer][1], report
         assert f"change v3->v4 size 2 step {KILL_AT}" in outputs[peer][1], report
     assert "warm " in outputs[joiner][1], report
+    # Bad requests at step 2: refused alike on every member, precisely.
+    for peer in members:
+        out = outputs[peer][1]
+        assert "refused disagreement: resize: the workers asked for different resizes" in out, report
+        assert "refused out of range: resize: new_size=4 is outside the job's [min 1, max 3]" in out, report
+        assert "refused unknown worker: resize: workers ['127.0.0.1:1'] are not members" in out, report
+
+
+def test_resize_on_one_worker_every_form_and_every_refusal():
+    port = find_free_ports("127.0.0.1", 1)[0]
+    me = f"127.0.0.1:{port}"
+    secret, job_id = secrets.token_hex(32), "elastic-alone"
+    cluster = make_cluster(1, [parse_peer_string(me)])
+    with ConfigServer(secret=secret, job_id=job_id, cluster=cluster, elastic=True, min_size=1, max_size=3) as server:
+        env = worker_env(
+            KUNGFU_CONFIG_SERVER=server.address,
+            KUNGFU_ELASTIC="1",
+            KUNGFU_JOB_SECRET=secret,
+            KUNGFU_JOB_ID=job_id,
+            KUNGFU_SELF=me,
+            KUNGFU_PEERS=me,
+            KUNGFU_CLUSTER_VERSION="1",
+        )
+        proc = subprocess.run(
+            [sys.executable, worker_path("elastic_resize_alone.py")],
+            check=False, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+        )
+    assert proc.returncode == 0 and "checked 19 results" in proc.stdout, proc.stdout + proc.stderr

@@ -187,7 +187,7 @@ def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
             continue
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"resize(wait=True): the cluster did not reach {n} workers within {timeout:.0f} s "
+                f"resize(wait=True): the cluster did not reach {n} workers within {timeout:g} s "
                 f"(it has {len(em.current()[1])}; joiners must warm up and report ready)"
             )
     return changed, False

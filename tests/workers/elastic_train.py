@@ -1,6 +1,6 @@
 """Worker for test_elastic.py: a custom training loop that shrinks, grows and survives a crash.
 
-Usage: elastic_train.py STEPS SHRINK_AT GROW_AT KILL_AT VICTIM
+Usage: elastic_train.py STEPS REFUSE_AT SHRINK_AT GROW_AT KILL_AT VICTIM
 
 A linear model (float64, momentum SGD with its velocity as "optimizer slot"
 variables) trains on global batches that depend only on the step: every
@@ -9,8 +9,11 @@ shares, so the averaged gradient, and hence the whole run, is independent of
 how many workers there are. The test compares the final weights with a
 numpy run of the same updates.
 
-* at step SHRINK_AT (3 workers) every member calls ``resize(2)``: the worker
-  of rank 2 is detached and exits 0;
+* at step REFUSE_AT (3 workers) the members make bad requests (they
+  disagree, a size above --max-np, an unknown worker): each is refused with
+  a precise error everywhere and nothing changes;
+* at step SHRINK_AT (3 workers) every member calls ``resize(2)`` inside a
+  ``tf.function``: the worker of rank 2 is detached and exits 0;
 * at step GROW_AT (2 workers) every member calls ``resize(3, wait=True)``:
   the joiner (started by the test as ``KUNGFU_JOINER=1``, already warm and
   ready) is admitted and fetches the state;
@@ -58,9 +61,27 @@ class SampleCounter:
         self.trained = state["trained"]
 
 
+def refusals(me: str) -> None:
+    """Bad requests: the same precise error on every worker, nothing changes."""
+    rank = kungfu_tf.rank()
+    attempts = [
+        ("disagreement", lambda: elastic.resize(2 if rank == 0 else 1), elastic.ResizeError),
+        ("out of range", lambda: elastic.resize(4), ValueError),
+        ("unknown worker", lambda: elastic.resize(workers=[me, "127.0.0.1:1"]), ValueError),
+    ]
+    for what, call, error in attempts:
+        try:
+            call()
+        except error as e:
+            print(f"refused {what}: {' '.join(str(e).split())}", flush=True)
+        if kungfu_tf.size() != 3:
+            print(f"MISMATCH: {what} changed the cluster", flush=True)
+            sys.exit(1)
+
+
 def main() -> None:
-    steps, shrink_at, grow_at, kill_at = (int(a) for a in sys.argv[1:5])
-    victim = sys.argv[5]
+    steps, refuse_at, shrink_at, grow_at, kill_at = (int(a) for a in sys.argv[1:6])
+    victim = sys.argv[6]
     me = os.environ["KUNGFU_SELF"]
     joiner = elastic.is_joiner()
     seed = 99 if joiner else _setup.env_rank()
@@ -104,12 +125,18 @@ def main() -> None:
 
     state.register_reset_callbacks([on_change])
 
+    @tf.function
+    def shrink():
+        return elastic.resize(tf.constant(2))
+
     def train(state: elastic.ElasticState) -> str:
         while state.step < steps:
             state.check()
             size = kungfu_tf.size()
+            if state.step == refuse_at and size == 3:
+                refusals(me)
             if state.step == shrink_at and size == 3:
-                changed, detached = elastic.resize(2)
+                changed, detached = shrink()  # the symbolic form: a py_function inside a tf.function
                 print(f"resize(2) at step {state.step}: changed {bool(changed)} detached {bool(detached)}", flush=True)
                 if detached:
                     return "detached"
