@@ -43,7 +43,6 @@ import tensorflow as tf
 from kungfu_tf.elastic.errors import ElasticError
 from kungfu_tf.elastic.state import DetachedFromJob, ElasticState
 from kungfu_tf.ops import elastic_membership as em
-from kungfu_tf.ops import membership
 
 log = logging.getLogger("kungfu_tf.elastic")
 
@@ -56,7 +55,7 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
     me = em.self_peer()
     newest = em.job_state()
     newest_peers = em.peers_of(newest.cluster)
-    lost = [p for p in membership.lost_peers() if p in newest_peers and p != me]
+    lost = [p for p in em.lost_peers() if p in newest_peers and p != me]
     reason = " ".join(str(getattr(error, "message", error)).split())[:300]
     if lost:
         try:

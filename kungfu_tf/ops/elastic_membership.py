@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from kungfu_tf.ops import membership
 from kungfu_tf.ops.collective import all_reduce
 
 CONFIG_SERVER_ENV = "KUNGFU_CONFIG_SERVER"
@@ -59,6 +58,14 @@ LONG_POLL_SECONDS = 10.0
 SEEN_KEY = "kungfu/elastic/seen"
 
 log = logging.getLogger("kungfu_tf.elastic")
+
+
+def _membership():
+    # Imported when first needed: importing kungfu_tf.ops (which exports
+    # resize) must not load the membership ops before anything uses them.
+    from kungfu_tf.ops import membership
+
+    return membership
 
 
 class NotElasticError(RuntimeError):
@@ -155,8 +162,8 @@ class _MembershipState:
     def ensure_current(self) -> None:
         with self.lock:
             if self.version is None:
-                self.self_peer = membership.self_peer()
-                self.peers = tuple(membership.cluster_peers())
+                self.self_peer = _membership().self_peer()
+                self.peers = tuple(_membership().cluster_peers())
                 from kungfu_tf.ops.config import cluster_version
 
                 self.version = int(cluster_version())
@@ -280,7 +287,7 @@ class _Watcher:
                 f"{', '.join(gone)}, members of version {version} that this worker uses"
             )
         log.info("kungfu elastic: interrupting version %d: %s", version, reason)
-        membership.interrupt(reason)
+        _membership().interrupt(reason)
 
     def stop(self) -> None:
         self._watcher.stop()
@@ -331,9 +338,9 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
     change = Change(old_version, version, old_peers, peers, me)  # type: ignore[arg-type]
     if change.detached:
         log.info("kungfu elastic: leaving the job at cluster version %d", version)
-        membership.leave_cluster()
+        _membership().leave_cluster()
     else:
-        membership.update_cluster(list(peers), version)
+        _membership().update_cluster(list(peers), version)
     with _state.lock:
         _state.version, _state.peers = version, peers
         if not change.detached:
@@ -345,6 +352,11 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
         for listener in listeners:
             listener(change)
     return change
+
+
+def lost_peers() -> list[str]:
+    """Members of the current version this worker's runtime lost without a goodbye."""
+    return list(_membership().lost_peers())
 
 
 def cluster_at(version: int) -> tuple[str, ...]:
