@@ -7,7 +7,8 @@
 2. calls ``fn(state, *args)``;
 3. when a peer is lost (``tf.errors.UnavailableError``: a crashed peer, or
    the watcher's interrupt after the config service committed a version
-   without it), recovers: reports the lost peers (ReportLost), waits for
+   without it; inside a ``tf.function`` TF reports it as an InternalError
+   that says so), recovers: reports the lost peers (ReportLost), waits for
    the next committed version, applies it (a worker not in it returns
    None), syncs the state and calls ``fn`` again, which resumes from
    ``state.step``. A worker whose ``state.check()`` finds it detached
@@ -49,6 +50,26 @@ log = logging.getLogger("kungfu_tf.elastic")
 R = TypeVar("R")
 
 
+# Inside a tf.function, TF turns an UnavailableError of an op that is not one
+# of its own communication ops into an InternalError with this note.
+_REPLACED_UNAVAILABLE = "originally returned UnavailableError"
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """Whether ``error`` means a peer was lost (crash, or the watcher's interrupt), in eager code or a tf.function."""
+    if isinstance(error, tf.errors.UnavailableError):
+        return True
+    return isinstance(error, tf.errors.InternalError) and _REPLACED_UNAVAILABLE in str(error.message)
+
+
+def error_summary(error: BaseException) -> str:
+    """The line of a TF error that says what happened (not the traceback TF adds in a tf.function)."""
+    lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()]
+    noise = ("Graph execution error", "Detected at node", "File ", "[[", "Executing non-communication op")
+    useful = [line for line in lines if line and not line.startswith(noise)]
+    return useful[0] if useful else (lines[0] if lines else type(error).__name__)
+
+
 def recover(state: ElasticState, error: BaseException) -> em.Change:
     """After a step failed on a lost peer: report it, wait for the next version, apply and sync it."""
     version, _ = em.current()
@@ -56,7 +77,7 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
     newest = em.job_state()
     newest_peers = em.peers_of(newest.cluster)
     lost = [p for p in em.lost_peers() if p in newest_peers and p != me]
-    reason = " ".join(str(getattr(error, "message", error)).split())[:300]
+    reason = error_summary(error)[:300]
     if lost:
         try:
             em.config_client().report_lost(int(newest.cluster.version), lost, reason)
@@ -118,10 +139,10 @@ def run(
                         if change.detached:
                             return None
                     return fn(state, *args, **kwargs)
-                except tf.errors.UnavailableError as e:
-                    if not em.is_elastic():
+                except tf.errors.OpError as e:
+                    if not (em.is_elastic() and is_peer_loss(e)):
                         raise
-                    log.warning("kungfu elastic: lost a peer at step %d: %s", state.step, e.message)
+                    log.warning("kungfu elastic: lost a peer at step %d: %s", state.step, error_summary(e))
                     error = e
         except DetachedFromJob:
             return None

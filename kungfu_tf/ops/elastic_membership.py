@@ -256,14 +256,14 @@ class _Watcher:
         """The newest JobState seen (no RPC)."""
         return self._watcher.latest()
 
-    def wait_for(self, predicate: Callable[[object], bool], timeout: float):
-        """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds.
+    def wait_for(self, predicate: Callable[[object], bool], timeout: float | None):
+        """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds (None: no limit).
 
         Raises:
             JobWatcherError: the config service refused the watcher or stayed unreachable.
         """
         try:
-            return self._watcher.wait_for(predicate, max(timeout, 0.0))
+            return self._watcher.wait_for(predicate, None if timeout is None else max(timeout, 0.0))
         except TimeoutError:
             return None
 

@@ -36,6 +36,7 @@ from _setup import np, seed_of, tf
 
 import kungfu_tf
 from kungfu_tf import elastic
+from kungfu_tf.ops import membership
 from kungfu_tf.optimizers.gradient_sync import average_gradients
 
 DIM, BATCH, LR, MOMENTUM = 4, 6, 0.05, 0.9
@@ -61,13 +62,14 @@ class SampleCounter:
         self.trained = state["trained"]
 
 
-def refusals(me: str) -> None:
+def refusals() -> None:
     """Bad requests: the same precise error on every worker, nothing changes."""
     rank = kungfu_tf.rank()
+    first = membership.cluster_peers()[0]
     attempts = [
         ("disagreement", lambda: elastic.resize(2 if rank == 0 else 1), elastic.ResizeError),
         ("out of range", lambda: elastic.resize(4), ValueError),
-        ("unknown worker", lambda: elastic.resize(workers=[me, "127.0.0.1:1"]), ValueError),
+        ("unknown worker", lambda: elastic.resize(workers=[first, "127.0.0.1:1"]), ValueError),
     ]
     for what, call, error in attempts:
         try:
@@ -134,7 +136,7 @@ def main() -> None:
             state.check()
             size = kungfu_tf.size()
             if state.step == refuse_at and size == 3:
-                refusals(me)
+                refusals()
             if state.step == shrink_at and size == 3:
                 changed, detached = shrink()  # the symbolic form: a py_function inside a tf.function
                 print(f"resize(2) at step {state.step}: changed {bool(changed)} detached {bool(detached)}", flush=True)
