@@ -113,3 +113,20 @@ def test_resize_outside_an_elastic_job_says_how_to_start_one(monkeypatch):
     monkeypatch.delenv("KUNGFU_CONFIG_SERVER", raising=False)
     with pytest.raises(NotElasticError, match="kungfu-run --elastic"):
         elastic.resize(1)
+
+
+def test_a_peer_loss_is_recognised_eagerly_and_inside_a_tf_function():
+    from kungfu_tf.elastic.runner import error_summary, is_peer_loss
+
+    eager = tf.errors.UnavailableError(None, None, "{{function_node __wrapped__KungfuAllGather_device_/job:localhost/"
+                                       "replica:0/task:0/device:CPU:0}} all_gather 'k': peer lost [Op:KungfuAllGather] name: ")
+    traced = tf.errors.InternalError(None, None, "Graph execution error:\n\nDetected at node KungfuGroupAllReduce defined at"
+                                     " (most recent call last):\n  File \"x.py\", line 1, in <module>\n\nall_reduce 'g': lost"
+                                     " connection from rank 0\n\t [[{{node KungfuGroupAllReduce}}]]\nExecuting non-communication"
+                                     " op <KungfuGroupAllReduce> originally returned UnavailableError, and was replaced by"
+                                     " InternalError to avoid invoking TF network error handling logic.")
+    other = tf.errors.InternalError(None, None, "something else broke")
+    assert is_peer_loss(eager) and is_peer_loss(traced) and not is_peer_loss(other)
+    assert not is_peer_loss(tf.errors.DeadlineExceededError(None, None, "a slow peer is not a lost one"))
+    assert error_summary(eager) == "all_gather 'k': peer lost"
+    assert error_summary(traced) == "all_reduce 'g': lost connection from rank 0"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,6 +49,10 @@ from kungfu_tf.ops import elastic_membership as em
 log = logging.getLogger("kungfu_tf.elastic")
 
 R = TypeVar("R")
+
+# How long a worker that saw no peer die waits for someone's ReportLost
+# before it restarts the version (a failure that lost nobody).
+RESTART_GRACE_SECONDS = 3.0
 
 
 # Inside a tf.function, TF turns an UnavailableError of an op that is not one
@@ -67,12 +72,14 @@ def error_summary(error: BaseException) -> str:
     lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()]
     noise = ("Graph execution error", "Detected at node", "File ", "[[", "Executing non-communication op")
     useful = [line for line in lines if line and not line.startswith(noise)]
-    return useful[0] if useful else (lines[0] if lines else type(error).__name__)
+    line = useful[0] if useful else (lines[0] if lines else type(error).__name__)
+    line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)  # eager ops: where TF ran it
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", line)
 
 
 def recover(state: ElasticState, error: BaseException) -> em.Change:
     """After a step failed on a lost peer: report it, wait for the next version, apply and sync it."""
-    version, _ = em.current()
+    version, peers = em.current()
     me = em.self_peer()
     newest = em.job_state()
     newest_peers = em.peers_of(newest.cluster)
@@ -84,11 +91,21 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
         except grpc.RpcError as e:  # e.g. a report about a version already replaced
             log.warning("kungfu elastic: ReportLost(%d, %s) failed: %s", newest.cluster.version, lost, e)
     timeout = em.timeout_seconds()
-    found = em.wait_newer_than(version, timeout)
+    found = None
+    if not lost:
+        # Nobody this worker knows of died: a peer's report (or the
+        # launcher's) may come; if none does, the failure lost nobody and
+        # the members restart this version instead of waiting for a timeout.
+        found = em.wait_newer_than(version, RESTART_GRACE_SECONDS)
+        if found is None:
+            log.warning("kungfu elastic: no peer lost at version %d; restarting it (%s)", version, reason)
+            em.restart_version(version, peers)
+    if found is None:
+        found = em.wait_newer_than(version, timeout)
     if found is None:
         raise ElasticError(
-            f"a peer was lost at cluster version {version} ({reason}) and no new cluster version "
-            f"was committed within {timeout:.0f} s"
+            f"a peer was lost at cluster version {version} ({reason}; lost here: {lost or 'none'}) and no new "
+            f"cluster version was committed within {timeout:.0f} s"
         ) from error
     new_peers = em.cluster_at(version + 1)
     minimum = int(found.min_size)
@@ -126,11 +143,8 @@ def run(
         if em.is_elastic():
             em.watcher()  # from the start: a crash must interrupt the first step already
         try:
-            if em.is_elastic() and em.is_joiner():
-                state.join(warm_up)
-            elif not state._has_state:
-                state.sync()
             error: BaseException | None = None
+            started = False
             while True:
                 try:
                     if error is not None:
@@ -138,6 +152,14 @@ def run(
                         error = None
                         if change.detached:
                             return None
+                    elif not started:
+                        # Inside the loop: a peer lost during the join's or
+                        # the first sync is recovered from like any other.
+                        started = True
+                        if em.is_elastic() and em.is_joiner():
+                            state.join(warm_up)
+                        elif not state._has_state:
+                            state.sync()
                     return fn(state, *args, **kwargs)
                 except tf.errors.OpError as e:
                     if not (em.is_elastic() and is_peer_loss(e)):

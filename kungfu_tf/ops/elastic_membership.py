@@ -277,15 +277,20 @@ class _Watcher:
                 return  # not a member yet (a joiner), or inside our own resize
             if state.cluster.version <= version or self._interrupted_version == version:
                 return
-            newest_peers = set(peers_of(state.cluster))
+            newest_peers = peers_of(state.cluster)
             gone = [p for p in peers if p not in newest_peers]
-            if not gone:
-                return
+            if gone:
+                reason = (
+                    f"cluster version {state.cluster.version} was committed without "
+                    f"{', '.join(gone)}, members of version {version} that this worker uses"
+                )
+            elif tuple(newest_peers) == peers:
+                # The same members again: a restart of this version after a
+                # failure that lost nobody (see restart_version).
+                reason = f"cluster version {version} was restarted as version {state.cluster.version}"
+            else:
+                return  # joiners admitted: applied at the next check, no step is stopped
             self._interrupted_version = version
-            reason = (
-                f"cluster version {state.cluster.version} was committed without "
-                f"{', '.join(gone)}, members of version {version} that this worker uses"
-            )
         log.info("kungfu elastic: interrupting version %d: %s", version, reason)
         _membership().interrupt(reason)
 
@@ -357,6 +362,26 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
 def lost_peers() -> list[str]:
     """Members of the current version this worker's runtime lost without a goodbye."""
     return list(_membership().lost_peers())
+
+
+def restart_version(version: int, peers: Sequence[str]) -> None:
+    """Commits the same members as version + 1 (compare-and-swap; a no-op if another version came first).
+
+    For a failure that lost no peer (a broken connection, say): the members
+    stuck in a collective of ``version`` are interrupted by their watchers
+    (a restart version stops steps like a crash does), and all apply the new
+    version and sync, as after a crash.
+    """
+    import grpc
+
+    from kungfu_tf.run.config_server import make_cluster
+    from kungfu_tf.run.peer_string import parse_peer_string
+
+    try:
+        config_client().put_cluster(make_cluster(version + 1, [parse_peer_string(p) for p in peers]))
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.FAILED_PRECONDITION:  # someone else's version came first: fine
+            raise
 
 
 def cluster_at(version: int) -> tuple[str, ...]:
