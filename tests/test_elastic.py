@@ -158,7 +158,6 @@ def test_shrink_grow_and_crash_keep_every_worker_identical():
 
     assert changed(members[1], 2, SHRINK_AT, 1), report
     assert changed(members[1], 3, GROW_AT, 1) and changed(joiner, 3, GROW_AT, 2), report
-    assert "change v0->v" in outputs[joiner][1], report  # it joined from its own one-worker cluster
     # The original rank 0 died: the survivors are ranks 0 and 1 now.
     assert changed(members[1], 2, KILL_AT, 0) and changed(joiner, 2, KILL_AT, 1), report
     assert "warm " in outputs[joiner][1], report

@@ -221,5 +221,5 @@ def test_a_peer_that_listens_accepts_connections_and_a_closed_port_does_not():
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        assert accepts_connections(f"127.0.0.1:{port}")
-    assert not accepts_connections(f"127.0.0.1:{port}")
+        assert accepts_connections(f"127.0.0.1:{port}", duration=0.2)
+    assert not accepts_connections(f"127.0.0.1:{port}", duration=0.2)

@@ -37,6 +37,7 @@ import functools
 import logging
 import re
 import socket
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -84,14 +85,24 @@ def error_summary(error: BaseException) -> str:
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", line)
 
 
-def accepts_connections(peer: str, timeout: float = 1.0) -> bool:
-    """Whether ``peer`` ("host:port") accepts a TCP connection now (its runtime still listens)."""
+def accepts_connections(peer: str, duration: float = 1.0, interval: float = 0.1) -> bool:
+    """Whether ``peer`` ("host:port") keeps accepting TCP connections for ``duration`` seconds.
+
+    A killed process's listening port closes while its connections report
+    EOF, so a single probe right after the EOF can still get in; a port that
+    refuses (or times out) once within ``duration`` belongs to a gone process.
+    """
     host, _, port = peer.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+    deadline = time.monotonic() + duration
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=max(interval, 0.5)):
+                pass
+        except OSError:
+            return False
+        if time.monotonic() >= deadline:
             return True
-    except OSError:
-        return False
+        time.sleep(interval)
 
 
 def recover(state: ElasticState, error: BaseException) -> em.Change:
@@ -119,7 +130,8 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
         # Nobody this worker knows of died: a peer's report (or the
         # launcher's) may come; if none does, the failure lost nobody and
         # the members restart this version instead of waiting for a timeout.
-        found = em.wait_newer_than(version, RESTART_GRACE_SECONDS)
+        # (No grace when the peers that broke a connection are all alive.)
+        found = em.wait_newer_than(version, 0.0 if suspects else RESTART_GRACE_SECONDS)
         if found is None:
             log.warning("kungfu elastic: no peer lost at version %d; restarting it (%s)", version, reason)
             em.restart_version(version, peers)
