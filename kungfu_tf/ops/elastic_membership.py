@@ -297,8 +297,10 @@ class _Watcher:
             else:
                 return  # joiners admitted: applied at the next check, no step is stopped
             self._interrupted_version = version
-        log.info("kungfu elastic: interrupting version %d: %s", version, reason)
-        _membership().interrupt(reason)
+            log.info("kungfu elastic: interrupting version %d: %s", version, reason)
+            # Under the lock, which apply_version holds across update_cluster:
+            # the interrupt meant for this version can never hit the next one.
+            _membership().interrupt(reason)
 
     def stop(self) -> None:
         self._watcher.stop()
@@ -344,15 +346,17 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
     """
     _state.ensure_current()
     peers = tuple(peers)
+    # One critical section with the watcher's interrupt (see _Watcher.recheck):
+    # it decides on the version recorded here, so it must not interrupt
+    # between the runtime's swap and the record of it.
     with _state.lock:
         old_version, old_peers, me = _state.version, _state.peers, _state.self_peer
-    change = Change(old_version, version, old_peers, peers, me)  # type: ignore[arg-type]
-    if change.detached:
-        log.info("kungfu elastic: leaving the job at cluster version %d", version)
-        _membership().leave_cluster()
-    else:
-        _membership().update_cluster(list(peers), version)
-    with _state.lock:
+        change = Change(old_version, version, old_peers, peers, me)  # type: ignore[arg-type]
+        if change.detached:
+            log.info("kungfu elastic: leaving the job at cluster version %d", version)
+            _membership().leave_cluster()
+        else:
+            _membership().update_cluster(list(peers), version)
         _state.version, _state.peers = version, peers
         if not change.detached:
             _state.joined = True
