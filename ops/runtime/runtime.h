@@ -100,7 +100,9 @@ class Runtime {
   // update_cluster(), with Unavailable(reason). Thread-safe.
   void interrupt(const std::string &reason);
   // Members of the current version whose connection broke without a goodbye
-  // (crash, reset, timeout while connecting), in rank order.
+  // (crash, reset, timeout while connecting, a refused connection to a
+  // member of the previous version), in rank order. Only what this worker
+  // saw: one whose op failed from a peer's abort may list nobody.
   std::vector<PeerID> lost_peers() const;
   PeerID self() const;
 
