@@ -140,6 +140,7 @@ def _shrink_to(target: tuple[str, ...], version: int, peers: tuple[str, ...]) ->
             detail = f"{code_name}: {e.details()}"
             code = _CONFLICT if code_name == "FAILED_PRECONDITION" else _REFUSED
     outcome = _confirm(code, version, "commit")
+    log.info("kungfu elastic: resize commit of version %d confirmed (%d)", version + 1, outcome)
     if outcome == _CONFLICT:
         # Another change (a joiner admitted, a crash) got version + 1 first:
         # apply that one at the next check, then ask again.
@@ -199,8 +200,10 @@ def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
 def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: bool, timeout: float) -> tuple[bool, bool]:
     em.watcher()  # started before anything else, so that seen versions are known
     version, peers = em.current()
-    with em.resizing():
+    with em.resizing(version + 1):
+        log.info("kungfu elastic: resize(new_size=%s, workers=%s) at version %d", new_size, workers, version)
         _agree(_request_bytes(new_size, workers, wait), version)
+        log.info("kungfu elastic: resize request agreed")
         if new_size is None and workers is None:
             return _adopt_pending(), False
         state = em.job_state()

@@ -237,9 +237,17 @@ Status Runtime::update_cluster(const Cluster &cluster) {
   // The port passes from the old transport to the new one without ever
   // closing: peers that switched first wait in the backlog, not refused.
   Listeners listeners = old->transport ? old->transport->release_listeners() : Listeners();
-  if (next->size() > 1 || listeners.valid()) {
+  const bool inherited = listeners.valid();
+  if (next->size() > 1 || inherited) {
     Status s = start_transport(*next, std::move(listeners), old.get());
-    if (!s.ok()) return Status(s.code(), what + ": " + s.message());
+    if (!s.ok()) {
+      Status failed(s.code(), what + ": " + s.message());
+      // Only a thread or a pipe can fail with listeners in hand, and they
+      // went with the failed transport: the old version takes no new
+      // connections either, so it must not go on as if nothing happened.
+      if (inherited) old->registry.close(failed);
+      return failed;
+    }
   }
   {
     std::lock_guard<std::mutex> g(gen_mu_);

@@ -163,18 +163,17 @@ void test_shrink_to_one_and_grow_again() {
 
 void test_in_flight_op_fails_at_the_change() {
   auto peers = kftest::local_peers(2);
+  std::vector<float> x(10, 1.0f), y(10, 100.0f);  // outlive the runtimes (failed ops' sends)
   Runtimes rts = make_runtimes(peers, 30);
   CHECK(all_reduce_is_right(rts, {0, 1}, "warm-up"));
   // Rank 0 waits for rank 1, which never joins this all-reduce: it must fail
   // when the cluster changes, not after the 30 s timeout.
-  std::vector<float> x(10, 1.0f);
   auto p = std::make_shared<std::promise<Status>>();
   auto f = p->get_future();
   Buffer b{x.data(), x.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
   rts[0]->all_reduce("stranded", b, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
   // Rank 1 starts one the other way round: its piece reaches rank 0's old
   // version, and must never be mixed into the new version's op of that name.
-  std::vector<float> y(10, 100.0f);
   auto q = std::make_shared<std::promise<Status>>();
   auto g = q->get_future();
   Buffer c{y.data(), y.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
@@ -197,6 +196,7 @@ void test_in_flight_op_fails_at_the_change() {
 
 void test_peer_that_switches_late_is_waited_for() {
   auto peers = kftest::local_peers(2);
+  std::vector<float> x(100, 1.0f), y(100, 2.0f);
   Runtimes rts = make_runtimes(peers);
   CHECK(all_reduce_is_right(rts, {0, 1}, "warm-up"));
   Cluster next = cluster_of(peers, {0, 1}, 1);
@@ -204,7 +204,6 @@ void test_peer_that_switches_late_is_waited_for() {
   // Rank 0 is at version 1 and starts at once; rank 1 switches 300 ms later.
   // Rank 0's connection attempts meet version 0 and retry; nothing counts
   // as a crash or a stranger on either side.
-  std::vector<float> x(100, 1.0f), y(100, 2.0f);
   auto p = std::make_shared<std::promise<Status>>();
   auto f = p->get_future();
   Buffer b{x.data(), x.data(), TensorDesc{DType::kFloat32, {100}, 100}, nullptr};
@@ -241,9 +240,9 @@ void test_bad_updates_are_refused() {
 
 void test_interrupt_fails_pending_and_new_ops() {
   auto peers = kftest::local_peers(2);
+  std::vector<float> x(10, 1.0f);  // outlives the runtimes (a failed op's sends)
   Runtimes rts = make_runtimes(peers, 30);
   CHECK(all_reduce_is_right(rts, {0, 1}, "warm-up"));
-  std::vector<float> x(10, 1.0f);
   auto p = std::make_shared<std::promise<Status>>();
   auto f = p->get_future();
   Buffer b{x.data(), x.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
@@ -306,9 +305,11 @@ void test_crashed_peer_is_lost_then_dropped() {
     if (!wait_for([&](DoneCallback done) { rt->all_reduce("before", b, ReduceOp::kSum, done); }).ok()) std::_Exit(3);
     for (;;) ::pause();
   }
+  // Declared before the runtimes, which outlive no buffer of theirs: a
+  // failed op's sends may still be queued (kernels pass a keepalive instead).
+  std::vector<std::vector<float>> in = {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)};
   Runtimes rts(2);
   for (int r = 0; r < 2; ++r) CHECK_OK(Runtime::create(kftest::options(peers, r, TopologyKind::kClique, 30), &rts[r]));
-  std::vector<std::vector<float>> in = {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)};
   for (const Status &s : kftest::all_reduce_everywhere(rts, "before", in)) CHECK_OK(s);
   CHECK(in[0][0] == 6.0f && in[1][3] == 6.0f);
   ::kill(child, SIGKILL);
@@ -343,6 +344,8 @@ void test_dead_member_refuses_fast() {
     if (!wait_for([&](DoneCallback done) { rt->barrier("up", done); }).ok()) std::_Exit(3);
     for (;;) ::pause();
   }
+  // Before the runtimes, which must not outlive a buffer of a failed op.
+  std::vector<std::vector<float>> in = {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)};
   Runtimes rts(2);
   for (int r = 0; r < 2; ++r) CHECK_OK(Runtime::create(kftest::options(peers, r, TopologyKind::kClique, 30), &rts[r]));
   std::vector<std::future<Status>> up;
@@ -356,7 +359,6 @@ void test_dead_member_refuses_fast() {
   ::waitpid(child, nullptr, 0);
   for (const Status &s : update_all(rts, {0, 1}, cluster_of(peers, {0, 1, 2}, 1))) CHECK_OK(s);
   auto start = std::chrono::steady_clock::now();
-  std::vector<std::vector<float>> in = {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)};
   for (const Status &s : kftest::all_reduce_everywhere(rts, "with the dead", in)) {
     CHECK(s.code() == Code::kUnavailable && contains(s.message(), "rank 2"));
   }
