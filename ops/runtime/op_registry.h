@@ -58,9 +58,16 @@ class OpRegistry {
   void peer_lost(int rank, const Status &why);
   // Fails every op that concerns `rank` alone (it left in order).
   void peer_left(int rank, const Status &why);
-  // Fails every op in flight with `why` (not told to peers) and refuses new
-  // ones with it: the runtime is shutting down.
-  void close(const Status &why);
+  // Fails every op in flight with `why` and refuses new ones with it: the
+  // runtime is shutting down, the cluster changed, or the user interrupted.
+  // `tell_peers`: collectives send aborts, so peers waiting on them fail too.
+  void close(const Status &why, bool tell_peers = false);
+  // The reason close() gave, or OK.
+  Status closed() const;
+  // For good, after close(): stops the timeout watchdog (nothing can be in
+  // flight any more) and forgets the per-name counters and early aborts.
+  // Never call it from a callback of an op.
+  void retire();
   double timeout_seconds() const { return timeout_seconds_; }
 
  private:
@@ -70,13 +77,14 @@ class OpRegistry {
     uint64_t instance = 0;  // collectives only
   };
   void watch();
+  void stop_watchdog();
   Status check_addable(const std::string &name) const;  // mu_ held
   // Fails (outside the lock) every op in flight for which `doomed_if` holds.
   void fail_where(const std::function<bool(const PendingOp &)> &doomed_if, const Status &why, bool tell_peers);
   std::chrono::steady_clock::time_point deadline() const;
 
   const double timeout_seconds_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::string, Entry> ops_;
   // Per collective name: the last instance started here (one counter per

@@ -1,0 +1,209 @@
+"""``run``: the Horovod-style wrapper that keeps a training function going through membership changes.
+
+``run(fn)(state, *args)``:
+
+1. a joiner joins (``state.join(warm_up)``); an initial member syncs the
+   state (rank 0's everywhere);
+2. calls ``fn(state, *args)``;
+3. when a peer is lost (``tf.errors.UnavailableError``: a crashed peer, or
+   the watcher's interrupt after the config service committed a version
+   without it; inside a ``tf.function`` TF reports it as an InternalError
+   that says so), recovers: reports the lost peers (ReportLost), waits for
+   the next committed version, applies it (a worker not in it returns
+   None), syncs the state and calls ``fn`` again, which resumes from
+   ``state.step``. A worker whose ``state.check()`` finds it detached
+   returns None as well.
+
+It fails clearly (:class:`~kungfu_tf.elastic.errors.ElasticError`) when the
+cluster fell below the job's ``--min-np`` or no version is committed within
+the job's timeout. Other errors (a timeout of a slow but live peer, bugs)
+propagate unchanged.
+
+Example::
+
+    @kungfu_tf.elastic.run
+    def train(state):
+        while state.step < 100:
+            state.check()
+            step_fn()
+            state.commit()
+
+    train(state)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import tensorflow as tf
+
+from kungfu_tf.elastic.errors import ElasticError
+from kungfu_tf.elastic.state import DetachedFromJob, ElasticState
+from kungfu_tf.ops import elastic_membership as em
+
+log = logging.getLogger("kungfu_tf.elastic")
+
+R = TypeVar("R")
+
+# How long a worker that saw no peer die waits for someone's ReportLost
+# before it restarts the version (a failure that lost nobody).
+RESTART_GRACE_SECONDS = 3.0
+
+
+# Inside a tf.function, TF turns an UnavailableError of an op that is not one
+# of its own communication ops into an InternalError with this note; a
+# tf.py_function (resize in a tf.function) reports one raised inside it as an
+# UnknownError that starts the message with the original error's name.
+_REPLACED_UNAVAILABLE = ("originally returned UnavailableError", "UnavailableError: ")
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """Whether ``error`` means a peer was lost (crash, or the watcher's interrupt), in eager code or a tf.function."""
+    if isinstance(error, tf.errors.UnavailableError):
+        return True
+    if isinstance(error, (tf.errors.InternalError, tf.errors.UnknownError)):
+        message = str(error.message)
+        return any(note in message for note in _REPLACED_UNAVAILABLE)
+    return False
+
+
+def error_summary(error: BaseException) -> str:
+    """The line of a TF error that says what happened (not the traceback TF adds in a tf.function)."""
+    lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()]
+    noise = ("Graph execution error", "Detected at node", "File ", "[[", "Executing non-communication op", "Traceback")
+    useful = [line for line in lines if line and not line.startswith(noise)]
+    line = useful[0] if useful else (lines[0] if lines else type(error).__name__)
+    line = re.sub(r"^\w+Error: ", "", line)  # a py_function's wrapping
+    line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)  # eager ops: where TF ran it
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", line)
+
+
+def accepts_connections(peer: str, duration: float = 1.0, interval: float = 0.1) -> bool:
+    """Whether ``peer`` ("host:port") keeps accepting TCP connections for ``duration`` seconds.
+
+    A killed process's listening port closes while its connections report
+    EOF, so a single probe right after the EOF can still get in; a port that
+    refuses (or times out) once within ``duration`` belongs to a gone process.
+    """
+    host, _, port = peer.rpartition(":")
+    deadline = time.monotonic() + duration
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=max(interval, 0.5)):
+                pass
+        except OSError:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(interval)
+
+
+def recover(state: ElasticState, error: BaseException) -> em.Change:
+    """After a step failed on a lost peer: report it, wait for the next version, apply and sync it."""
+    version, peers = em.current()
+    me = em.self_peer()
+    newest = em.job_state()
+    newest_peers = em.peers_of(newest.cluster)
+    suspects = [p for p in em.lost_peers() if p in newest_peers and p != me]
+    # A broken connection alone does not prove a crash: report only peers
+    # whose port no longer accepts connections (their process is gone, or
+    # their host unreachable); a live one is kept and the version restarted.
+    lost = [p for p in suspects if not accepts_connections(p)]
+    if len(lost) < len(suspects):
+        log.warning("kungfu elastic: %s still accept connections: not reported as lost", sorted(set(suspects) - set(lost)))
+    reason = error_summary(error)[:300]
+    if lost:
+        try:
+            em.config_client().report_lost(int(newest.cluster.version), lost, reason)
+        except grpc.RpcError as e:  # e.g. a report about a version already replaced
+            log.warning("kungfu elastic: ReportLost(%d, %s) failed: %s", newest.cluster.version, lost, e)
+    timeout = em.timeout_seconds()
+    found = None
+    if not lost:
+        # Nobody this worker knows of died: a peer's report (or the
+        # launcher's) may come; if none does, the failure lost nobody and
+        # the members restart this version instead of waiting for a timeout.
+        # (No grace when the peers that broke a connection are all alive.)
+        found = em.wait_newer_than(version, 0.0 if suspects else RESTART_GRACE_SECONDS)
+        if found is None:
+            log.warning("kungfu elastic: no peer lost at version %d; restarting it (%s)", version, reason)
+            em.restart_version(version, peers)
+    if found is None:
+        found = em.wait_newer_than(version, timeout)
+    if found is None:
+        raise ElasticError(
+            f"a peer was lost at cluster version {version} ({reason}; lost here: {lost or 'none'}) and no new "
+            f"cluster version was committed within {timeout:.0f} s"
+        ) from error
+    new_peers = em.cluster_at(version + 1)
+    minimum = int(found.min_size)
+    if len(new_peers) < minimum:
+        raise ElasticError(
+            f"the cluster fell below the job's minimum size: version {version + 1} has {len(new_peers)} "
+            f"worker(s) ({', '.join(new_peers) or 'none'}), --min-np is {minimum} (after: {reason})"
+        ) from error
+    log.info("kungfu elastic: recovering from version %d to %d (%s)", version, version + 1, reason)
+    return em.apply_version(version + 1, new_peers)
+
+
+def run(
+    fn: Callable[..., R] | None = None, *, warm_up: Callable[[ElasticState], None] | None = None
+) -> Callable[..., R | None]:
+    """Wraps ``fn(state, *args, **kwargs)`` so that it survives membership changes (see the module docstring).
+
+    ``warm_up(state)`` is what a joiner runs alone before it asks to join
+    (trace and run one step on a batch of its own); use ``run(warm_up=...)``
+    as a decorator factory, or ``run(fn, warm_up=...)``.
+
+    Example::
+
+        train = kungfu_tf.elastic.run(train_fn, warm_up=lambda s: train_step(*first_batch))
+        train(state)
+    """
+    if fn is None:
+        return functools.partial(run, warm_up=warm_up)  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(state: ElasticState, *args: Any, **kwargs: Any) -> R | None:
+        if not isinstance(state, ElasticState):
+            raise TypeError(f"elastic.run: the first argument must be an ElasticState, got {type(state).__name__}")
+        state._in_run = True
+        if em.is_elastic():
+            em.watcher()  # from the start: a crash must interrupt the first step already
+        try:
+            error: BaseException | None = None
+            started = False
+            while True:
+                try:
+                    if error is not None:
+                        change = recover(state, error)
+                        error = None
+                        if change.detached:
+                            return None
+                    elif not started:
+                        # Inside the loop: a peer lost during the join's or
+                        # the first sync is recovered from like any other.
+                        started = True
+                        if em.is_elastic() and em.is_joiner():
+                            state.join(warm_up)
+                        elif not state._has_state:
+                            state.sync()
+                    return fn(state, *args, **kwargs)
+                except tf.errors.OpError as e:
+                    if not (em.is_elastic() and is_peer_loss(e)):
+                        raise
+                    log.warning("kungfu elastic: lost a peer at step %d: %s", state.step, error_summary(e))
+                    error = e
+        except DetachedFromJob:
+            return None
+        finally:
+            state._in_run = False
+
+    return wrapper

@@ -1,0 +1,225 @@
+"""Units of kungfu_tf.elastic that need no second worker: state bytes, signatures, values, argument checks."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kungfu_tf import elastic
+from kungfu_tf.elastic import state_transfer as st
+from kungfu_tf.elastic.signature import model_signature
+from kungfu_tf.ops.elastic_membership import NotElasticError
+
+
+def test_variables_round_trip_as_bytes_whatever_their_dtypes():
+    values = [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.array([True, False]),
+        np.array(7, np.int64),
+        np.array([1.5, -2.25], dtype=tf.bfloat16.as_numpy_dtype),
+    ]
+    source = [tf.Variable(v) for v in values]
+    target = [tf.Variable(np.zeros_like(v)) for v in values]
+    data = st.variable_bytes(source)
+    assert len(data) == 24 + 2 + 8 + 4
+    pieces = [data[a:b] for a, b in st.slice_bounds(len(data), 3)]  # sent by 3 sources, joined again
+    st.assign_from_bytes(target, b"".join(pieces))
+    for got, want in zip(target, values):
+        np.testing.assert_array_equal(got.numpy().astype(np.float64), want.astype(np.float64))
+        assert got.dtype == tf.as_dtype(want.dtype)
+
+
+def test_a_wrong_number_of_bytes_is_refused_before_any_variable_changes():
+    v = tf.Variable([1.0, 2.0])
+    with pytest.raises(ValueError, match="received 4 bytes of variables, this model has 8"):
+        st.assign_from_bytes([v], b"\0" * 4)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+
+
+@pytest.mark.parametrize(("total", "parts"), [(0, 1), (1, 3), (10, 3), (1000, 7)])
+def test_slices_cover_the_bytes_once_in_order(total, parts):
+    bounds = st.slice_bounds(total, parts)
+    assert len(bounds) == parts and bounds[0][0] == 0 and bounds[-1][1] == total
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_digest_covers_variables_and_python_state():
+    d = st.digest(b"ab", b'{"step":1}')
+    assert d != st.digest(b"ab", b'{"step":2}') and d != st.digest(b"ac", b'{"step":1}')
+    assert d != st.digest(b"a", b'b{"step":1}')  # the boundary between the parts counts
+
+
+def test_signature_names_shape_and_dtype_of_every_variable_in_order():
+    sig = model_signature([tf.Variable(tf.zeros([2, 3]), name="kernel"), tf.Variable(0, dtype=tf.int64, name="it")])
+    assert sig.splitlines() == ["kernel:0 (2, 3) float32", "it:0 () int64"]
+    with pytest.raises(TypeError, match=r"variables\[0\] 's:0' has dtype string"):
+        model_signature([tf.Variable("x", name="s")])
+
+
+def test_python_state_holds_values_and_objects_with_state_dict():
+    class Sampler:
+        def __init__(self):
+            self.offset = 0
+
+        def state_dict(self):
+            return {"offset": self.offset}
+
+        def load_state_dict(self, d):
+            self.offset = d["offset"]
+
+    sampler = Sampler()
+    state = elastic.ElasticState([tf.Variable(1.0)], sampler=sampler, lr=0.1)
+    state.commit()
+    state.epoch += 1
+    sampler.offset = 12
+    assert state.python_state() == {"step": 1, "epoch": 1, "sampler": {"offset": 12}, "lr": 0.1}
+    other = elastic.ElasticState([tf.Variable(1.0)], sampler=Sampler(), lr=0.5)
+    other.load_python_state(state.python_state())
+    assert (other.step, other.epoch, other.sampler.offset, other.lr) == (1, 1, 12, 0.1)
+    with pytest.raises(AttributeError, match="no value 'missing'"):
+        _ = state.missing
+    with pytest.raises(ValueError, match="'commit' cannot be the name of a value"):
+        elastic.ElasticState([], commit=1)
+    with pytest.raises(ValueError, match="check_every must be an int >= 1, got 0"):
+        elastic.ElasticState([], check_every=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        ((0,), {}, ValueError, "new_size must be >= 1, got 0"),
+        ((-3,), {}, ValueError, "new_size must be >= 1, got -3"),
+        ((2.5,), {}, TypeError, "new_size must be an int >= 1, got float 2.5"),
+        ((True,), {}, TypeError, "got the bool True"),
+        ((2,), {"workers": ["h:1"]}, ValueError, "pass new_size .* or workers .*, not both"),
+        ((), {"workers": ["h:1", "h:2", "h:1"]}, ValueError, r"workers\[2\] 'h:1' appears more than once"),
+        ((), {"workers": []}, ValueError, "at least one worker"),
+        ((), {"workers": "h:1"}, TypeError, "workers must be a list"),
+        ((), {"workers": [("h", 1)]}, TypeError, r"workers\[0\] must be a 'host:port' string"),
+        ((2,), {"wait": 1}, TypeError, "wait must be a bool"),
+    ],
+)
+def test_resize_refuses_bad_arguments_before_anything_happens(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        elastic.resize(*args, **kwargs)
+
+
+def test_resize_outside_an_elastic_job_says_how_to_start_one(monkeypatch):
+    monkeypatch.delenv("KUNGFU_CONFIG_SERVER", raising=False)
+    with pytest.raises(NotElasticError, match="kungfu-run --elastic"):
+        elastic.resize(1)
+
+
+def test_a_peer_loss_is_recognised_eagerly_and_inside_a_tf_function():
+    from kungfu_tf.elastic.runner import error_summary, is_peer_loss
+
+    eager = tf.errors.UnavailableError(None, None, "{{function_node __wrapped__KungfuAllGather_device_/job:localhost/"
+                                       "replica:0/task:0/device:CPU:0}} all_gather 'k': peer lost [Op:KungfuAllGather] name: ")
+    traced = tf.errors.InternalError(None, None, "Graph execution error:\n\nDetected at node KungfuGroupAllReduce defined at"
+                                     " (most recent call last):\n  File \"x.py\", line 1, in <module>\n\nall_reduce 'g': lost"
+                                     " connection from rank 0\n\t [[{{node KungfuGroupAllReduce}}]]\nExecuting non-communication"
+                                     " op <KungfuGroupAllReduce> originally returned UnavailableError, and was replaced by"
+                                     " InternalError to avoid invoking TF network error handling logic.")
+    in_py_function = tf.errors.UnknownError(None, None, "Graph execution error:\n\nDetected at node kungfu_resize"
+                                            " defined at (most recent call last):\n\nUnavailableError: {{function_node"
+                                            " __wrapped__KungfuAllGather_device_/job:localhost/replica:0/task:0/device:CPU:0}}"
+                                            " all_gather 's': handshake failed [Op:KungfuAllGather] name: \nTraceback"
+                                            " (most recent call last):\n\n\t [[{{node kungfu_resize}}]]")
+    other = tf.errors.InternalError(None, None, "something else broke")
+    assert is_peer_loss(eager) and is_peer_loss(traced) and is_peer_loss(in_py_function) and not is_peer_loss(other)
+    assert error_summary(in_py_function) == "all_gather 's': handshake failed"
+    assert not is_peer_loss(tf.errors.DeadlineExceededError(None, None, "a slow peer is not a lost one"))
+    assert error_summary(eager) == "all_gather 'k': peer lost"
+    assert error_summary(traced) == "all_reduce 'g': lost connection from rank 0"
+
+
+class FakeMembership:
+    """What elastic.runner.recover reads from the membership module, scripted."""
+
+    def __init__(self, monkeypatch, *, lost, committed, min_size=1, alive=()):
+        from kungfu_tf.proto import config_pb2
+        from kungfu_tf.run.config_server import make_cluster
+        from kungfu_tf.run.peer_string import parse_peer_string
+
+        self.peers = ("h:1", "h:2", "h:3")
+        self.committed = committed  # version -> peers, what the service commits once asked
+        self.reports, self.restarts, self.applied = [], [], []
+        em = __import__("kungfu_tf.ops.elastic_membership", fromlist=["x"])
+
+        def state(version, peers):
+            s = config_pb2.JobState(min_size=min_size)
+            s.cluster.CopyFrom(make_cluster(version, [parse_peer_string(p) for p in peers]))
+            return s
+
+        client = type("Client", (), {"report_lost": lambda _, v, p, r: self.reports.append((v, list(p)))})()
+        monkeypatch.setattr(em, "current", lambda: (3, self.peers))
+        monkeypatch.setattr(em, "self_peer", lambda: "h:1")
+        monkeypatch.setattr(em, "job_state", lambda: state(3, self.peers))
+        monkeypatch.setattr(em, "lost_peers", lambda: list(lost))
+        monkeypatch.setattr(em, "config_client", lambda: client)
+        monkeypatch.setattr(em, "restart_version", lambda v, p: self.restarts.append((v, tuple(p))))
+        monkeypatch.setattr(
+            em, "wait_newer_than", lambda v, timeout: state(4, self.committed[4]) if 4 in self.committed else None
+        )
+        monkeypatch.setattr(em, "cluster_at", lambda v: tuple(self.committed[v]))
+        monkeypatch.setattr(em, "apply_version", lambda v, p: self.applied.append((v, tuple(p))) or "change")
+        monkeypatch.setattr(em, "timeout_seconds", lambda: 0.1)
+        from kungfu_tf.elastic import runner
+
+        monkeypatch.setattr(runner, "accepts_connections", lambda peer: peer in alive)
+
+
+def test_recovery_reports_the_lost_peer_and_applies_the_next_version(monkeypatch):
+    from kungfu_tf.elastic.runner import recover
+
+    fake = FakeMembership(monkeypatch, lost=["h:2"], committed={4: ("h:1", "h:3")})
+    assert recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "peer h:2 lost")) == "change"
+    assert fake.reports == [(3, ["h:2"])] and fake.applied == [(4, ("h:1", "h:3"))] and not fake.restarts
+
+
+def test_recovery_fails_clearly_below_the_minimum_size(monkeypatch):
+    from kungfu_tf.elastic.runner import recover
+
+    fake = FakeMembership(monkeypatch, lost=["h:2", "h:3"], committed={4: ("h:1",)}, min_size=2)
+    with pytest.raises(elastic.ElasticError, match=r"fell below the job's minimum size: version 4 has 1 worker\(s\) \(h:1\), --min-np is 2"):
+        recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "lost"))
+    assert not fake.applied
+
+
+def test_recovery_fails_clearly_when_nothing_is_committed(monkeypatch):
+    from kungfu_tf.elastic import runner
+
+    monkeypatch.setattr(runner, "RESTART_GRACE_SECONDS", 0.0)
+    fake = FakeMembership(monkeypatch, lost=[], committed={})
+    with pytest.raises(elastic.ElasticError, match="no new cluster version was committed within 0 s"):
+        runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "broken pipe"))
+    assert fake.restarts == [(3, ("h:1", "h:2", "h:3"))]  # nobody lost: it tried to restart the version first
+
+
+def test_recovery_does_not_report_a_live_peer_and_restarts_the_version_instead(monkeypatch):
+    from kungfu_tf.elastic import runner
+
+    monkeypatch.setattr(runner, "RESTART_GRACE_SECONDS", 0.0)
+    # h:2 broke a connection (a handshake, say) but still listens: not a crash.
+    fake = FakeMembership(monkeypatch, lost=["h:2"], committed={}, alive=("h:2",))
+    with pytest.raises(elastic.ElasticError, match="no new cluster version"):
+        runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "handshake: broken pipe"))
+    assert fake.reports == [] and fake.restarts == [(3, ("h:1", "h:2", "h:3"))]
+
+
+def test_a_peer_that_listens_accepts_connections_and_a_closed_port_does_not():
+    import socket
+
+    from kungfu_tf.elastic.runner import accepts_connections
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert accepts_connections(f"127.0.0.1:{port}", duration=0.2)
+    assert not accepts_connections(f"127.0.0.1:{port}", duration=0.2)
