@@ -387,11 +387,18 @@ def restart_version(version: int, peers: Sequence[str]) -> None:
     from kungfu_tf.run.config_server import make_cluster
     from kungfu_tf.run.peer_string import parse_peer_string
 
+    client = config_client()
+    target = int(client.get_job_state().target_size)
     try:
-        config_client().put_cluster(make_cluster(version + 1, [parse_peer_string(p) for p in peers]))
+        client.put_cluster(make_cluster(version + 1, [parse_peer_string(p) for p in peers]))
     except grpc.RpcError as e:
         if e.code() != grpc.StatusCode.FAILED_PRECONDITION:  # someone else's version came first: fine
             raise
+        return
+    if target != len(peers):
+        # PutCluster set the target to the restarted size: keep a growth
+        # (or crash replacement) that was under way.
+        client.request_size(target)
 
 
 def cluster_at(version: int) -> tuple[str, ...]:
