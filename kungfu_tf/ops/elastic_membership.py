@@ -14,7 +14,11 @@ launcher's config service (kungfu_tf/run/config_server.py). Every worker:
   (``UnavailableError``) instead of waiting for the timeout;
 * applies committed versions only at points every member agrees on
   (:func:`adopt_next`, :func:`apply_version`), one version at a time, so that
-  every member, joiners included, goes through the same sequence.
+  every member, joiners included, goes through the same sequence;
+* after a failure that lost nobody (a connection that broke while every
+  peer lives), commits the same members as the next version
+  (:func:`restart_version`): the watchers interrupt the members still
+  waiting, and all apply it as after a crash.
 
 Changing the membership never happens inside a training step: a step sees
 the old cluster or the new one, never a mix (the runtime swaps atomically).
