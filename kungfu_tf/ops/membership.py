@@ -112,7 +112,12 @@ def interrupt(reason: str) -> tf.Operation | None:
 
 def lost_peers() -> list[str] | tf.Tensor:
     """``host:port`` of the current version's members whose connection broke
-    without a goodbye (crash, reset, connect timeout), in rank order.
+    without a goodbye (crash, reset, connect timeout, or a refused connection
+    to a member of the previous version), in rank order.
+
+    What this worker saw itself: a survivor that never exchanged data with
+    the dead peer (its collective failed from another worker's abort) may
+    list nobody; the launcher, which sees the process die, reports it too.
 
     Example:
         >>> from kungfu_tf.ops import membership

@@ -100,7 +100,9 @@ class Runtime {
   // update_cluster(), with Unavailable(reason). Thread-safe.
   void interrupt(const std::string &reason);
   // Members of the current version whose connection broke without a goodbye
-  // (crash, reset, timeout while connecting), in rank order.
+  // (crash, reset, timeout while connecting, a refused connection to a
+  // member of the previous version), in rank order. Only what this worker
+  // saw: one whose op failed from a peer's abort may list nobody.
   std::vector<PeerID> lost_peers() const;
   PeerID self() const;
 
@@ -187,6 +189,10 @@ class Runtime {
   size_t pending_messages() const { return gen()->mailbox.pending_messages(); }
   // request_at_least()s (ours or peers') waiting here for a save (for tests and leak checks).
   size_t parked_requests() const { return store_.waiting() + rows_.waiting(); }
+  // Where the current version's transport hands what it reads (the frame
+  // fuzzer feeds frames through it without sockets). Valid while the runtime
+  // lives, also after a change (that version's frames then go nowhere).
+  FrameHandler &frame_handler() const { return *gen()->handler; }
 
  private:
   using GenPtr = std::shared_ptr<Generation>;

@@ -2,7 +2,7 @@
 // peer. The input is the raw bytes after the handshake: a FrameHeader, the key,
 // then the payload. Like Transport::serve_connection it checks the header
 // (check_frame_header), reads the key, then hands the frame to a real
-// Runtime's on_frame with a reader over the rest of the input, so every frame
+// Runtime's frame handler with a reader over the rest of the input, so every frame
 // kind is reached: collective pieces, aborts, p2p requests and responses,
 // pushes, row pushes, goodbyes. Rank 1 of the 2-peer cluster is a live
 // runtime too, so replies (p2p responses, rows) travel over real sockets.
@@ -95,10 +95,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   const int src = 1;
+  kungfu::FrameHandler &handler = rt.frame_handler();
   if (h.type == static_cast<uint8_t>(kungfu::FrameType::kGoodbye)) {
-    rt.on_peer_left(src, kungfu::Unavailable("rank 1 left the cluster"));
+    handler.on_peer_left(src, kungfu::Unavailable("rank 1 left the cluster"));
   } else if (h.cluster_version == rt.cluster_version()) {
-    rt.on_frame(src, h, std::move(key), read);
+    handler.on_frame(src, h, std::move(key), read);
   }
   return 0;
 }
