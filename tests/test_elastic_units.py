@@ -223,3 +223,28 @@ def test_a_peer_that_listens_accepts_connections_and_a_closed_port_does_not():
         port = listener.getsockname()[1]
         assert accepts_connections(f"127.0.0.1:{port}", duration=0.2)
     assert not accepts_connections(f"127.0.0.1:{port}", duration=0.2)
+
+
+def test_a_restart_commits_the_same_members_and_keeps_a_growth_under_way(monkeypatch):
+    import secrets
+
+    from kungfu_tf.ops import elastic_membership as em
+    from kungfu_tf.run.config_server import ConfigServer, make_cluster
+    from kungfu_tf.run.peer_string import parse_peer_string
+
+    secret = secrets.token_hex(32)
+    cluster = make_cluster(1, [parse_peer_string("h:1"), parse_peer_string("h:2")])
+    with ConfigServer(secret=secret, job_id="restart", cluster=cluster, elastic=True, max_size=3) as server:
+        for name, value in (("KUNGFU_CONFIG_SERVER", server.address), ("KUNGFU_JOB_SECRET", secret), ("KUNGFU_JOB_ID", "restart")):
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(em._state, "client", None)
+        try:
+            em.config_client().request_size(3)  # a joiner is on its way
+            em.restart_version(1, ["h:1", "h:2"])
+            state = server.job_state()
+            assert (state.cluster.version, em.peers_of(state.cluster), state.target_size) == (2, ("h:1", "h:2"), 3)
+            em.restart_version(1, ["h:1", "h:2"])  # another member's restart came first: nothing more
+            assert server.job_state().cluster.version == 2
+        finally:
+            em.config_client().close()
+            em._state.client = None

@@ -89,6 +89,9 @@ class ElasticState:
             ``state_dict()``/``load_state_dict()``. Read and set them as
             attributes (``state.epoch += 1``).
 
+    Create one per process: each one syncs after every membership change,
+    and every member must run the same syncs.
+
     Example:
         >>> import tensorflow as tf
         >>> state = ElasticState([tf.Variable(1.0)], lr=0.1)

@@ -14,7 +14,11 @@ launcher's config service (kungfu_tf/run/config_server.py). Every worker:
   (``UnavailableError``) instead of waiting for the timeout;
 * applies committed versions only at points every member agrees on
   (:func:`adopt_next`, :func:`apply_version`), one version at a time, so that
-  every member, joiners included, goes through the same sequence.
+  every member, joiners included, goes through the same sequence;
+* after a failure that lost nobody (a connection that broke while every
+  peer lives), commits the same members as the next version
+  (:func:`restart_version`): the watchers interrupt the members still
+  waiting, and all apply it as after a crash.
 
 Changing the membership never happens inside a training step: a step sees
 the old cluster or the new one, never a mix (the runtime swaps atomically).
@@ -387,11 +391,18 @@ def restart_version(version: int, peers: Sequence[str]) -> None:
     from kungfu_tf.run.config_server import make_cluster
     from kungfu_tf.run.peer_string import parse_peer_string
 
+    client = config_client()
+    target = int(client.get_job_state().target_size)
     try:
-        config_client().put_cluster(make_cluster(version + 1, [parse_peer_string(p) for p in peers]))
+        client.put_cluster(make_cluster(version + 1, [parse_peer_string(p) for p in peers]))
     except grpc.RpcError as e:
         if e.code() != grpc.StatusCode.FAILED_PRECONDITION:  # someone else's version came first: fine
             raise
+        return
+    if target != len(peers):
+        # PutCluster set the target to the restarted size: keep a growth
+        # (or crash replacement) that was under way.
+        client.request_size(target)
 
 
 def cluster_at(version: int) -> tuple[str, ...]:
