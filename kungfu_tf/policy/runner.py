@@ -49,8 +49,9 @@ from kungfu_tf.policy.summary_log import SummaryLog
 from kungfu_tf.policy.variable_access import EagerVariableAccess, VariableAccess
 
 # The adaptable settings, in the order they are applied (the learning rate
-# may follow the batch size; the topology is independent).
-SETTINGS = ("batch_size", "learning_rate", "topology")
+# may follow the batch size; the topology is independent; the cluster size
+# last, since a shrink may detach this worker).
+SETTINGS = ("batch_size", "learning_rate", "topology", "size")
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class PolicyRunner:
         self.log_every = log_every
         self.verbose = verbose
         self.history: list[Decision] = []
+        self.detached = False  # a resize took this worker out of the cluster: stop training
         self.context = PolicyContext(self)
         self.epoch = 0
         self.steps_done = 0
@@ -431,6 +433,7 @@ class PolicyRunner:
                 self._settle(None)
             return
         self._policies_ran = True
+        self.refresh_cluster()
         if not self._metrics_read:
             self._read_metrics()
         ctx = self.context
@@ -510,7 +513,39 @@ class PolicyRunner:
                 raise PolicyDisagreementError(f"workers differ on topology: set_topology({new_t!r}) was refused")
             self.topology = self._read_topology()
             self._decide(Decision(step, "topology", old_t, new_t, by["topology"], reasons.get("topology", "")))
+        if "size" in requests and requests["size"] != self.size:
+            self._resize(step, requests["size"], by["size"], reasons.get("size", ""))
         self.context.metrics.update(self._parameters())
+
+    def _resize(self, step: int, new_size: int, by: str, reason: str) -> None:
+        # The elastic runtime: imported only when a policy resizes.
+        from kungfu_tf.ops.resize import resize
+
+        old = self.size
+        with tf.init_scope():
+            changed, detached = (bool(t.numpy()) if hasattr(t, "numpy") else bool(t) for t in resize(new_size))
+        # A growth waits for the launcher's joiners: the cluster changes at a later
+        # step boundary (the elastic check), where refresh_cluster() picks it up.
+        pending = "" if changed or detached else "pending: joiners are warming up"
+        self._decide(Decision(step, "size", old, new_size, by, reason, pending))
+        if detached:
+            self.detached = True
+            return
+        if changed:
+            self.refresh_cluster()
+
+    def refresh_cluster(self) -> None:
+        """Reads rank and size again (after an elastic resize); the global batch follows the cluster.
+
+        Each worker keeps its per-worker batch, so ``batch_size`` becomes
+        ``local_batch_size * size``. Called by the runner before each phase in
+        which a policy runs, and by the elastic surfaces after a membership change.
+        """
+        with tf.init_scope():
+            rank, size = config.current_int(config.rank), config.current_int(config.cluster_size)
+        if size != self.size and self.batch_size is not None:
+            self.batch_size = self.batch_size // self.size * size
+        self.rank, self.size = rank, size
 
     def _decide(self, decision: Decision) -> None:
         self.history.append(decision)
