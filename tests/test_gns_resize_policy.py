@@ -6,8 +6,6 @@ arguments. The resize itself (workers joining/leaving) is tested end to end in t
 from __future__ import annotations
 
 import math
-import sys
-import types
 
 import pytest
 import tensorflow as tf
@@ -107,15 +105,15 @@ class TableMonitor:
 @pytest.fixture
 def fake_resize(monkeypatch):
     """Stands in for kungfu_tf.ops.resize (the elastic runtime): records the calls, grows 'later'."""
-    calls = []
-    module = types.ModuleType("kungfu_tf.ops.resize")
+    import kungfu_tf.ops.resize
 
-    def resize(new_size=None, *, workers=None):
+    calls = []
+
+    def resize(new_size=None, *, workers=None, wait=False):
         calls.append(new_size)
         return tf.constant(False), tf.constant(False)  # a growth: pending until joiners are ready
 
-    module.resize = resize
-    monkeypatch.setitem(sys.modules, "kungfu_tf.ops.resize", module)
+    monkeypatch.setattr(kungfu_tf.ops.resize, "resize", resize)
     return calls
 
 
