@@ -31,7 +31,10 @@ class ElasticCallback(keras.callbacks.Callback):
     sampler is given), ``state.commit()`` (step + 1), and every
     ``check_every`` steps ``state.check()`` (the step-boundary membership
     check; it applies a committed resize, grow or crash and syncs the state).
-    When the cluster changed, the data of the rest of the epoch must be
+    A change applied otherwise between steps (``kungfu_tf.ops.resize`` called
+    by a policy or a callback placed before this one) counts too; it is
+    seen through ``state.last_change``. When the cluster changed, the data
+    of the rest of the epoch must be
     split again among the new workers, so the callback sets
     ``model.stop_training`` and :attr:`interrupted`: ``fit`` returns after
     this batch, and the caller calls ``fit`` again with a dataset rebuilt for
@@ -109,6 +112,7 @@ class ElasticCallback(keras.callbacks.Callback):
                 "commits every step, compile with steps_per_execution=1"
             )
         self.interrupted = ""
+        self._seen_change = getattr(self.state, "last_change", None)
         self._size = config.current_int(config.cluster_size)  # the size the dataset was built for
         self._first_epoch = True
         self._started_mid_epoch = self.sampler is not None and self.sampler.offset > 0
@@ -126,7 +130,12 @@ class ElasticCallback(keras.callbacks.Callback):
             self.sampler.commit(self._size)
             self.state.epoch = self.sampler.epoch
         self.state.commit()
-        change = None if self.state.step % self.check_every else self.state.check()
+        # A change applied since the last batch by someone else (a policy's or the
+        # script's resize() in an earlier callback); a detached worker checks nothing.
+        change = getattr(self.state, "last_change", None)
+        if change is self._seen_change:
+            change = None if self.state.step % self.check_every else self.state.check()
+        self._seen_change = getattr(self.state, "last_change", None)
         if change is None:
             if self.sampler is not None and self.sampler.batch_size != self._batch_size:
                 self._stop(f"the batch size changed to {self.sampler.batch_size}: the next fit counts its steps again")

@@ -162,8 +162,9 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
         sampler: the ``ElasticSampler`` of the data (also in the state).
         feed: ``feed(ids) -> feed_dict`` for the step's sample ids.
         check_every: membership check every this many steps.
-        warm_up: what a joiner runs alone before it asks to join, given the
-            state (e.g. one ``session.run`` of the step).
+        warm_up: ``warm_up(session)``, what a joiner runs alone before it
+            asks to join (e.g. one ``session.run`` of the step on a batch;
+            it runs in the hook's thread, the hooks are not called).
 
     Raises:
         TypeError: a variable of the state is not a :class:`SessionVariable`;
@@ -171,7 +172,7 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
     """
 
     def __init__(self, state: Any, sampler: Any = None, feed: Callable[[np.ndarray], dict] | None = None,
-                 check_every: int = 1, warm_up: Callable[[Any], None] | None = None):  # fmt: skip
+                 check_every: int = 1, warm_up: Callable[[tf.compat.v1.Session], None] | None = None):  # fmt: skip
         if (sampler is None) != (feed is None):
             raise TypeError("ElasticHook: give both sampler= and feed= (the hook feeds each step's ids), or neither")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every <= 0:
@@ -186,12 +187,21 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
         self.recoveries = 0
         self.rank, self.size = 0, 1
         self._sessions = 0
+        self._seen_change: Any = None
         self._eager_thread: ThreadPoolExecutor | None = None
 
-    def _eagerly(self, fn: Callable[[], Any]) -> Any:
+    def eagerly(self, fn: Callable[[], Any]) -> Any:
+        """Runs ``fn()`` eagerly in the hook's thread and returns its result (the training thread waits).
+
+        For eager calls between steps, e.g. ``hook.eagerly(lambda: kungfu_tf.ops.resize(2))``:
+        the hook sees the change at the next ``before_run`` and feeds the new
+        cluster's share (or ends the loop of a detached worker).
+        """
         if self._eager_thread is None:
             self._eager_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kungfu_elastic")
         return self._eager_thread.submit(fn).result()
+
+    _eagerly = eagerly
 
     def begin(self) -> None:
         for i, v in enumerate(self.state.variables()):
@@ -206,17 +216,19 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
             v.session = session
         self._sessions += 1
         if self._sessions == 1:
-            self._eagerly(self._start)
+            self._eagerly(lambda: self._start(session))
         else:
             self.recoveries += 1
             self._eagerly(self._recover)
+        self._seen_change = getattr(self.state, "last_change", None)
         self._read_cluster()
 
-    def _start(self) -> None:
+    def _start(self, session: tf.compat.v1.Session) -> None:
         from kungfu_tf.ops import elastic_membership as em
 
         if em.is_elastic() and em.is_joiner():
-            change = self.state.join(self.warm_up)
+            warm_up = None if self.warm_up is None else (lambda state: self.warm_up(session))
+            change = self.state.join(warm_up)
             if change is not None:
                 self.changes.append(change)
         else:
@@ -234,6 +246,12 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
             self.rank, self.size = self._eagerly(lambda: (config.current_int(config.rank), config.current_int(config.cluster_size)))
 
     def before_run(self, run_context: tf.compat.v1.train.SessionRunContext) -> tf.compat.v1.train.SessionRunArgs | None:
+        change = getattr(self.state, "last_change", None)
+        if change is not self._seen_change:  # applied between steps by someone else (hook.eagerly(resize))
+            self._seen_change = change
+            self.changes.append(change)
+            self.detached = self.detached or bool(change.detached)
+            self._read_cluster()
         if self.detached:
             raise tf.errors.OutOfRangeError(None, None, "this worker was detached from the elastic job")
         if self.sampler is None:
@@ -249,6 +267,7 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
         if self.state.step % self.check_every:
             return
         change = self._eagerly(self.state.check)
+        self._seen_change = getattr(self.state, "last_change", None)
         if change is None:
             return
         self.changes.append(change)
