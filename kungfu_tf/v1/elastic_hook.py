@@ -186,6 +186,7 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
         self.changes: list[Any] = []  # every membership change applied, in order
         self.recoveries = 0
         self.rank, self.size = 0, 1
+        self.fed: tuple[np.ndarray, int, int] | None = None  # (ids, rank, size) of the last step fed
         self._sessions = 0
         self._seen_change: Any = None
         self._eager_thread: ThreadPoolExecutor | None = None
@@ -257,6 +258,7 @@ class ElasticHook(tf.compat.v1.train.SessionRunHook):
         if self.sampler is None:
             return None
         ids = self.sampler.next_indices(self.rank, self.size)
+        self.fed = (ids, self.rank, self.size)
         return tf.compat.v1.train.SessionRunArgs(None, feed_dict=self.feed(ids))
 
     def after_run(self, run_context: tf.compat.v1.train.SessionRunContext, run_values: Any) -> None:
