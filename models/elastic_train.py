@@ -19,7 +19,8 @@ the data position:
 
 ``--resize-at STEP:SIZE,...`` resizes after that many steps (every member
 calls ``kungfu_tf.ops.resize(SIZE)``; a growth is admitted once the
-launcher's joiners are warm). ``--crash-at STEP --crash-rank R``: the worker
+launcher's joiners are warm, at a later step, or at once with
+``--resize-wait``). ``--crash-at STEP --crash-rank R``: the worker
 of rank R kills itself with SIGKILL when STEP steps are done, as its step
 begins (its peers are then inside the step, waiting for it); a replacement
 the launcher starts does not crash again. With ``--record-dir`` every worker
@@ -76,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=32, help="width of the hidden layer")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     p.add_argument("--resize-at", default="", help="STEP:SIZE,...: resize after that many steps")
+    p.add_argument("--resize-wait", action="store_true",
+                   help="a growth blocks until the joiners are admitted (deterministic runs)")
     p.add_argument("--crash-at", type=int, default=None, help="the --crash-rank worker dies when this many steps are done")
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--check-every", type=int, default=1, help="membership check every this many steps")
@@ -227,7 +230,7 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
             state.commit()
             target = script.scheduled_size(state)
             if target is not None:
-                _, detached = ops.resize(target)
+                _, detached = ops.resize(target, wait=args.resize_wait)
                 seen = script.note_change(state, seen)
                 if bool(detached):
                     return True
@@ -260,7 +263,7 @@ class ScheduleCallback(keras.callbacks.Callback):
         target = self.script.args.schedule.get(self.state.step + 1)
         if target is not None and self.state.step + 1 not in self.script.done_resizes:
             self.script.done_resizes.add(self.state.step + 1)
-            _, detached = ops.resize(target)
+            _, detached = ops.resize(target, wait=self.script.args.resize_wait)
             self.detached = bool(detached)
 
 
@@ -316,6 +319,7 @@ def train_v1_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState
         with tf.compat.v1.train.MonitoredSession(ElasticSessionCreator(config=config), hooks=[hook]) as sess:
             seen = None
             while not script.finished(state) and not sess.should_stop():
+                script.maybe_crash(state, hook.rank)
                 t0, epoch = time.time(), state.epoch
                 sess.run(train_op)  # the hook feeds this worker's share, commits the step and checks
                 ids, rank, size = hook.fed
@@ -323,7 +327,7 @@ def train_v1_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState
                 seen = script.note_change(state, seen)
                 target = script.scheduled_size(state)
                 if target is not None:
-                    _, d = hook.eagerly(lambda target=target: ops.resize(target))
+                    _, d = hook.eagerly(lambda target=target: ops.resize(target, wait=args.resize_wait))
                     detached = bool(d)
                     seen = script.note_change(state, seen)
                     if detached:
