@@ -5,6 +5,7 @@ arguments. The resize itself (workers joining/leaving) is tested end to end in t
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -149,3 +150,20 @@ def test_resize_request_is_checked_and_only_from_a_hook():
             runner.after_step()  # the policy fails in its after_step
     with pytest.raises(RuntimeError, match="resize may only be called from a policy hook"):
         runner.context.resize(2)
+
+
+def test_runner_state_dict_carries_counters_and_policy_references_to_a_joiner(fake_resize):
+    monitor = TableMonitor([10.0, 10.0, 25.0, 25.0])
+    members = PolicyRunner([GNSResizePolicy(max_size=4, unit="step")], batch_size=8, monitor=monitor, verbose=False)
+    with members.training():
+        for _ in range(4):
+            with members.step():
+                monitor.step = members.steps_done
+    state = json.loads(json.dumps(members.state_dict()))  # JSON-able, as the elastic state sync carries it
+    joiner = PolicyRunner([GNSResizePolicy(max_size=4, unit="step")], batch_size=8, monitor=monitor, verbose=False)
+    joiner.before_train()
+    joiner.load_state_dict(state)
+    assert joiner.state_dict() == members.state_dict()
+    assert joiner.policies[0].reference == 25.0 and joiner.steps_done == 4
+    with pytest.raises(ValueError, match="the state holds 1 policies' states, this runner has 0 policies"):
+        PolicyRunner([]).load_state_dict(state)

@@ -347,6 +347,47 @@ class PolicyRunner:
             "last_batch_change": -1 if self._last_batch_change is None else self._last_batch_change,
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counters and every policy's ``state_dict()``, JSON-able: what an elastic joiner needs.
+
+        Give the runner to ``kungfu_tf.elastic.ElasticState(..., policy=runner)``:
+        a worker that joins (or a survivor behind the others) then continues
+        with the members' counters, batch size and policy references.
+
+        Example:
+            >>> from kungfu_tf.policy import PolicyRunner
+            >>> PolicyRunner([], batch_size=8).state_dict()["counters"]["batch_size"]
+            8
+        """
+        return {"counters": self.state_counters(), "policies": [p.state_dict() for p in self.policies]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Adopts another worker's :meth:`state_dict` (of a runner with the same policies), for this cluster.
+
+        Raises:
+            ValueError: the state has another number of policies.
+        """
+        policies = state.get("policies", [])
+        if len(policies) != len(self.policies):
+            raise ValueError(
+                f"PolicyRunner.load_state_dict: the state holds {len(policies)} policies' states, this runner has "
+                f"{len(self.policies)} policies ({', '.join(type(p).__name__ for p in self.policies)})"
+            )
+        counters = state["counters"]
+        self.steps_done, self.samples, self.epoch = counters["steps_done"], counters["samples"], counters["epoch"]
+        self.hook_step = self.steps_done
+        change = counters["last_batch_change"]
+        self._last_batch_change = None if change < 0 else change
+        for policy, entry in zip(self.policies, policies):
+            policy.load_state_dict(entry)
+        self._policies_ran = True
+        self.refresh_cluster()
+        if self.batch_size is not None and counters["batch_size"] > 0:
+            self.batch_size = counters["batch_size"]
+            if self._started:
+                self.access.assign_local_batch_size(self.batch_size // self.size)
+        self._save_state()
+
     def _save_state(self) -> None:
         # The counters change every step (one small assign); the policies'
         # JSON only after phases in which some policy ran.
