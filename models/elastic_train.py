@@ -243,7 +243,7 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
 
 
 class ScheduleCallback(keras.callbacks.Callback):
-    """Records each step and runs the scheduled resizes (before the ElasticCallback commits the step)."""
+    """Records each step and runs the scheduled resizes (after the ElasticCallback committed the step)."""
 
     def __init__(self, script: Script, state: elastic.ElasticState):
         super().__init__()
@@ -252,17 +252,15 @@ class ScheduleCallback(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self.rank, self.size = kungfu_tf.rank(), kungfu_tf.size()
+        self.step, self.epoch = self.state.step, self.state.epoch
         self.ids = self.script.sampler.next_indices(self.rank, self.size)  # what the dataset feeds this step
         self.script.maybe_crash(self.state, self.rank)
         self.t0 = time.time()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        # Before the ElasticCallback commits: state.step is this step's index.
-        self.script.record.step(self.state.step, self.state.epoch, self.ids, self.t0, time.time(), self.rank, self.size)
-        # The ElasticCallback commits after this callback: the step's number is state.step + 1.
-        target = self.script.args.schedule.get(self.state.step + 1)
-        if target is not None and self.state.step + 1 not in self.script.done_resizes:
-            self.script.done_resizes.add(self.state.step + 1)
+        self.script.record.step(self.step, self.epoch, self.ids, self.t0, time.time(), self.rank, self.size)
+        target = self.script.scheduled_size(self.state)  # the step is committed: state.step counts it
+        if target is not None:
             _, detached = ops.resize(target, wait=self.script.args.resize_wait)
             self.detached = bool(detached)
 

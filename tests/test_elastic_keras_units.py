@@ -27,6 +27,7 @@ class ScriptedState:
         self.step, self.epoch = 0, 0
         self.changes_at, self.detach_at = set(changes_at), detach_at
         self.detached = False
+        self.last_change = None  # what ElasticState.last_change is: the last change applied, by anyone
 
     def commit(self):
         self.step += 1
@@ -34,8 +35,25 @@ class ScriptedState:
     def check(self):
         if self.step == self.detach_at:
             self.detached = True
-            return SimpleNamespace(detached=True)
-        return SimpleNamespace(detached=False, step=self.step) if self.step in self.changes_at else None
+            self.last_change = SimpleNamespace(detached=True)
+            return self.last_change
+        if self.step in self.changes_at:
+            self.last_change = SimpleNamespace(detached=False, step=self.step)
+            return self.last_change
+        return None
+
+
+class ResizeAfterStep(keras.callbacks.Callback):
+    """Stands for a callback (a policy) that resizes after the given steps were committed."""
+
+    def __init__(self, state, steps):
+        super().__init__()
+        self.state, self.steps, self.seen_steps = state, set(steps), []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen_steps.append(self.state.step)
+        if self.state.step in self.steps:
+            self.state.last_change = SimpleNamespace(detached=False, step=self.state.step)
 
 
 class CountingModel(keras.Model):
@@ -73,28 +91,33 @@ def reference_weights():
     return model.get_weights()
 
 
-@pytest.mark.parametrize("changes_at", [(3, 10, 17), ()])
-def test_fit_stopped_by_changes_resumes_with_the_right_epoch_and_data_without_retracing(changes_at):
+@pytest.mark.parametrize(("changes_at", "resized_at"), [((3, 10, 17), ()), ((), ()), ((), (3, 10, 17))])
+def test_fit_stopped_by_changes_resumes_with_the_right_epoch_and_data_without_retracing(changes_at, resized_at):
     x, y = data()
     sampler = ElasticSampler(SAMPLES, BATCH, seed=3)
     state = ScriptedState(changes_at)
     model = build_model()
     CountingModel.traces = 0
-    epochs_seen, traces_after_fit = [], []
+    epochs_seen, traces_after_fit, stopped_at = [], [], []
     log = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs_seen.append(epoch),
-                                         on_train_end=lambda logs: traces_after_fit.append(CountingModel.traces))
-    elastic_fit(model, state, sampler, (x, y), epochs=EPOCHS, callbacks=[log], verbose=0)
+                                         on_train_end=lambda logs: (traces_after_fit.append(CountingModel.traces),
+                                                                    stopped_at.append(state.step)))  # fmt: skip
+    resizer = ResizeAfterStep(state, resized_at)
+    elastic_fit(model, state, sampler, (x, y), epochs=EPOCHS, callbacks=[log, resizer], verbose=0)
     assert (state.step, state.epoch, sampler.epoch, sampler.offset) == (EPOCHS * 10, EPOCHS, EPOCHS, 0)
+    assert resizer.seen_steps == list(range(1, EPOCHS * 10 + 1))  # other callbacks see each step committed
     # The first fit traces (twice: tf.function traces again when the first trace created the
     # optimizer's variables); the fits after it trace nothing.
-    assert len(traces_after_fit) == (5 if changes_at else 1) and len(set(traces_after_fit)) == 1
+    changes = changes_at or resized_at
+    assert len(traces_after_fit) == (5 if changes else 1) and len(set(traces_after_fit)) == 1
     for got, want in zip(model.get_weights(), reference_weights()):
         np.testing.assert_array_equal(got, want)
     assert int(model.optimizer.iterations.numpy()) == state.step  # no step counted twice
-    if changes_at:
+    if changes:
         # step 3: epoch 0 resumed; after that fit's first (partial) epoch it stops again so the next
         # one counts a whole epoch; 10: the change at epoch 0's last step; 17: epoch 1 resumed.
         assert epochs_seen == [0, 0, 1, 1, 2]
+        assert stopped_at == [3, 10, 17, 20, 30]  # right after each change (the watcher: also a callback's)
 
 
 def test_a_detached_worker_stops_and_returns():

@@ -32,10 +32,12 @@ class ElasticCallback(keras.callbacks.Callback):
     ``check_every`` steps ``state.check()`` (the step-boundary membership
     check; it applies a committed resize, grow or crash and syncs the state).
     A change applied otherwise between steps (``kungfu_tf.ops.resize`` called
-    by a policy or a callback placed before this one) counts too; it is
-    seen through ``state.last_change``. When the cluster changed, the data
-    of the rest of the epoch must be
-    split again among the new workers, so the callback sets
+    by a policy or another callback) counts too; it is seen through
+    ``state.last_change``. Place the callback *first* (its commit comes
+    before callbacks that may resize, so the resize syncs the committed
+    state) and :attr:`watcher` *last* (it stops ``fit`` when a callback in
+    between resized). When the cluster changed, the data of the rest of the
+    epoch must be split again among the new workers, so the callback sets
     ``model.stop_training`` and :attr:`interrupted`: ``fit`` returns after
     this batch, and the caller calls ``fit`` again with a dataset rebuilt for
     the new rank and size and ``initial_epoch=state.epoch`` (which
@@ -83,7 +85,7 @@ class ElasticCallback(keras.callbacks.Callback):
         >>> cb = ElasticCallback(state, sampler)                                   # doctest: +SKIP
         >>> while True:                                                            # doctest: +SKIP
         ...     ds = epoch_rest_dataset(sampler, (x, y), kungfu_tf.rank(), kungfu_tf.size())
-        ...     model.fit(ds, epochs=5, initial_epoch=state.epoch, callbacks=[cb])
+        ...     model.fit(ds, epochs=5, initial_epoch=state.epoch, callbacks=[cb, *others, cb.watcher])
         ...     if not cb.interrupted or cb.detached:
         ...         break
     """
@@ -102,6 +104,8 @@ class ElasticCallback(keras.callbacks.Callback):
         self._batch_size = 0
         self._first_epoch = True
         self._started_mid_epoch = False
+        self._seen_change: Any = None
+        self.watcher = _ChangeWatcher(self)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         steps = getattr(self.model, "steps_per_execution", 1)
@@ -130,16 +134,24 @@ class ElasticCallback(keras.callbacks.Callback):
             self.sampler.commit(self._size)
             self.state.epoch = self.sampler.epoch
         self.state.commit()
-        # A change applied since the last batch by someone else (a policy's or the
-        # script's resize() in an earlier callback); a detached worker checks nothing.
+        change = self._applied_elsewhere()
+        if change is None and not self.state.step % self.check_every:
+            change = self.state.check()
+            self._seen_change = getattr(self.state, "last_change", None)
+        if change is not None:
+            self._changed(change)
+        elif self.sampler is not None and self.sampler.batch_size != self._batch_size:
+            self._stop(f"the batch size changed to {self.sampler.batch_size}: the next fit counts its steps again")
+
+    def _applied_elsewhere(self) -> Any:
+        """A change applied since this callback last looked, by a ``resize()`` outside it (or None)."""
         change = getattr(self.state, "last_change", None)
         if change is self._seen_change:
-            change = None if self.state.step % self.check_every else self.state.check()
-        self._seen_change = getattr(self.state, "last_change", None)
-        if change is None:
-            if self.sampler is not None and self.sampler.batch_size != self._batch_size:
-                self._stop(f"the batch size changed to {self.sampler.batch_size}: the next fit counts its steps again")
-            return
+            return None
+        self._seen_change = change
+        return change
+
+    def _changed(self, change: Any) -> None:
         self.changes.append(change)
         self.detached = bool(getattr(change, "detached", False) or getattr(self.state, "detached", False))
         self._stop(f"the cluster changed ({change})")
@@ -159,6 +171,19 @@ class ElasticCallback(keras.callbacks.Callback):
     def _stop(self, reason: str) -> None:
         self.interrupted = reason
         self.model.stop_training = True
+
+
+class _ChangeWatcher(keras.callbacks.Callback):
+    """The last callback of a batch: stops ``fit`` when a callback after the ElasticCallback resized."""
+
+    def __init__(self, elastic: ElasticCallback):
+        super().__init__()
+        self.elastic = elastic
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        change = self.elastic._applied_elsewhere()
+        if change is not None:
+            self.elastic._changed(change)
 
 
 def epoch_rest_dataset(sampler: Any, arrays: Any, rank: int, size: int) -> tf.data.Dataset:
@@ -196,8 +221,10 @@ def elastic_fit(
     after every membership change; call it inside ``kungfu_tf.elastic.run`` (which recovers from crashes).
 
     Each ``fit`` gets a dataset built for the current rank and size and
-    ``initial_epoch=state.epoch``; an :class:`ElasticCallback` (placed after
-    ``callbacks``) stops it when the cluster changes. Returns the last
+    ``initial_epoch=state.epoch``; an :class:`ElasticCallback` placed before
+    ``callbacks`` commits each step before they see it (a callback that
+    resizes, a ``PolicyCallback`` say, resizes after the commit) and its
+    ``watcher`` after them stops ``fit`` when one of them changed the cluster. Returns the last
     ``fit``'s History, or None when this worker was detached (or had
     nothing left to train).
 
@@ -211,7 +238,7 @@ def elastic_fit(
     while state.epoch < epochs:
         dataset = epoch_rest_dataset(sampler, arrays, config.current_int(config.rank), config.current_int(config.cluster_size))
         history = model.fit(dataset, epochs=epochs, initial_epoch=state.epoch,
-                            callbacks=[*callbacks, elastic], **fit_args)  # fmt: skip
+                            callbacks=[elastic, *callbacks, elastic.watcher], **fit_args)  # fmt: skip
         if elastic.detached:
             return None
         if not elastic.interrupted:
