@@ -84,6 +84,15 @@ def test_unreachable_service_fails_the_watcher_after_the_timeout():
         watcher.stop()
 
 
+def test_closing_the_client_under_the_watcher_is_reported(server):
+    c = ConfigClient(server.address, secret=SECRET, timeout=5.0)
+    watcher = JobWatcher(c)
+    c.close()
+    with pytest.raises(JobWatcherError, match="closed"):
+        watcher.wait_for(lambda s: False, timeout=5)
+    watcher.stop()
+
+
 def test_wrong_secret_fails_at_start(server):
     with ConfigClient(server.address, secret="wrong", timeout=5.0) as intruder, pytest.raises(grpc.RpcError) as err:
         JobWatcher(intruder)

@@ -200,6 +200,10 @@ class JobWatcher:
                 state = self._poll_once()
             except grpc.FutureCancelledError:
                 break  # stop() cancelled the poll
+            except ValueError as e:  # grpc: "Cannot invoke RPC on closed channel!"
+                if not self._stopping.is_set():
+                    self._fail(f"cannot poll the config service at {self._client.address}: {e} (client closed?)")
+                return
             except grpc.RpcError as e:
                 if self._stopping.is_set():
                     break
