@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import kill_tree, worker_env, worker_path
+from conftest import describe, kill_tree, run_job, worker_env, worker_path
 
 from kungfu_tf.run.config_server import ConfigServer, make_cluster
 from kungfu_tf.run.peer_string import parse_peer_string
@@ -54,11 +54,11 @@ def seed_of(*parts: object) -> int:
     return zlib.crc32(repr(parts).encode())
 
 
-def reference() -> np.ndarray:
+def reference(steps: int = STEPS) -> np.ndarray:
     """The same updates in numpy, on one worker, from rank 0's initial weights."""
     w = np.random.default_rng(0).normal(size=DIM)
     b, vw, vb = 0.0, np.zeros(DIM), 0.0
-    for step in range(STEPS):
+    for step in range(steps):
         rng = np.random.default_rng(seed_of("elastic", step))
         x = rng.normal(size=(BATCH, DIM))
         y = x @ TRUE_W + 0.1 * rng.normal(size=BATCH)
@@ -150,9 +150,12 @@ def test_shrink_grow_and_crash_keep_every_worker_identical():
     np.testing.assert_array_equal(finals[members[1]], finals[joiner], err_msg=report)
     # The changes every survivor went through, at the steps they were planned.
     assert f"change v1->v2 size 2 step {SHRINK_AT}" in outputs[members[1]][1], report
-    for peer in (members[1], joiner):
-        assert f"change v2->v3 size 3 step {GROW_AT}" in outputs[peer][1], report
-        assert f"change v3->v4 size 2 step {KILL_AT}" in outputs[peer][1], report
+    assert f"change v2->v3 size 3 step {GROW_AT} rank 1" in outputs[members[1]][1], report
+    assert f"change v0->v3 size 3 step {GROW_AT} rank 2" in outputs[joiner][1], report  # from its own cluster
+    # The original rank 0 died: the survivors are ranks 0 and 1 of version 4
+    # (or of a restart of it, version 5, if a connection broke in the sync).
+    assert re.search(rf"change v[34]->v[45] size 2 step {KILL_AT} rank 0", outputs[members[1]][1]), report
+    assert re.search(rf"change v[34]->v[45] size 2 step {KILL_AT} rank 1", outputs[joiner][1]), report
     assert "warm " in outputs[joiner][1], report
     # Bad requests at step 2: refused alike on every member, precisely.
     for peer in members:
@@ -181,4 +184,29 @@ def test_resize_on_one_worker_every_form_and_every_refusal():
             [sys.executable, worker_path("elastic_resize_alone.py")],
             check=False, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
         )
-    assert proc.returncode == 0 and "checked 19 results" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "checked 16 results" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_with_the_launcher_a_crashed_worker_is_replaced_and_the_replacement_catches_up():
+    """kungfu-run --elastic -np 2: rank 1 is SIGKILLed at step 4; the launcher reports it and starts a
+    replacement joiner; rank 0 trains alone until the joiner is admitted (at the latest at step 10,
+    where it waits for it with resize(2, wait=True)), and both finish with the reference weights."""
+    steps = 16
+    rc, out, err = run_job(
+        2,
+        "elastic_train.py",
+        steps, -1, -1, 10, 4, "rank:1", "1:2",
+        timeout=JOB_TIMEOUT,
+        extra_launcher_args=["--elastic", "--timeout", "30"],
+    )
+    report = describe(rc, out, err)
+    assert rc == 0, report
+    assert "killing myself at step 4" in out, report
+    finals = re.findall(r"final (\d+) (\d+) (.*)$", out, re.MULTILINE)
+    assert len(finals) == 2, report
+    want = reference(steps)
+    for step, samples, values in finals:
+        assert (int(step), int(samples)) == (steps, steps * BATCH), report
+        np.testing.assert_allclose([float(v) for v in values.split()], want, rtol=0, atol=1e-9, err_msg=report)
+    assert finals[0][2] == finals[1][2], report
+    assert "joiner finished at step 16" in out, report

@@ -113,3 +113,80 @@ def test_resize_outside_an_elastic_job_says_how_to_start_one(monkeypatch):
     monkeypatch.delenv("KUNGFU_CONFIG_SERVER", raising=False)
     with pytest.raises(NotElasticError, match="kungfu-run --elastic"):
         elastic.resize(1)
+
+
+def test_a_peer_loss_is_recognised_eagerly_and_inside_a_tf_function():
+    from kungfu_tf.elastic.runner import error_summary, is_peer_loss
+
+    eager = tf.errors.UnavailableError(None, None, "{{function_node __wrapped__KungfuAllGather_device_/job:localhost/"
+                                       "replica:0/task:0/device:CPU:0}} all_gather 'k': peer lost [Op:KungfuAllGather] name: ")
+    traced = tf.errors.InternalError(None, None, "Graph execution error:\n\nDetected at node KungfuGroupAllReduce defined at"
+                                     " (most recent call last):\n  File \"x.py\", line 1, in <module>\n\nall_reduce 'g': lost"
+                                     " connection from rank 0\n\t [[{{node KungfuGroupAllReduce}}]]\nExecuting non-communication"
+                                     " op <KungfuGroupAllReduce> originally returned UnavailableError, and was replaced by"
+                                     " InternalError to avoid invoking TF network error handling logic.")
+    other = tf.errors.InternalError(None, None, "something else broke")
+    assert is_peer_loss(eager) and is_peer_loss(traced) and not is_peer_loss(other)
+    assert not is_peer_loss(tf.errors.DeadlineExceededError(None, None, "a slow peer is not a lost one"))
+    assert error_summary(eager) == "all_gather 'k': peer lost"
+    assert error_summary(traced) == "all_reduce 'g': lost connection from rank 0"
+
+
+class FakeMembership:
+    """What elastic.runner.recover reads from the membership module, scripted."""
+
+    def __init__(self, monkeypatch, *, lost, committed, min_size=1):
+        from kungfu_tf.proto import config_pb2
+        from kungfu_tf.run.config_server import make_cluster
+        from kungfu_tf.run.peer_string import parse_peer_string
+
+        self.peers = ("h:1", "h:2", "h:3")
+        self.committed = committed  # version -> peers, what the service commits once asked
+        self.reports, self.restarts, self.applied = [], [], []
+        em = __import__("kungfu_tf.ops.elastic_membership", fromlist=["x"])
+
+        def state(version, peers):
+            s = config_pb2.JobState(min_size=min_size)
+            s.cluster.CopyFrom(make_cluster(version, [parse_peer_string(p) for p in peers]))
+            return s
+
+        client = type("Client", (), {"report_lost": lambda _, v, p, r: self.reports.append((v, list(p)))})()
+        monkeypatch.setattr(em, "current", lambda: (3, self.peers))
+        monkeypatch.setattr(em, "self_peer", lambda: "h:1")
+        monkeypatch.setattr(em, "job_state", lambda: state(3, self.peers))
+        monkeypatch.setattr(em, "lost_peers", lambda: list(lost))
+        monkeypatch.setattr(em, "config_client", lambda: client)
+        monkeypatch.setattr(em, "restart_version", lambda v, p: self.restarts.append((v, tuple(p))))
+        monkeypatch.setattr(
+            em, "wait_newer_than", lambda v, timeout: state(4, self.committed[4]) if 4 in self.committed else None
+        )
+        monkeypatch.setattr(em, "cluster_at", lambda v: tuple(self.committed[v]))
+        monkeypatch.setattr(em, "apply_version", lambda v, p: self.applied.append((v, tuple(p))) or "change")
+        monkeypatch.setattr(em, "timeout_seconds", lambda: 0.1)
+
+
+def test_recovery_reports_the_lost_peer_and_applies_the_next_version(monkeypatch):
+    from kungfu_tf.elastic.runner import recover
+
+    fake = FakeMembership(monkeypatch, lost=["h:2"], committed={4: ("h:1", "h:3")})
+    assert recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "peer h:2 lost")) == "change"
+    assert fake.reports == [(3, ["h:2"])] and fake.applied == [(4, ("h:1", "h:3"))] and not fake.restarts
+
+
+def test_recovery_fails_clearly_below_the_minimum_size(monkeypatch):
+    from kungfu_tf.elastic.runner import recover
+
+    fake = FakeMembership(monkeypatch, lost=["h:2", "h:3"], committed={4: ("h:1",)}, min_size=2)
+    with pytest.raises(elastic.ElasticError, match=r"fell below the job's minimum size: version 4 has 1 worker\(s\) \(h:1\), --min-np is 2"):
+        recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "lost"))
+    assert not fake.applied
+
+
+def test_recovery_fails_clearly_when_nothing_is_committed(monkeypatch):
+    from kungfu_tf.elastic import runner
+
+    monkeypatch.setattr(runner, "RESTART_GRACE_SECONDS", 0.0)
+    fake = FakeMembership(monkeypatch, lost=[], committed={})
+    with pytest.raises(elastic.ElasticError, match="no new cluster version was committed within 0 s"):
+        runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "broken pipe"))
+    assert fake.restarts == [(3, ("h:1", "h:2", "h:3"))]  # nobody lost: it tried to restart the version first

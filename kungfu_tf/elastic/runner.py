@@ -7,7 +7,8 @@
 2. calls ``fn(state, *args)``;
 3. when a peer is lost (``tf.errors.UnavailableError``: a crashed peer, or
    the watcher's interrupt after the config service committed a version
-   without it), recovers: reports the lost peers (ReportLost), waits for
+   without it; inside a ``tf.function`` TF reports it as an InternalError
+   that says so), recovers: reports the lost peers (ReportLost), waits for
    the next committed version, applies it (a worker not in it returns
    None), syncs the state and calls ``fn`` again, which resumes from
    ``state.step``. A worker whose ``state.check()`` finds it detached
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -43,32 +45,67 @@ import tensorflow as tf
 from kungfu_tf.elastic.errors import ElasticError
 from kungfu_tf.elastic.state import DetachedFromJob, ElasticState
 from kungfu_tf.ops import elastic_membership as em
-from kungfu_tf.ops import membership
 
 log = logging.getLogger("kungfu_tf.elastic")
 
 R = TypeVar("R")
 
+# How long a worker that saw no peer die waits for someone's ReportLost
+# before it restarts the version (a failure that lost nobody).
+RESTART_GRACE_SECONDS = 3.0
+
+
+# Inside a tf.function, TF turns an UnavailableError of an op that is not one
+# of its own communication ops into an InternalError with this note.
+_REPLACED_UNAVAILABLE = "originally returned UnavailableError"
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """Whether ``error`` means a peer was lost (crash, or the watcher's interrupt), in eager code or a tf.function."""
+    if isinstance(error, tf.errors.UnavailableError):
+        return True
+    return isinstance(error, tf.errors.InternalError) and _REPLACED_UNAVAILABLE in str(error.message)
+
+
+def error_summary(error: BaseException) -> str:
+    """The line of a TF error that says what happened (not the traceback TF adds in a tf.function)."""
+    lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()]
+    noise = ("Graph execution error", "Detected at node", "File ", "[[", "Executing non-communication op")
+    useful = [line for line in lines if line and not line.startswith(noise)]
+    line = useful[0] if useful else (lines[0] if lines else type(error).__name__)
+    line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)  # eager ops: where TF ran it
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", line)
+
 
 def recover(state: ElasticState, error: BaseException) -> em.Change:
     """After a step failed on a lost peer: report it, wait for the next version, apply and sync it."""
-    version, _ = em.current()
+    version, peers = em.current()
     me = em.self_peer()
     newest = em.job_state()
     newest_peers = em.peers_of(newest.cluster)
-    lost = [p for p in membership.lost_peers() if p in newest_peers and p != me]
-    reason = " ".join(str(getattr(error, "message", error)).split())[:300]
+    lost = [p for p in em.lost_peers() if p in newest_peers and p != me]
+    reason = error_summary(error)[:300]
     if lost:
         try:
             em.config_client().report_lost(int(newest.cluster.version), lost, reason)
         except grpc.RpcError as e:  # e.g. a report about a version already replaced
             log.warning("kungfu elastic: ReportLost(%d, %s) failed: %s", newest.cluster.version, lost, e)
     timeout = em.timeout_seconds()
-    found = em.wait_newer_than(version, timeout)
+    found = None
+    if not lost:
+        # Nobody this worker knows of died: a peer's report (or the
+        # launcher's) may come; if none does, the failure lost nobody and
+        # the members restart this version instead of waiting for a timeout.
+        found = em.wait_newer_than(version, RESTART_GRACE_SECONDS)
+        if found is None:
+            log.warning("kungfu elastic: no peer lost at version %d; restarting it (%s)", version, reason)
+            em.restart_version(version, peers)
+    if found is None:
+        found = em.wait_newer_than(version, timeout)
     if found is None:
         raise ElasticError(
-            f"a peer was lost at cluster version {version} ({reason}) and no new cluster version "
-            f"was committed within {timeout:.0f} s"
+            f"a peer was lost at cluster version {version} ({reason}; lost here: {lost or 'none'}) and no new "
+            f"cluster version was committed within {timeout:.0f} s"
         ) from error
     new_peers = em.cluster_at(version + 1)
     minimum = int(found.min_size)
@@ -106,11 +143,8 @@ def run(
         if em.is_elastic():
             em.watcher()  # from the start: a crash must interrupt the first step already
         try:
-            if em.is_elastic() and em.is_joiner():
-                state.join(warm_up)
-            elif not state._has_state:
-                state.sync()
             error: BaseException | None = None
+            started = False
             while True:
                 try:
                     if error is not None:
@@ -118,11 +152,19 @@ def run(
                         error = None
                         if change.detached:
                             return None
+                    elif not started:
+                        # Inside the loop: a peer lost during the join's or
+                        # the first sync is recovered from like any other.
+                        started = True
+                        if em.is_elastic() and em.is_joiner():
+                            state.join(warm_up)
+                        elif not state._has_state:
+                            state.sync()
                     return fn(state, *args, **kwargs)
-                except tf.errors.UnavailableError as e:
-                    if not em.is_elastic():
+                except tf.errors.OpError as e:
+                    if not (em.is_elastic() and is_peer_loss(e)):
                         raise
-                    log.warning("kungfu elastic: lost a peer at step %d: %s", state.step, e.message)
+                    log.warning("kungfu elastic: lost a peer at step %d: %s", state.step, error_summary(e))
                     error = e
         except DetachedFromJob:
             return None

@@ -199,10 +199,12 @@ class ElasticState:
         waits until a committed cluster contains it (raising
         :class:`JoinerRejectedError` if the service refused it), applies
         the first such version and syncs the state from the members.
+        ``timeout``: seconds to wait for the admission (None: as long as it
+        takes; a pre-warmed joiner may wait until the job asks to grow, and
+        its launcher stops it when the job ends).
         """
         if not em.is_joiner():
             return None
-        wait = em.timeout_seconds() if timeout is None else timeout
         if warm_up is not None:
             warm_up(self)
         me = em.self_peer()
@@ -215,9 +217,9 @@ class ElasticState:
         def decided(state) -> bool:
             return me in em.peers_of(state.cluster) or _rejection(state, me) is not None
 
-        state = em.watcher().wait_for(decided, wait)
+        state = em.watcher().wait_for(decided, timeout)
         if state is None:
-            raise ElasticError(f"joiner {me} was not admitted within {wait:.0f} s (the job may already have its target size)")
+            raise ElasticError(f"joiner {me} was not admitted within {timeout:g} s (the job may already have its target size)")
         reason = _rejection(state, me)
         if reason is not None:
             raise JoinerRejectedError(reason)

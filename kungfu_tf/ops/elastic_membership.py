@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from kungfu_tf.ops import membership
 from kungfu_tf.ops.collective import all_reduce
 
 CONFIG_SERVER_ENV = "KUNGFU_CONFIG_SERVER"
@@ -59,6 +58,14 @@ LONG_POLL_SECONDS = 10.0
 SEEN_KEY = "kungfu/elastic/seen"
 
 log = logging.getLogger("kungfu_tf.elastic")
+
+
+def _membership():
+    # Imported when first needed: importing kungfu_tf.ops (which exports
+    # resize) must not load the membership ops before anything uses them.
+    from kungfu_tf.ops import membership
+
+    return membership
 
 
 class NotElasticError(RuntimeError):
@@ -155,8 +162,8 @@ class _MembershipState:
     def ensure_current(self) -> None:
         with self.lock:
             if self.version is None:
-                self.self_peer = membership.self_peer()
-                self.peers = tuple(membership.cluster_peers())
+                self.self_peer = _membership().self_peer()
+                self.peers = tuple(_membership().cluster_peers())
                 from kungfu_tf.ops.config import cluster_version
 
                 self.version = int(cluster_version())
@@ -249,14 +256,14 @@ class _Watcher:
         """The newest JobState seen (no RPC)."""
         return self._watcher.latest()
 
-    def wait_for(self, predicate: Callable[[object], bool], timeout: float):
-        """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds.
+    def wait_for(self, predicate: Callable[[object], bool], timeout: float | None):
+        """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds (None: no limit).
 
         Raises:
             JobWatcherError: the config service refused the watcher or stayed unreachable.
         """
         try:
-            return self._watcher.wait_for(predicate, max(timeout, 0.0))
+            return self._watcher.wait_for(predicate, None if timeout is None else max(timeout, 0.0))
         except TimeoutError:
             return None
 
@@ -270,17 +277,22 @@ class _Watcher:
                 return  # not a member yet (a joiner), or inside our own resize
             if state.cluster.version <= version or self._interrupted_version == version:
                 return
-            newest_peers = set(peers_of(state.cluster))
+            newest_peers = peers_of(state.cluster)
             gone = [p for p in peers if p not in newest_peers]
-            if not gone:
-                return
+            if gone:
+                reason = (
+                    f"cluster version {state.cluster.version} was committed without "
+                    f"{', '.join(gone)}, members of version {version} that this worker uses"
+                )
+            elif tuple(newest_peers) == peers:
+                # The same members again: a restart of this version after a
+                # failure that lost nobody (see restart_version).
+                reason = f"cluster version {version} was restarted as version {state.cluster.version}"
+            else:
+                return  # joiners admitted: applied at the next check, no step is stopped
             self._interrupted_version = version
-            reason = (
-                f"cluster version {state.cluster.version} was committed without "
-                f"{', '.join(gone)}, members of version {version} that this worker uses"
-            )
         log.info("kungfu elastic: interrupting version %d: %s", version, reason)
-        membership.interrupt(reason)
+        _membership().interrupt(reason)
 
     def stop(self) -> None:
         self._watcher.stop()
@@ -331,9 +343,9 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
     change = Change(old_version, version, old_peers, peers, me)  # type: ignore[arg-type]
     if change.detached:
         log.info("kungfu elastic: leaving the job at cluster version %d", version)
-        membership.leave_cluster()
+        _membership().leave_cluster()
     else:
-        membership.update_cluster(list(peers), version)
+        _membership().update_cluster(list(peers), version)
     with _state.lock:
         _state.version, _state.peers = version, peers
         if not change.detached:
@@ -345,6 +357,31 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
         for listener in listeners:
             listener(change)
     return change
+
+
+def lost_peers() -> list[str]:
+    """Members of the current version this worker's runtime lost without a goodbye."""
+    return list(_membership().lost_peers())
+
+
+def restart_version(version: int, peers: Sequence[str]) -> None:
+    """Commits the same members as version + 1 (compare-and-swap; a no-op if another version came first).
+
+    For a failure that lost no peer (a broken connection, say): the members
+    stuck in a collective of ``version`` are interrupted by their watchers
+    (a restart version stops steps like a crash does), and all apply the new
+    version and sync, as after a crash.
+    """
+    import grpc
+
+    from kungfu_tf.run.config_server import make_cluster
+    from kungfu_tf.run.peer_string import parse_peer_string
+
+    try:
+        config_client().put_cluster(make_cluster(version + 1, [parse_peer_string(p) for p in peers]))
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.FAILED_PRECONDITION:  # someone else's version came first: fine
+            raise
 
 
 def cluster_at(version: int) -> tuple[str, ...]:

@@ -49,7 +49,6 @@ import operator
 import time
 from collections.abc import Sequence
 
-import grpc
 import numpy as np
 import tensorflow as tf
 
@@ -129,6 +128,8 @@ def _shrink_to(target: tuple[str, ...], version: int, peers: tuple[str, ...]) ->
     """Commits ``target`` (a subset of the members) as version + 1 and applies it everywhere."""
     code, detail = _COMMITTED, ""
     if em.self_peer() == peers[0]:
+        import grpc
+
         from kungfu_tf.run.config_server import make_cluster
         from kungfu_tf.run.peer_string import parse_peer_string
 
@@ -163,6 +164,8 @@ def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
     version, peers = em.current()
     code, detail = _COMMITTED, ""
     if em.self_peer() == peers[0] and int(state.target_size) != n:
+        import grpc
+
         try:
             em.config_client().request_size(n)
         except grpc.RpcError as e:

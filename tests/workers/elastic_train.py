@@ -1,6 +1,6 @@
 """Worker for test_elastic.py: a custom training loop that shrinks, grows and survives a crash.
 
-Usage: elastic_train.py STEPS REFUSE_AT SHRINK_AT GROW_AT KILL_AT VICTIM
+Usage: elastic_train.py STEPS REFUSE_AT SHRINK_AT GROW_AT KILL_AT VICTIM [GROW_FROM:GROW_TO]
 
 A linear model (float64, momentum SGD with its velocity as "optimizer slot"
 variables) trains on global batches that depend only on the step: every
@@ -14,11 +14,12 @@ numpy run of the same updates.
   a precise error everywhere and nothing changes;
 * at step SHRINK_AT (3 workers) every member calls ``resize(2)`` inside a
   ``tf.function``: the worker of rank 2 is detached and exits 0;
-* at step GROW_AT (2 workers) every member calls ``resize(3, wait=True)``:
-  the joiner (started by the test as ``KUNGFU_JOINER=1``, already warm and
-  ready) is admitted and fetches the state;
-* at step KILL_AT the worker at address VICTIM SIGKILLs itself before its
-  step (its peers are inside theirs): the survivors recover and finish.
+* at step GROW_AT (GROW_FROM workers, default 2) every member calls
+  ``resize(GROW_TO, wait=True)`` (default 3): a joiner (started by the test
+  or the launcher as ``KUNGFU_JOINER=1``) is admitted and fetches the state;
+* at step KILL_AT the worker VICTIM (an address, or ``rank:N``: the initial
+  member of rank N) SIGKILLs itself before its step (its peers are inside
+  theirs): the survivors recover and finish.
 
 Every worker starts from different weights (seeded by its rank, the joiner
 by 99): the first sync must make them rank 0's. Each prints its changes and,
@@ -36,6 +37,7 @@ from _setup import np, seed_of, tf
 
 import kungfu_tf
 from kungfu_tf import elastic
+from kungfu_tf.ops import membership
 from kungfu_tf.optimizers.gradient_sync import average_gradients
 
 DIM, BATCH, LR, MOMENTUM = 4, 6, 0.05, 0.9
@@ -61,13 +63,14 @@ class SampleCounter:
         self.trained = state["trained"]
 
 
-def refusals(me: str) -> None:
+def refusals() -> None:
     """Bad requests: the same precise error on every worker, nothing changes."""
     rank = kungfu_tf.rank()
+    first = membership.cluster_peers()[0]
     attempts = [
         ("disagreement", lambda: elastic.resize(2 if rank == 0 else 1), elastic.ResizeError),
         ("out of range", lambda: elastic.resize(4), ValueError),
-        ("unknown worker", lambda: elastic.resize(workers=[me, "127.0.0.1:1"]), ValueError),
+        ("unknown worker", lambda: elastic.resize(workers=[first, "127.0.0.1:1"]), ValueError),
     ]
     for what, call, error in attempts:
         try:
@@ -82,8 +85,10 @@ def refusals(me: str) -> None:
 def main() -> None:
     steps, refuse_at, shrink_at, grow_at, kill_at = (int(a) for a in sys.argv[1:6])
     victim = sys.argv[6]
+    grow_from, grow_to = (int(n) for n in (sys.argv[7] if len(sys.argv) > 7 else "2:3").split(":"))
     me = os.environ["KUNGFU_SELF"]
     joiner = elastic.is_joiner()
+    is_victim = me == victim or (not joiner and victim == f"rank:{_setup.env_rank()}")
     seed = 99 if joiner else _setup.env_rank()
     init = np.random.default_rng(seed).normal(size=DIM)
     w = tf.Variable(init, name="w")
@@ -134,16 +139,16 @@ def main() -> None:
             state.check()
             size = kungfu_tf.size()
             if state.step == refuse_at and size == 3:
-                refusals(me)
+                refusals()
             if state.step == shrink_at and size == 3:
                 changed, detached = shrink()  # the symbolic form: a py_function inside a tf.function
                 print(f"resize(2) at step {state.step}: changed {bool(changed)} detached {bool(detached)}", flush=True)
                 if detached:
                     return "detached"
-            if state.step == grow_at and size == 2:
-                changed, _ = elastic.resize(3, wait=True)
-                print(f"resize(3) at step {state.step}: changed {bool(changed)} size {kungfu_tf.size()}", flush=True)
-            if state.step == kill_at and me == victim:
+            if state.step == grow_at and size == grow_from:
+                changed, _ = elastic.resize(grow_to, wait=True)
+                print(f"resize({grow_to}) at step {state.step}: changed {bool(changed)} size {kungfu_tf.size()}", flush=True)
+            if state.step == kill_at and is_victim:
                 print(f"killing myself at step {state.step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             train_step(*local_batch(state.step))
