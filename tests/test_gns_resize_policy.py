@@ -106,15 +106,16 @@ class TableMonitor:
 @pytest.fixture
 def fake_resize(monkeypatch):
     """Stands in for kungfu_tf.ops.resize (the elastic runtime): records the calls, grows 'later'."""
-    import kungfu_tf.ops.resize
+    import importlib
 
+    resize_module = importlib.import_module("kungfu_tf.ops.resize")  # kungfu_tf.ops.resize is also the function
     calls = []
 
     def resize(new_size=None, *, workers=None, wait=False):
         calls.append(new_size)
         return tf.constant(False), tf.constant(False)  # a growth: pending until joiners are ready
 
-    monkeypatch.setattr(kungfu_tf.ops.resize, "resize", resize)
+    monkeypatch.setattr(resize_module, "resize", resize)
     return calls
 
 

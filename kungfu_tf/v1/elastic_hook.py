@@ -80,12 +80,43 @@ def session_variables(variables: Sequence[Any]) -> list[SessionVariable]:
     return [SessionVariable(v) for v in variables]
 
 
+# TF's graph executor turns an UnavailableError of an op that is not registered as
+# distributed communication into an InternalError carrying this text.
+_REPLACED_UNAVAILABLE = "originally returned UnavailableError"
+
+
+def peer_loss_error(error: BaseException) -> tf.errors.OpError | None:
+    """``error`` as the UnavailableError it stands for, if it is a lost peer (else None).
+
+    A kungfu collective failing on a lost peer raises UnavailableError; in a
+    ``tf.compat.v1`` session TF's executor replaces it with an InternalError
+    ("... originally returned UnavailableError, and was replaced by
+    InternalError ..."), which MonitoredSession would not treat as a
+    preemption.
+    """
+    if isinstance(error, PEER_LOSS_ERRORS):
+        return error
+    if isinstance(error, tf.errors.InternalError) and _REPLACED_UNAVAILABLE in (error.message or ""):
+        return tf.errors.UnavailableError(error.node_def, error.op, error.message)
+    return None
+
+
 class _KeptSession:
     """A session that survives MonitoredSession's recovery: ``close()`` while a peer-loss error is being
-    handled keeps it (and its variables) open; any other ``close()`` closes it."""
+    handled keeps it (and its variables) open; any other ``close()`` closes it. ``run`` raises a lost
+    peer as UnavailableError (see :func:`peer_loss_error`)."""
 
     def __init__(self, session: tf.compat.v1.Session):
         self._session = session
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._session.run(*args, **kwargs)
+        except tf.errors.InternalError as e:
+            lost = peer_loss_error(e)
+            if lost is None:
+                raise
+            raise lost from e
 
     def close(self) -> None:
         if isinstance(sys.exc_info()[1], PEER_LOSS_ERRORS):
