@@ -21,7 +21,7 @@ the data position:
 calls ``kungfu_tf.ops.resize(SIZE)``; a growth is admitted once the
 launcher's joiners are warm, at a later step, or at once with
 ``--resize-wait``). ``--crash-at STEP --crash-rank R``: the worker
-of rank R kills itself with SIGKILL when STEP steps are done, as its step
+of rank R (in the initial cluster) kills itself with SIGKILL when STEP steps are done, as its step
 begins (its peers are then inside the step, waiting for it); a replacement
 the launcher starts does not crash again. With ``--record-dir`` every worker
 writes ``<peer>-<pid>.jsonl``: one line per committed step (step, epoch,
@@ -157,12 +157,14 @@ class Script:
         self.record = Recorder(args.record_dir)
         self.done_resizes: set[int] = set()
         self.joiner = elastic.is_joiner()  # a replacement never crashes again
+        self.initial_rank = kungfu_tf.rank()  # --crash-rank names a rank of the initial cluster
+        self._seen: Any = None
 
     def finished(self, state: elastic.ElasticState) -> bool:
         return state.epoch >= self.args.epochs or (self.args.steps is not None and state.step >= self.args.steps)
 
     def maybe_crash(self, state: elastic.ElasticState, rank: int) -> None:
-        if self.args.crash_at == state.step and rank == self.args.crash_rank and not self.joiner:
+        if self.args.crash_at == state.step and self.initial_rank == self.args.crash_rank and not self.joiner:
             print(f"[elastic_train] rank {rank} crashes at step {state.step} (SIGKILL)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -174,14 +176,15 @@ class Script:
         self.done_resizes.add(state.step)
         return size
 
-    def note_change(self, state: elastic.ElasticState, seen: Any) -> Any:
-        change = state.last_change
+    def note_change(self, state: elastic.ElasticState) -> None:
+        """Records the last change applied, once."""
+        change, seen = state.last_change, self._seen
+        self._seen = change
         if change is not None and change is not seen:
             self.record.change(change, state.step)
             if not change.detached and kungfu_tf.rank() == 0:
                 print(f"[elastic_train] step {state.step}: cluster v{change.new_version}, "
                       f"{len(change.old_peers)} -> {len(change.new_peers)} workers", flush=True)  # fmt: skip
-        return change
 
 
 def build_model(args: argparse.Namespace) -> keras.Model:
@@ -216,7 +219,6 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
 
     @elastic.run(warm_up=warm_up)
     def train(state: elastic.ElasticState) -> bool:
-        seen = state.last_change
         while not script.finished(state):
             rank, size = kungfu_tf.rank(), kungfu_tf.size()
             ids = script.sampler.next_indices(rank, size)
@@ -231,11 +233,11 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
             target = script.scheduled_size(state)
             if target is not None:
                 _, detached = ops.resize(target, wait=args.resize_wait)
-                seen = script.note_change(state, seen)
+                script.note_change(state)
                 if bool(detached):
                     return True
             state.check()
-            seen = script.note_change(state, seen)
+            script.note_change(state)
         return False
 
     detached = bool(train(state))
@@ -251,6 +253,7 @@ class ScheduleCallback(keras.callbacks.Callback):
         self.detached = False
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.script.note_change(self.state)
         self.rank, self.size = kungfu_tf.rank(), kungfu_tf.size()
         self.step, self.epoch = self.state.step, self.state.epoch
         self.ids = self.script.sampler.next_indices(self.rank, self.size)  # what the dataset feeds this step
@@ -282,10 +285,9 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
 
     @elastic.run(warm_up=warm_up)
     def train(state: elastic.ElasticState) -> bool:
-        seen = state.last_change
         history = elastic_fit(model, state, script.sampler, (script.x, script.y), epochs=total,
                               callbacks=[schedule], check_every=args.check_every, verbose=0)  # fmt: skip
-        script.note_change(state, seen)
+        script.note_change(state)
         return history is None and (schedule.detached or bool(getattr(state.last_change, "detached", False)))
 
     if args.steps is not None:
@@ -315,19 +317,18 @@ def train_v1_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
         detached = False
         with tf.compat.v1.train.MonitoredSession(ElasticSessionCreator(config=config), hooks=[hook]) as sess:
-            seen = None
             while not script.finished(state) and not sess.should_stop():
                 script.maybe_crash(state, hook.rank)
                 t0, epoch = time.time(), state.epoch
                 sess.run(train_op)  # the hook feeds this worker's share, commits the step and checks
                 ids, rank, size = hook.fed
                 script.record.step(state.step - 1, epoch, ids, t0, time.time(), rank, size)
-                seen = script.note_change(state, seen)
+                script.note_change(state)
                 target = script.scheduled_size(state)
                 if target is not None:
                     _, d = hook.eagerly(lambda target=target: ops.resize(target, wait=args.resize_wait))
                     detached = bool(d)
-                    seen = script.note_change(state, seen)
+                    script.note_change(state)
                     if detached:
                         break
             detached = detached or hook.detached
