@@ -80,11 +80,6 @@ def session_variables(variables: Sequence[Any]) -> list[SessionVariable]:
     return [SessionVariable(v) for v in variables]
 
 
-# TF's graph executor turns an UnavailableError of an op that is not registered as
-# distributed communication into an InternalError carrying this text.
-_REPLACED_UNAVAILABLE = "originally returned UnavailableError"
-
-
 def peer_loss_error(error: BaseException) -> tf.errors.OpError | None:
     """``error`` as the UnavailableError it stands for, if it is a lost peer (else None).
 
@@ -94,9 +89,11 @@ def peer_loss_error(error: BaseException) -> tf.errors.OpError | None:
     InternalError ..."), which MonitoredSession would not treat as a
     preemption.
     """
+    from kungfu_tf.elastic.runner import is_peer_loss
+
     if isinstance(error, PEER_LOSS_ERRORS):
         return error
-    if isinstance(error, tf.errors.InternalError) and _REPLACED_UNAVAILABLE in (error.message or ""):
+    if isinstance(error, tf.errors.OpError) and is_peer_loss(error):
         return tf.errors.UnavailableError(error.node_def, error.op, error.message)
     return None
 
