@@ -220,6 +220,7 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
     @elastic.run(warm_up=warm_up)
     def train(state: elastic.ElasticState) -> bool:
         while not script.finished(state):
+            script.note_change(state)  # e.g. the recovery run() did before calling train again
             rank, size = kungfu_tf.rank(), kungfu_tf.size()
             ids = script.sampler.next_indices(rank, size)
             script.maybe_crash(state, rank)
