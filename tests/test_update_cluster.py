@@ -5,11 +5,14 @@ a joiner that started as a one-worker cluster, and interrupt. The worker
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import subprocess
 import sys
 import time
 
+import pytest
 from conftest import (
     REPO_ROOT,
     assert_job_ok,
@@ -27,8 +30,6 @@ SWITCH_LINE = re.compile(r"^switch (\d+) ([\d.]+)$")
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -54,8 +55,6 @@ def test_shrink_grow_interrupt(tmp_path):
     try:
         # The joiner can start only once the job id is known (rank 0 writes it).
         _wait_for(tmp_path / "job.json", job)
-        import json
-
         info = json.loads((tmp_path / "job.json").read_text())
         me = f"127.0.0.1:{_free_port()}"
         joiner = subprocess.Popen(
@@ -86,9 +85,10 @@ def test_shrink_grow_interrupt(tmp_path):
     info = describe(rc, out, err)
     joined = describe(joiner.returncode, joiner_out, joiner_err)
     # Rank 2 left after the first check (6 results); ranks 0 and 1 checked
-    # start (6) + 3 switches x 7 + the interrupt (rank 0: 3 more).
+    # start (6) + 3 switches x 7 + a refused older version + the interrupt
+    # (rank 0: 3 more).
     counts = assert_job_ok(rc, out, err, 3)
-    assert counts == {0: 6 + 21 + 3, 1: 6 + 21, 2: 6}, info
+    assert counts == {0: 6 + 21 + 1 + 3, 1: 6 + 21 + 1, 2: 6}, info
     assert joiner.returncode == 0, joined
     assert "checked 16 results" in joiner_out, joined  # 2 at the start + 2 switches x 7
     # Nobody took a peer switching versions for a stranger or a crash.
@@ -102,3 +102,52 @@ def test_shrink_grow_interrupt(tmp_path):
         if m
     }
     print("update_cluster + first all_reduce (ms):", times)
+
+
+def test_bad_arguments_are_named():
+    """In this process (a one-worker runtime, 127.0.0.1:0): every bad argument
+    is refused with its name and value, and nothing changes."""
+    import tensorflow as tf
+
+    from kungfu_tf.ops import config, membership
+
+    with pytest.raises(TypeError, match=r"peers must be a sequence of 'host:port' strings, got '127.0.0.1:10000'"):
+        membership.update_cluster("127.0.0.1:10000", 1)
+    with pytest.raises(ValueError, match=r"peers must list at least one"):
+        membership.update_cluster([], 1)
+    with pytest.raises(TypeError, match=r"peers\[1\] must be a 'host:port' string, got 5"):
+        membership.update_cluster(["127.0.0.1:10000", 5], 1)
+    with pytest.raises(ValueError, match=r"version must be an int in 1\.\.4294967295, got 0"):
+        membership.update_cluster(["127.0.0.1:10000"], 0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"input 'peers' \[0\]: .*'no-port'"):
+        membership.update_cluster(["no-port"], 3)
+    me = membership.self_peer()
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=rf"update_cluster to version 3 \[127.0.0.1:10001\]: this worker \({re.escape(me)}, KUNGFU_SELF\) "
+        r"is not in the new peer list",
+    ):
+        membership.update_cluster(["127.0.0.1:10001"], 3)
+    with pytest.raises(ValueError, match=r"reason must be a non-empty string, got ''"):
+        membership.interrupt("")
+    assert membership.cluster_peers() == [me] and int(config.cluster_version()) == 0
+
+
+def test_v1_graph_mode_reads_the_new_cluster():
+    """kungfu_tf.rank()/size()/local_*() with eager execution disabled follow
+    an update_cluster (they used to read the launcher's environment)."""
+    me, other = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    proc = subprocess.run(
+        [sys.executable, worker_path("update_cluster_v1.py"), other],
+        check=False,
+        cwd=REPO_ROOT,
+        env=worker_env(
+            KUNGFU_SELF=me, KUNGFU_PEERS=me, KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID="v1-graph-mode-test"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    info = describe(proc.returncode, proc.stdout, proc.stderr)
+    assert proc.returncode == 0, info
+    assert "rank 1 size 2 local 1/2 version 1" in proc.stdout and "checked 2 results" in proc.stdout, info

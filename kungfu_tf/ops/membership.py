@@ -33,7 +33,9 @@ def _strings(t: tf.Tensor) -> list[str] | tf.Tensor:
     return [p.decode() for p in t.numpy()] if tf.executing_eagerly() else t
 
 
-def _check_peers(peers: Sequence[str]) -> list[str]:
+def _check_peers(peers: Sequence[str] | tf.Tensor) -> list[str] | tf.Tensor:
+    if isinstance(peers, tf.Tensor):
+        return peers  # checked by the kernel (a string vector)
     # A lone string is a sequence of characters: refuse it instead of
     # reading "127.0.0.1:10000" as 15 one-letter peers.
     if isinstance(peers, (str, bytes)) or not isinstance(peers, Sequence):
@@ -46,8 +48,11 @@ def _check_peers(peers: Sequence[str]) -> list[str]:
     return list(peers)
 
 
-def update_cluster(peers: Sequence[str], version: int) -> tf.Operation | None:
+def update_cluster(peers: Sequence[str] | tf.Tensor, version: int | tf.Tensor) -> tf.Operation | None:
     """Switches this worker to cluster ``version`` with ``peers`` (rank order).
+
+    ``peers`` and ``version`` may also be tensors (a string vector, an int64
+    scalar), e.g. inside a ``tf.function`` that reads them from a variable.
 
     Atomic: ops in flight on the old version fail with ``UnavailableError``
     ("cluster changed to version N"), links to departed peers close in
@@ -68,9 +73,13 @@ def update_cluster(peers: Sequence[str], version: int) -> tf.Operation | None:
         >>> membership.update_cluster(["10.0.0.1:10000", "10.0.0.2:10000"], 2)  # doctest: +SKIP
     """
     peers = _check_peers(peers)
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= _MAX_VERSION:
+    if not isinstance(version, tf.Tensor) and (
+        isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= _MAX_VERSION
+    ):
         raise ValueError(f"update_cluster: version must be an int in 1..{_MAX_VERSION}, got {version!r}")
-    return library().kungfu_update_cluster(peers=tf.constant(peers, tf.string), version=tf.constant(version, tf.int64))
+    return library().kungfu_update_cluster(
+        peers=tf.convert_to_tensor(peers, tf.string), version=tf.convert_to_tensor(version, tf.int64)
+    )
 
 
 def leave_cluster() -> tf.Operation | None:

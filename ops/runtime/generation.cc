@@ -33,8 +33,8 @@ void Generation::retire(const Status &why, std::chrono::steady_clock::time_point
     transport->leave(deadline, next_version);
     transport->stop(why);
   }
-  for (int r = 0; r < size(); ++r) mailbox.fail_peer(r, why);
-  registry.stop_watchdog();
+  mailbox.close(why);
+  registry.retire();
 }
 
 }  // namespace kungfu

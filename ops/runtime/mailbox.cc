@@ -37,8 +37,8 @@ uint64_t Mailbox::add_waiter(int src, const std::string &key, Waiter w) {
     return token;
   }
   auto failed = failed_peers_.find(src);
-  if (failed != failed_peers_.end()) {
-    Status why = failed->second;
+  if (!closed_.ok() || failed != failed_peers_.end()) {
+    Status why = closed_.ok() ? failed->second : closed_;
     lock.unlock();
     Message none;
     none.src = src;
@@ -145,8 +145,8 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
   {
     std::unique_lock<std::mutex> lock(mu_);
     // A late piece of a failed instance: nobody will ever want it (the
-    // transport skips its payload).
-    if (is_retired(header, msg.key)) return true;
+    // transport skips its payload). Nor anything once closed.
+    if (!closed_.ok() || is_retired(header, msg.key)) return true;
     auto it = slots_.find(sk);
     if (it != slots_.end() && !it->second.waiters.empty() && it->second.messages.empty()) {
       Waiter w = std::move(it->second.waiters.front());
@@ -177,7 +177,7 @@ bool Mailbox::deliver(int src, const FrameHeader &header, std::string key, const
   // consumer may have arrived while we were reading.
   if (!read_payload(read, header.payload_len, &msg.owned)) return false;
   std::unique_lock<std::mutex> lock(mu_);
-  if (is_retired(header, msg.key)) return true;  // retired while we read it
+  if (!closed_.ok() || is_retired(header, msg.key)) return true;  // retired or closed while we read it
   Slot &slot = slots_[sk];
   if (!slot.waiters.empty() && slot.messages.empty()) {
     Waiter w = std::move(slot.waiters.front());
@@ -218,6 +218,28 @@ void Mailbox::fail_peer(int src, const Status &why) {
     none.src = src;
     none.key = keys[i];
     doomed[i].cb(why, none);
+  }
+}
+
+void Mailbox::close(const Status &why) {
+  std::vector<std::pair<std::pair<int, std::string>, Waiter>> doomed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = why;
+    for (auto &kv : slots_) {
+      // slot_key is "<src>|<key>".
+      const size_t bar = kv.first.find('|');
+      const int src = std::stoi(kv.first.substr(0, bar));
+      for (Waiter &w : kv.second.waiters) doomed.push_back({{src, kv.first.substr(bar + 1)}, std::move(w)});
+    }
+    slots_.clear();
+    retired_.clear();
+  }
+  for (auto &d : doomed) {
+    Message none;
+    none.src = d.first.first;
+    none.key = d.first.second;
+    d.second.cb(why, none);
   }
 }
 

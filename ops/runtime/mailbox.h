@@ -87,6 +87,10 @@ class Mailbox {
   void fail_peer(int src, const Status &why);
   // Forgets that `src` failed (a new incarnation connected after a resize).
   void revive_peer(int src);
+  // For good (a retired cluster version): fails every expectation with
+  // `why`, drops every message held, and from now on fails new expectations
+  // at once and drops what is delivered.
+  void close(const Status &why);
   // Unclaimed messages held (for tests and leak checks).
   size_t pending_messages() const;
 
@@ -110,6 +114,7 @@ class Mailbox {
   mutable std::mutex mu_;
   std::unordered_map<std::string, Slot> slots_;
   std::unordered_map<int, Status> failed_peers_;
+  Status closed_;  // set by close(): every source is failed
   // Per collective name that ever failed here: the newest failed instance.
   std::unordered_map<std::string, uint64_t> retired_;
   uint64_t next_token_ = 1;

@@ -19,6 +19,14 @@ void OpRegistry::stop_watchdog() {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
+void OpRegistry::retire() {
+  stop_watchdog();
+  std::lock_guard<std::mutex> lock(mu_);
+  ops_.clear();
+  instances_.clear();
+  early_aborts_.clear();
+}
+
 Status OpRegistry::check_addable(const std::string &name) const {
   if (!closed_.ok()) return closed_;
   auto it = ops_.find(name);

@@ -64,9 +64,10 @@ class OpRegistry {
   void close(const Status &why, bool tell_peers = false);
   // The reason close() gave, or OK.
   Status closed() const;
-  // Stops the timeout watchdog for good (after close(): nothing can be in
-  // flight any more). Never call it from a callback of an op.
-  void stop_watchdog();
+  // For good, after close(): stops the timeout watchdog (nothing can be in
+  // flight any more) and forgets the per-name counters and early aborts.
+  // Never call it from a callback of an op.
+  void retire();
   double timeout_seconds() const { return timeout_seconds_; }
 
  private:
@@ -76,6 +77,7 @@ class OpRegistry {
     uint64_t instance = 0;  // collectives only
   };
   void watch();
+  void stop_watchdog();
   Status check_addable(const std::string &name) const;  // mu_ held
   // Fails (outside the lock) every op in flight for which `doomed_if` holds.
   void fail_where(const std::function<bool(const PendingOp &)> &doomed_if, const Status &why, bool tell_peers);

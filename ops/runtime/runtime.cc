@@ -145,8 +145,12 @@ Runtime::GenPtr Runtime::make_generation(const Cluster &cluster, int self_rank) 
   return g;
 }
 
-Status Runtime::start_transport(Generation &g, Listeners listeners) {
+Status Runtime::start_transport(Generation &g, Listeners listeners, const Generation *previous) {
   TransportOptions t;
+  t.listening.assign(g.size(), false);
+  if (previous != nullptr && previous->transport) {
+    for (int r = 0; r < g.size(); ++r) t.listening[r] = previous->cluster.rank_of(g.cluster.peer(r)) >= 0;
+  }
   t.cluster = g.cluster;
   t.self_rank = g.self_rank;
   t.secret = opt_.secret;
@@ -184,7 +188,7 @@ Status Runtime::create(RuntimeOptions options, std::unique_ptr<Runtime> *out) {
   // still destroyed like any other.
   rt->current_ = rt->make_generation(rt->opt_.cluster, rt->opt_.self_rank);
   if (rt->size() > 1) {
-    Status s = rt->start_transport(*rt->current_, Listeners());
+    Status s = rt->start_transport(*rt->current_, Listeners(), nullptr);
     if (!s.ok()) return s;
   }
   *out = std::move(rt);
@@ -233,9 +237,17 @@ Status Runtime::update_cluster(const Cluster &cluster) {
   // The port passes from the old transport to the new one without ever
   // closing: peers that switched first wait in the backlog, not refused.
   Listeners listeners = old->transport ? old->transport->release_listeners() : Listeners();
-  if (next->size() > 1 || listeners.valid()) {
-    Status s = start_transport(*next, std::move(listeners));
-    if (!s.ok()) return Status(s.code(), what + ": " + s.message());
+  const bool inherited = listeners.valid();
+  if (next->size() > 1 || inherited) {
+    Status s = start_transport(*next, std::move(listeners), old.get());
+    if (!s.ok()) {
+      Status failed(s.code(), what + ": " + s.message());
+      // Only a thread or a pipe can fail with listeners in hand, and they
+      // went with the failed transport: the old version takes no new
+      // connections either, so it must not go on as if nothing happened.
+      if (inherited) old->registry.close(failed);
+      return failed;
+    }
   }
   {
     std::lock_guard<std::mutex> g(gen_mu_);

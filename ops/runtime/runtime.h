@@ -195,8 +195,9 @@ class Runtime {
   GenPtr gen() const;
   // A generation for `cluster` with its handler; no transport yet.
   GenPtr make_generation(const Cluster &cluster, int self_rank);
-  // Gives `g` a transport on `listeners` (or freshly bound ones).
-  Status start_transport(Generation &g, Listeners listeners);
+  // Gives `g` a transport on `listeners` (or freshly bound ones). `previous`:
+  // the version before (null at start), whose members' ports are bound.
+  Status start_transport(Generation &g, Listeners listeners, const Generation *previous);
   CollectiveContext context(Generation &g);
   // `staged`: buf.recv already holds this worker's contribution.
   void run(Generation &g, const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,

@@ -52,7 +52,8 @@ std::string errno_text(const char *what) { return std::string(what) + ": " + str
 // connect() that gives up at `deadline`: a blocking connect to a host that
 // does not answer can take minutes, far past KUNGFU_TIMEOUT.
 bool connect_until(int fd, const struct sockaddr *addr, socklen_t len, std::chrono::steady_clock::time_point deadline,
-                   std::string *err) {
+                   std::string *err, int *error_number) {
+  *error_number = 0;
   int flags = ::fcntl(fd, F_GETFL);
   ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
   int rc = ::connect(fd, addr, len);
@@ -71,10 +72,12 @@ bool connect_until(int fd, const struct sockaddr *addr, socklen_t len, std::chro
     socklen_t soerr_len = sizeof(soerr);
     ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &soerr_len);
     if (n < 0 || soerr != 0) {
-      *err = strerror(n < 0 ? errno : soerr);
+      *error_number = n < 0 ? errno : soerr;
+      *err = strerror(*error_number);
       return false;
     }
   } else if (rc != 0) {
+    *error_number = errno;
     *err = strerror(errno);
     return false;
   }
@@ -555,18 +558,27 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
     Fd fd(::socket(use_unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     Dialing dialing(*links_[dst], fd.get(), stopping_);
     bool connected;
+    int refused = 0;  // the connect's errno
     if (use_unix) {
       struct sockaddr_un addr;
       socklen_t len = unix_address(peer.port, &addr);
-      connected = connect_until(fd.get(), reinterpret_cast<struct sockaddr *>(&addr), len, deadline, &last_error);
+      connected =
+          connect_until(fd.get(), reinterpret_cast<struct sockaddr *>(&addr), len, deadline, &last_error, &refused);
     } else {
       struct addrinfo hints = {}, *res = nullptr;
       hints.ai_family = AF_INET;
       hints.ai_socktype = SOCK_STREAM;
       int gai = ::getaddrinfo(peer.host.c_str(), std::to_string(peer.port).c_str(), &hints, &res);
       if (gai != 0) return Unavailable("cannot resolve " + peer.str() + ": " + gai_strerror(gai));
-      connected = connect_until(fd.get(), res->ai_addr, res->ai_addrlen, deadline, &last_error);
+      connected = connect_until(fd.get(), res->ai_addr, res->ai_addrlen, deadline, &last_error, &refused);
       freeaddrinfo(res);
+    }
+    if (!connected && refused == ECONNREFUSED && dst < static_cast<int>(opt_.listening.size()) &&
+        opt_.listening[dst]) {
+      // Its port has been bound since an earlier version and never closes
+      // across changes: nobody listening there means the process is gone.
+      return Unavailable("cannot connect to " + opt_.cluster.describe(dst) + ": " + last_error +
+                         " (it was listening at the previous cluster version: the process is gone)");
     }
     if (connected) {
       tune_socket(fd.get(), use_unix);

@@ -64,6 +64,11 @@ struct TransportOptions {
   FrameAuthPolicy frame_auth = FrameAuthPolicy::kAcrossHosts;
   double timeout_seconds = 120;  // connect retries and handshakes give up after this
   bool same_host_unix_sockets = true;
+  // By rank: peers whose port is known to be bound (members of the previous
+  // cluster version; a port stays bound across changes). A refused
+  // connection to one is a dead process, reported at once instead of
+  // retried until the timeout as for a peer that may still be starting.
+  std::vector<bool> listening;
 };
 
 // The bound, listening sockets of one worker's port (TCP, and the same-host

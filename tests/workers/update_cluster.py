@@ -6,7 +6,8 @@ Usage: update_cluster.py DIR [joiner]
 
 Versions count from the launcher's (v0); the workers meet through files in DIR:
  1. v0, 3 workers: all-reduce; rank 0 writes DIR/job.json (peers, job id).
- 2. shrink to 2 (v0+1): rank 2 leaves the cluster and ends; ranks 0, 1 switch.
+ 2. shrink to 2 (v0+1): rank 2 leaves the cluster and ends; ranks 0, 1 switch
+    (and are refused a second switch to the same version).
  3. grow to 3 (v0+2): the joiner runs an all-reduce alone, writes
     DIR/joiner.json (its self_peer) and waits for DIR/grow.json; ranks 0, 1
     append it and switch, as does the joiner.
@@ -107,6 +108,11 @@ def member(d: pathlib.Path, chk: Checker) -> None:
         return
     two = peers[:2]
     switch(chk, two, v0 + 1, universe, "shrunk")
+    try:
+        membership.update_cluster(two, v0 + 1)
+        chk.fail("update_cluster to the current version was accepted")
+    except tf.errors.InvalidArgumentError as e:
+        chk.true(f"greater than the current cluster version {v0 + 1}" in e.message, f"older version: {e.message!r}")
     joiner = wait_for_file(d / "joiner.json")["self"]
     universe.append(joiner)
     three = [*two, joiner]
