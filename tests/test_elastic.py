@@ -27,6 +27,7 @@ killed in flight is trained once, after the recovery).
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import signal
@@ -104,6 +105,7 @@ def test_shrink_grow_and_crash_keep_every_worker_identical():
             KUNGFU_JOB_ID=job_id,
             KUNGFU_TIMEOUT="30",
             VICTIM=members[0],
+            ELASTIC_TEST_LOG=os.environ.get("ELASTIC_TEST_LOG", ""),
         )
         for rank, peer in enumerate(members):
             procs[peer] = start(
@@ -149,13 +151,16 @@ def test_shrink_grow_and_crash_keep_every_worker_identical():
         np.testing.assert_allclose(finals[peer], want, rtol=0, atol=1e-9, err_msg=report)
     np.testing.assert_array_equal(finals[members[1]], finals[joiner], err_msg=report)
     # The changes every survivor went through, at the steps they were planned.
-    assert f"change v1->v2 size 2 step {SHRINK_AT}" in outputs[members[1]][1], report
-    assert f"change v2->v3 size 3 step {GROW_AT} rank 1" in outputs[members[1]][1], report
-    assert f"change v0->v3 size 3 step {GROW_AT} rank 2" in outputs[joiner][1], report  # from its own cluster
-    # The original rank 0 died: the survivors are ranks 0 and 1 of version 4
-    # (or of a restart of it, version 5, if a connection broke in the sync).
-    assert re.search(rf"change v[34]->v[45] size 2 step {KILL_AT} rank 0", outputs[members[1]][1]), report
-    assert re.search(rf"change v[34]->v[45] size 2 step {KILL_AT} rank 1", outputs[joiner][1]), report
+    # (Versions as planned: v2 shrunk, v3 grown, v4 without the dead; one
+    # more wherever a sync failed on a broken connection and was restarted.)
+    def changed(peer: str, size: int, step: int, rank: int) -> bool:
+        return re.search(rf"change v\d+->v\d+ size {size} step {step} rank {rank}", outputs[peer][1]) is not None
+
+    assert changed(members[1], 2, SHRINK_AT, 1), report
+    assert changed(members[1], 3, GROW_AT, 1) and changed(joiner, 3, GROW_AT, 2), report
+    assert "change v0->v" in outputs[joiner][1], report  # it joined from its own one-worker cluster
+    # The original rank 0 died: the survivors are ranks 0 and 1 now.
+    assert changed(members[1], 2, KILL_AT, 0) and changed(joiner, 2, KILL_AT, 1), report
     assert "warm " in outputs[joiner][1], report
     # Bad requests at step 2: refused alike on every member, precisely.
     for peer in members:

@@ -125,8 +125,14 @@ def test_a_peer_loss_is_recognised_eagerly_and_inside_a_tf_function():
                                      " connection from rank 0\n\t [[{{node KungfuGroupAllReduce}}]]\nExecuting non-communication"
                                      " op <KungfuGroupAllReduce> originally returned UnavailableError, and was replaced by"
                                      " InternalError to avoid invoking TF network error handling logic.")
+    in_py_function = tf.errors.UnknownError(None, None, "Graph execution error:\n\nDetected at node kungfu_resize"
+                                            " defined at (most recent call last):\n\nUnavailableError: {{function_node"
+                                            " __wrapped__KungfuAllGather_device_/job:localhost/replica:0/task:0/device:CPU:0}}"
+                                            " all_gather 's': handshake failed [Op:KungfuAllGather] name: \nTraceback"
+                                            " (most recent call last):\n\n\t [[{{node kungfu_resize}}]]")
     other = tf.errors.InternalError(None, None, "something else broke")
-    assert is_peer_loss(eager) and is_peer_loss(traced) and not is_peer_loss(other)
+    assert is_peer_loss(eager) and is_peer_loss(traced) and is_peer_loss(in_py_function) and not is_peer_loss(other)
+    assert error_summary(in_py_function) == "all_gather 's': handshake failed"
     assert not is_peer_loss(tf.errors.DeadlineExceededError(None, None, "a slow peer is not a lost one"))
     assert error_summary(eager) == "all_gather 'k': peer lost"
     assert error_summary(traced) == "all_reduce 'g': lost connection from rank 0"
@@ -135,7 +141,7 @@ def test_a_peer_loss_is_recognised_eagerly_and_inside_a_tf_function():
 class FakeMembership:
     """What elastic.runner.recover reads from the membership module, scripted."""
 
-    def __init__(self, monkeypatch, *, lost, committed, min_size=1):
+    def __init__(self, monkeypatch, *, lost, committed, min_size=1, alive=()):
         from kungfu_tf.proto import config_pb2
         from kungfu_tf.run.config_server import make_cluster
         from kungfu_tf.run.peer_string import parse_peer_string
@@ -163,6 +169,9 @@ class FakeMembership:
         monkeypatch.setattr(em, "cluster_at", lambda v: tuple(self.committed[v]))
         monkeypatch.setattr(em, "apply_version", lambda v, p: self.applied.append((v, tuple(p))) or "change")
         monkeypatch.setattr(em, "timeout_seconds", lambda: 0.1)
+        from kungfu_tf.elastic import runner
+
+        monkeypatch.setattr(runner, "accepts_connections", lambda peer: peer in alive)
 
 
 def test_recovery_reports_the_lost_peer_and_applies_the_next_version(monkeypatch):
@@ -190,3 +199,27 @@ def test_recovery_fails_clearly_when_nothing_is_committed(monkeypatch):
     with pytest.raises(elastic.ElasticError, match="no new cluster version was committed within 0 s"):
         runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "broken pipe"))
     assert fake.restarts == [(3, ("h:1", "h:2", "h:3"))]  # nobody lost: it tried to restart the version first
+
+
+def test_recovery_does_not_report_a_live_peer_and_restarts_the_version_instead(monkeypatch):
+    from kungfu_tf.elastic import runner
+
+    monkeypatch.setattr(runner, "RESTART_GRACE_SECONDS", 0.0)
+    # h:2 broke a connection (a handshake, say) but still listens: not a crash.
+    fake = FakeMembership(monkeypatch, lost=["h:2"], committed={}, alive=("h:2",))
+    with pytest.raises(elastic.ElasticError, match="no new cluster version"):
+        runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "handshake: broken pipe"))
+    assert fake.reports == [] and fake.restarts == [(3, ("h:1", "h:2", "h:3"))]
+
+
+def test_a_peer_that_listens_accepts_connections_and_a_closed_port_does_not():
+    import socket
+
+    from kungfu_tf.elastic.runner import accepts_connections
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert accepts_connections(f"127.0.0.1:{port}")
+    assert not accepts_connections(f"127.0.0.1:{port}")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -56,25 +57,41 @@ RESTART_GRACE_SECONDS = 3.0
 
 
 # Inside a tf.function, TF turns an UnavailableError of an op that is not one
-# of its own communication ops into an InternalError with this note.
-_REPLACED_UNAVAILABLE = "originally returned UnavailableError"
+# of its own communication ops into an InternalError with this note; a
+# tf.py_function (resize in a tf.function) reports one raised inside it as an
+# UnknownError that starts the message with the original error's name.
+_REPLACED_UNAVAILABLE = ("originally returned UnavailableError", "UnavailableError: ")
 
 
 def is_peer_loss(error: BaseException) -> bool:
     """Whether ``error`` means a peer was lost (crash, or the watcher's interrupt), in eager code or a tf.function."""
     if isinstance(error, tf.errors.UnavailableError):
         return True
-    return isinstance(error, tf.errors.InternalError) and _REPLACED_UNAVAILABLE in str(error.message)
+    if isinstance(error, (tf.errors.InternalError, tf.errors.UnknownError)):
+        message = str(error.message)
+        return any(note in message for note in _REPLACED_UNAVAILABLE)
+    return False
 
 
 def error_summary(error: BaseException) -> str:
     """The line of a TF error that says what happened (not the traceback TF adds in a tf.function)."""
     lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()]
-    noise = ("Graph execution error", "Detected at node", "File ", "[[", "Executing non-communication op")
+    noise = ("Graph execution error", "Detected at node", "File ", "[[", "Executing non-communication op", "Traceback")
     useful = [line for line in lines if line and not line.startswith(noise)]
     line = useful[0] if useful else (lines[0] if lines else type(error).__name__)
+    line = re.sub(r"^\w+Error: ", "", line)  # a py_function's wrapping
     line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)  # eager ops: where TF ran it
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", line)
+
+
+def accepts_connections(peer: str, timeout: float = 1.0) -> bool:
+    """Whether ``peer`` ("host:port") accepts a TCP connection now (its runtime still listens)."""
+    host, _, port = peer.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def recover(state: ElasticState, error: BaseException) -> em.Change:
@@ -83,7 +100,13 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
     me = em.self_peer()
     newest = em.job_state()
     newest_peers = em.peers_of(newest.cluster)
-    lost = [p for p in em.lost_peers() if p in newest_peers and p != me]
+    suspects = [p for p in em.lost_peers() if p in newest_peers and p != me]
+    # A broken connection alone does not prove a crash: report only peers
+    # whose port no longer accepts connections (their process is gone, or
+    # their host unreachable); a live one is kept and the version restarted.
+    lost = [p for p in suspects if not accepts_connections(p)]
+    if len(lost) < len(suspects):
+        log.warning("kungfu elastic: %s still accept connections: not reported as lost", sorted(set(suspects) - set(lost)))
     reason = error_summary(error)[:300]
     if lost:
         try:

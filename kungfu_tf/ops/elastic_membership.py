@@ -157,7 +157,9 @@ class _MembershipState:
         self.self_peer = ""
         self.joined = False
         self.listeners: list[Callable[[Change], None]] = []
-        self.resizing = 0  # > 0 while inside resize(): its own commits are not crashes
+        # Inside resize(): the version it may commit (current + 1) drops members
+        # on purpose; it is not a crash. 0 outside resize().
+        self.own_commit = 0
 
     def ensure_current(self) -> None:
         with self.lock:
@@ -217,15 +219,19 @@ def add_apply_listener(listener: Callable[[Change], None]) -> Callable[[], None]
 
 
 @contextlib.contextmanager
-def resizing() -> Iterator[None]:
-    """While inside, versions that drop members are this worker's own resize, not a crash."""
+def resizing(own_commit: int) -> Iterator[None]:
+    """While inside, cluster version ``own_commit`` (the one this resize commits) is not a crash.
+
+    Only that version: a later one that drops members (a crash during the
+    resize's state sync) still interrupts this worker at once.
+    """
     with _state.lock:
-        _state.resizing += 1
+        _state.own_commit = own_commit
     try:
         yield
     finally:
         with _state.lock:
-            _state.resizing -= 1
+            _state.own_commit = 0
         if _state.watcher is not None:
             _state.watcher.recheck()
 
@@ -273,8 +279,8 @@ class _Watcher:
             state = self.newest()
         with _state.lock:
             version, peers, me = _state.version, _state.peers, _state.self_peer
-            if version is None or version < 1 or _state.resizing or me not in peers:
-                return  # not a member yet (a joiner), or inside our own resize
+            if version is None or version < 1 or me not in peers or state.cluster.version == _state.own_commit:
+                return  # not a member yet (a joiner), or the version our own resize commits
             if state.cluster.version <= version or self._interrupted_version == version:
                 return
             newest_peers = peers_of(state.cluster)

@@ -199,7 +199,7 @@ def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
 def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: bool, timeout: float) -> tuple[bool, bool]:
     em.watcher()  # started before anything else, so that seen versions are known
     version, peers = em.current()
-    with em.resizing():
+    with em.resizing(version + 1):
         _agree(_request_bytes(new_size, workers, wait), version)
         if new_size is None and workers is None:
             return _adopt_pending(), False

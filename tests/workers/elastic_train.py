@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import _setup
 from _setup import np, seed_of, tf
@@ -83,6 +84,10 @@ def refusals() -> None:
 
 
 def main() -> None:
+    if os.environ.get("ELASTIC_TEST_LOG"):  # timings of each phase, for debugging
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(message)s", datefmt="%H:%M:%S")
     steps, refuse_at, shrink_at, grow_at, kill_at = (int(a) for a in sys.argv[1:6])
     victim = sys.argv[6]
     grow_from, grow_to = (int(n) for n in (sys.argv[7] if len(sys.argv) > 7 else "2:3").split(":"))
@@ -134,6 +139,8 @@ def main() -> None:
     def shrink():
         return elastic.resize(tf.constant(2))
 
+    last_commit = [time.monotonic()]
+
     def train(state: elastic.ElasticState) -> str:
         while state.step < steps:
             state.check()
@@ -154,6 +161,10 @@ def main() -> None:
             train_step(*local_batch(state.step))
             counter.trained += BATCH
             state.commit()
+            now = time.monotonic()
+            if state.step > 1 and now - last_commit[0] > 0.3:  # a transition: the idle time (for the report)
+                print(f"gap before step {state.step - 1} ended: {now - last_commit[0]:.2f} s", flush=True)
+            last_commit[0] = now
         return "done"
 
     result = elastic.run(train, warm_up=warm_up)(state)
