@@ -12,6 +12,9 @@ Example:
     ... ]
     >>> model.fit(kungfu_tf.data.shard(ds), epochs=10, verbose=kfk.verbose(),
     ...           callbacks=callbacks)  # doctest: +SKIP
+
+Elastic jobs (``kungfu-run --elastic``): ``kfk.elastic_fit`` runs ``fit`` with an
+``ElasticCallback`` and re-enters it after every membership change.
 """
 
 from kungfu_tf.keras.broadcast import BroadcastGlobalVariablesCallback

@@ -5,6 +5,9 @@ Example:
     >>> from kungfu_tf.v1 import BroadcastGlobalVariablesHook
     >>> with tf.compat.v1.train.MonitoredTrainingSession(hooks=[BroadcastGlobalVariablesHook()]) as sess:
     ...     sess.run(train_op)  # doctest: +SKIP
+
+Elastic jobs (``kungfu-run --elastic``): ``ElasticHook`` with ``ElasticSessionCreator``
+under ``MonitoredSession`` (see :mod:`kungfu_tf.v1.elastic_hook`).
 """
 
 from kungfu_tf.v1.elastic_hook import (
