@@ -1,0 +1,80 @@
+"""Reading the per-worker records of models/elastic_train.py and checking them against a one-process reference.
+
+Shared by tests/test_elastic_keras.py and tests/test_elastic_v1.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODELS = REPO_ROOT / "models"
+
+
+def load(record_dir: Path) -> dict[str, list[dict]]:
+    """file stem ("host_port-pid") -> its records, in order."""
+    return {p.stem: [json.loads(line) for line in p.read_text().splitlines()] for p in sorted(record_dir.glob("*.jsonl"))}
+
+
+def steps_by_index(records: dict[str, list[dict]]) -> dict[int, dict[int, list[int]]]:
+    """step -> {rank: ids} over every worker (each committed step is recorded by each member that ran it)."""
+    out: dict[int, dict[int, list[int]]] = defaultdict(dict)
+    for lines in records.values():
+        for r in lines:
+            if r["event"] == "step":
+                assert r["rank"] not in out[r["step"]] or out[r["step"]][r["rank"]] == r["ids"], (r, out[r["step"]])
+                out[r["step"]][r["rank"]] = r["ids"]
+    return dict(out)
+
+
+def check_each_sample_once(records: dict[str, list[dict]], samples: int, epochs: int) -> None:
+    """Every sample id of every epoch trained exactly once, and the steps numbered 0..n-1 without gaps."""
+    per_epoch: dict[int, list[int]] = defaultdict(list)
+    seen_steps = set()
+    for lines in records.values():
+        for r in lines:
+            if r["event"] == "step" and (r["step"], r["rank"]) not in seen_steps:
+                seen_steps.add((r["step"], r["rank"]))
+                per_epoch[r["epoch"]].extend(r["ids"])
+    assert sorted(per_epoch) == list(range(epochs)), sorted(per_epoch)
+    for epoch, ids in per_epoch.items():
+        assert sorted(ids) == list(range(samples)), f"epoch {epoch}: {len(ids)} ids, {len(set(ids))} distinct"
+    steps = sorted({s for s, _ in seen_steps})
+    assert steps == list(range(len(steps))), steps
+
+
+def reference_weights(steps: dict[int, dict[int, list[int]]], samples: int, hidden: int, lr: float) -> list[np.ndarray]:
+    """One process: from the same initial weights, each step's update is SGD on the mean of the shares'
+    mean-loss gradients (what S-SGD over those workers computes)."""
+    import keras
+    import tensorflow as tf
+
+    sys.path.insert(0, str(MODELS))
+    from digits import build_digits_mlp, load_digits_split
+
+    keras.utils.set_random_seed(1)
+    x, y, _, _ = load_digits_split(test_fraction=0.2, seed=0)
+    x, y = x[:samples], y[:samples]
+    model = build_digits_mlp(hidden=(hidden,), seed=1)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for step in sorted(steps):
+        shares = [ids for _, ids in sorted(steps[step].items())]
+        grads = None
+        for ids in shares:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[ids], model(x[ids], training=True))
+            g = tape.gradient(loss, model.trainable_variables)
+            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+        for v, g in zip(model.trainable_variables, grads):
+            v.assign_sub(lr * g / len(shares))
+    return [w.numpy() for w in model.trainable_weights]
+
+
+def final_weights(record_dir: Path, stem: str) -> list[np.ndarray]:
+    with np.load(record_dir / f"{stem}.npz") as f:
+        return [f[f"arr_{i}"] for i in range(len(f.files))]

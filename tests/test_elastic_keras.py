@@ -1,0 +1,46 @@
+"""Keras ``model.fit`` in an elastic job end to end (``kungfu-run --elastic``, models/elastic_train.py --api keras).
+
+One run of 3 workers: the worker of rank 1 is killed (SIGKILL) as step 4 begins; the survivors' fit fails
+on the lost peer, ``kungfu_tf.elastic.run`` recovers and ``elastic_fit`` re-enters fit on 2 workers
+with the rest of the epoch. The launcher starts a replacement; at step 10 the workers wait for it
+(``resize(3, wait=True)``), it joins with the state fetched from the survivors, the ElasticCallback stops fit
+and fit is re-entered on 3 workers. Checked: every sample of each epoch trained exactly once, steps
+numbered without gaps, the final epoch and step on every worker, identical final weights on the three
+final workers, and equal to a one-process reference of the same steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from conftest import describe, run_job
+from elastic_records import (
+    MODELS,
+    check_each_sample_once,
+    final_weights,
+    load,
+    reference_weights,
+    steps_by_index,
+)
+
+SAMPLES, BATCH, EPOCHS, HIDDEN, LR = 96, 4, 2, 16, 0.1
+
+
+def test_fit_survives_a_crash_and_takes_in_a_joiner(tmp_path):
+    args = ["--api", "keras", "--samples", SAMPLES, "--batch-size", BATCH, "--epochs", EPOCHS, "--hidden", HIDDEN,
+            "--lr", LR, "--crash-at", 4, "--crash-rank", 1, "--resize-at", "10:3", "--resize-wait",
+            "--record-dir", tmp_path]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=150,
+                           extra_launcher_args=["--elastic", "--max-np", "3"])  # fmt: skip
+    assert rc == 0, describe(rc, out, err)
+    assert "identical weights on all workers: True" in out, describe(rc, out, err)
+    records = load(tmp_path)
+    check_each_sample_once(records, SAMPLES, EPOCHS)
+    steps = steps_by_index(records)
+    assert [len(steps[s]) for s in (3, 4, 9, 10)] == [3, 2, 2, 3], {s: sorted(steps[s]) for s in (3, 4, 9, 10)}
+    ends = {stem: lines[-1] for stem, lines in records.items() if lines and lines[-1]["event"] == "end"}
+    assert len(ends) == 3, sorted(records)  # the crashed worker wrote no end
+    assert {(e["step"], e["epoch"]) for e in ends.values()} == {(len(steps), EPOCHS)}
+    assert len({e["weights_sha256"] for e in ends.values()}) == 1
+    want = reference_weights(steps, SAMPLES, HIDDEN, LR)
+    for got, ref in zip(final_weights(tmp_path, next(iter(ends))), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
