@@ -75,8 +75,8 @@ def test_shrink_grow_interrupt(tmp_path):
             text=True,
             start_new_session=True,
         )
-        rc, out, err = finish_job(job, timeout=180)
-        joiner_out, joiner_err = joiner.communicate(timeout=60)
+        rc, out, err = finish_job(job, timeout=420)
+        joiner_out, joiner_err = joiner.communicate(timeout=240)
     except BaseException:
         kill_tree(job)
         if joiner is not None:

@@ -34,7 +34,7 @@ from _setup import Checker, np, ops, tf
 
 from kungfu_tf.ops import config, membership
 
-WAIT_SECONDS = 60
+WAIT_SECONDS = 240  # a deadline, not a timing: TF start-up of the joiner takes minutes on a loaded 2-core machine
 
 
 def wait_for_file(path: pathlib.Path) -> dict:
