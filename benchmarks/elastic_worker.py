@@ -14,8 +14,9 @@ analysis. Two modes:
   (the others are then inside the next step's all-reduce and the launcher
   stops the job): the "stop every process" of a crash.
 * ``--mode elastic`` — one ``kungfu-run --elastic`` job that runs the whole
-  ``--schedule`` (elastic.py: e.g. ``shrink:2,grow:4,shrink:1,grow:4,crash:1,await:4``)
-  with ``--steps`` steps between transitions, through kungfu_tf.elastic.
+  ``--schedule`` (e.g. ``shrink:2,grow:4,shrink:1,grow:4,crash:3,replace:4``:
+  kind and size after, see run_elastic) with ``--steps`` steps between
+  transitions, through kungfu_tf.elastic.
 
 The global sample order is a seeded permutation; the data position is the
 step counter (global batch fixed), so it is part of the checkpoint and of
@@ -31,7 +32,9 @@ T_START = time.time()  # before the heavy imports: the restart break-down counts
 import argparse
 import os
 import signal
+import statistics
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--job-index", type=int, default=0, help="restart: position of this job in the chain")
     p.add_argument("--restore", help="restart: checkpoint prefix to restore")
     p.add_argument("--save", help="restart: checkpoint prefix rank 0 writes after the last step")
-    p.add_argument("--crash-rank", type=int, help="restart: this rank SIGKILLs itself after the save")
+    p.add_argument("--crash-rank", type=int, help="this rank SIGKILLs itself (restart: after the save)")
     # elastic mode
     p.add_argument("--schedule", default="", help="elastic: comma-separated transitions (elastic.py)")
     p.add_argument("--wait-timeout", type=float, default=300.0, help="elastic: longest wait for joiners (s)")
@@ -164,14 +167,122 @@ def run_restart(args: argparse.Namespace) -> None:
     log.event("exit", step=int(step))
 
 
+# --------------------------------------------------------------------------- elastic
+def parse_schedule(text: str) -> list[tuple[str, int]]:
+    """``"shrink:2,grow:4,crash:3,replace:4"`` -> [(kind, size after), ...]; ValueError naming a bad item.
+
+    Example:
+        >>> parse_schedule("shrink:2,grow:4")
+        [('shrink', 2), ('grow', 4)]
+    """
+    out = []
+    for item in filter(None, text.split(",")):
+        kind, _, size = item.partition(":")
+        if kind not in ("shrink", "grow", "crash", "replace") or not size.isdigit() or int(size) < 1:
+            raise ValueError(f"--schedule item {item!r} is not shrink|grow|crash|replace:<size>")
+        out.append((kind, int(size)))
+    return out
+
+
+def run_elastic(args: argparse.Namespace) -> None:
+    """The whole schedule in one elastic job (module docstring); joiners enter through elastic.run.
+
+    The schedule position (``segment``, ``seg_steps``, ``waiting_for``) is
+    part of the synced elastic state, so every member, joiners included,
+    takes the same decision at the same step:
+
+    * ``shrink:n`` — every member calls ``resize(n)`` after ``--steps`` steps;
+      ranks >= n are detached and end;
+    * ``grow:n`` — ``resize(n)`` asks for n workers and returns at once; the
+      members go on training while the launcher's joiners warm up, and
+      ``state.check()`` admits them when they are ready;
+    * ``crash:n`` — rank ``--crash-rank`` SIGKILLs itself half a step into the
+      next step; the others' step fails and elastic.run recovers without it;
+    * ``replace:n`` — wait (training) until the launcher's replacement joined.
+    """
+    configure_tf()
+    import tensorflow as tf
+
+    from kungfu_tf import elastic
+    from kungfu_tf.ops import config
+
+    schedule = parse_schedule(args.schedule)
+    me = os.environ.get("KUNGFU_SELF", "local")
+    joiner = elastic.is_joiner()
+    log = StepLog(args.log_dir, "elastic", job=0, peer=me)
+    log.event("start", t=T_START, joiner=joiner)
+    trainer = Trainer(args)
+    state = elastic.ElasticState(trainer.variables, segment=0, seg_steps=0, waiting_for=0)
+    recent: list[float] = []  # this worker's last step times (for the crash's timing)
+    waiting_since: list[float] = []
+
+    def warm_up(_state: elastic.ElasticState) -> None:
+        # Alone (a one-worker cluster): trace the step and run it once; the sync overwrites the result.
+        t0 = time.time()
+        trainer.run_step(0, 0, 1)
+        log.event("warm", t0=t0)
+
+    def crash_soon() -> None:
+        delay = 0.5 * (statistics.median(recent) if recent else 0.01)
+
+        def kill() -> None:
+            log.event("kill")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Timer(delay, kill).start()
+
+    @elastic.run(warm_up=warm_up)
+    def train(state: elastic.ElasticState) -> None:
+        while state.segment < len(schedule):
+            state.check()
+            rank, size = int(config.rank()), int(config.cluster_size())
+            version = int(config.cluster_version())
+            kind, target = schedule[state.segment]
+            if state.waiting_for:
+                if size == state.waiting_for:  # joiners admitted / the crashed worker gone
+                    state.segment, state.seg_steps, state.waiting_for = state.segment + 1, 0, 0
+                    waiting_since.clear()
+                    continue
+                if not waiting_since:
+                    waiting_since.append(time.time())
+                elif time.time() - waiting_since[0] > args.wait_timeout:
+                    raise SystemExit(f"{kind}: the cluster did not reach {target} workers in {args.wait_timeout:g} s")
+            elif state.seg_steps >= args.steps:
+                log.event("transition", kind=kind, target=target, size=size, version=version)
+                if kind == "shrink":
+                    _, detached = elastic.resize(target)
+                    if bool(detached):
+                        log.event("detached")
+                        return
+                    state.segment, state.seg_steps = state.segment + 1, 0
+                    continue
+                if kind == "grow":
+                    elastic.resize(target)  # asynchronous: returns before the joiners are admitted
+                state.waiting_for = target
+                if kind == "crash" and rank == args.crash_rank:
+                    crash_soon()
+            t0 = time.time()
+            try:
+                trainer.run_step(state.step, rank, size)
+            except tf.errors.OpError as e:
+                log.event("step_failed", error=" ".join(str(e.message).split())[:300])
+                raise
+            state.commit()
+            state.seg_steps += 1
+            t1 = time.time()
+            recent[:] = [*recent[-4:], t1 - t0]
+            log.event("step", t=t1, step=state.step, size=size, version=version, rank=rank)
+
+    train(state)
+    log.event("exit", step=state.step)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.mode == "restart":
         run_restart(args)
     else:
-        from elastic_schedule_worker import run_elastic
-
-        run_elastic(args, Trainer, configure_tf, T_START)
+        run_elastic(args)
 
 
 if __name__ == "__main__":

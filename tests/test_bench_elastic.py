@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCH))
 
 from elastic import check_schedule, elastic_schedule, measured_transitions, verdict
 from elastic_idle import StepLog, read_logs, segments, transitions
+from elastic_worker import parse_schedule
 
 
 def steps(peers, times, job=0, version=1, size=None):
@@ -73,6 +74,9 @@ def test_sizes_that_do_not_match_the_labels_are_an_error():
 def test_schedule_checks_and_worker_spelling():
     assert elastic_schedule(["shrink 4 -> 2", "grow 2 -> 4", "crash 4 -> 3", "replace 3 -> 4"]) == (
         "shrink:2,grow:4,crash:3,replace:4")  # fmt: skip
+    assert parse_schedule(elastic_schedule(["shrink 4 -> 1", "grow 1 -> 3"])) == [("shrink", 1), ("grow", 3)]
+    with pytest.raises(ValueError, match="item 'shrink:0' is not"):
+        parse_schedule("grow:4,shrink:0")
     with pytest.raises(ValueError, match="starts at 3 workers, the one before it ends at 2"):
         check_schedule(["shrink 4 -> 2", "grow 3 -> 4"])
     with pytest.raises(ValueError, match="sizes do not fit a crash"):
