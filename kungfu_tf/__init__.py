@@ -20,7 +20,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY_SUBMODULES = ("data", "keras", "ops", "v1")
+_LAZY_SUBMODULES = ("data", "elastic", "keras", "ops", "v1")
 # Names users of Horovod find at the top level (``hvd.DistributedGradientTape``),
 # imported from the module that defines them when first used.
 _LAZY_ATTRIBUTES = {"DistributedGradientTape": "kungfu_tf.optimizers"}

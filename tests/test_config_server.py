@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from kungfu_tf.proto import config_pb2
+from kungfu_tf.run import config_server
 from kungfu_tf.run.config_auth import (
     MAC_METADATA_KEY,
     NONCE_METADATA_KEY,
@@ -22,7 +23,10 @@ from kungfu_tf.run.config_server import (
     ConfigClient,
     ConfigServer,
     ServerNotAuthenticatedError,
+    cluster_peers,
     make_cluster,
+    parse_peer_string,
+    peer_string,
 )
 
 SECRET = "s3cret-token-0123456789abcdef"
@@ -366,3 +370,333 @@ def test_stop_is_idempotent():
             srv.start()
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------ elastic RPCs
+
+SIG = "dense/kernel (784, 10) float32\ndense/bias (10,) float32"
+OTHER_SIG = "dense/kernel (784, 10) float32\ndense/bias (12,) float32"
+NEW_METHODS = [
+    "GetJobState",
+    "WaitJobState",
+    "GetClusterAt",
+    "RequestSize",
+    "ReportLost",
+    "AddJoiner",
+    "JoinerReady",
+    "SetSignature",
+    "RemoveJoiner",
+]
+
+
+@pytest.fixture
+def elastic_server():
+    srv = ConfigServer(
+        secret=SECRET, elastic=True, max_size=8, cluster=make_cluster(1, ["127.0.0.1:10001", "127.0.0.1:10002"])
+    ).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def elastic_client(elastic_server):
+    with ConfigClient(elastic_server.address, secret=SECRET, timeout=5.0) as c:
+        yield c
+
+
+def peers_of(cluster):
+    return [f"{w.host}:{w.port}" for w in cluster.workers]
+
+
+def test_elastic_grow_crash_and_history_over_grpc(elastic_server, elastic_client):
+    c = elastic_client
+    state = c.get_job_state()
+    assert (state.target_size, state.min_size, state.max_size, state.state_version) == (2, 1, 8, 1)
+    assert c.set_signature(SIG).signature == SIG
+    assert c.request_size(4).target_size == 4
+    c.add_joiner("127.0.0.1:10003")
+    c.add_joiner("[::1]:10004")
+    state = c.joiner_ready("[::1]:10004", SIG)
+    assert peers_of(state.cluster) == ["127.0.0.1:10001", "127.0.0.1:10002", "::1:10004"]
+    assert [j.state for j in state.joiners] == [config_pb2.Joiner.STARTING]
+    rejected = c.joiner_ready("127.0.0.1:10003", OTHER_SIG).joiners[0]
+    assert rejected.state == config_pb2.Joiner.REJECTED and "line 2" in rejected.reason
+    assert c.remove_joiner("127.0.0.1:10003").joiners == []
+    state = c.report_lost(2, ["127.0.0.1:10002"], "killed by SIGKILL")
+    assert peers_of(state.cluster) == ["127.0.0.1:10001", "::1:10004"] and state.cluster.version == 3
+    assert state.target_size == 3
+    assert c.report_lost(2, ["127.0.0.1:10002"], "connection reset") == state  # second report: no-op
+    assert elastic_server.commit_reason(3) == "lost 127.0.0.1:10002: killed by SIGKILL"
+    assert peers_of(c.get_cluster_at(1)) == ["127.0.0.1:10001", "127.0.0.1:10002"]
+    assert c.get_cluster_at(3) == c.get_cluster() == elastic_server.get_cluster()
+    assert elastic_server.job_state() == c.get_job_state()
+    # PutCluster sets the target size in an elastic job.
+    c.put_cluster(make_cluster(4, ["127.0.0.1:10001"]))
+    assert c.get_job_state().target_size == 1
+
+
+@pytest.mark.parametrize(
+    "call, code, message",
+    [
+        (lambda c: c.request_size(9), "OUT_OF_RANGE", "RequestSize: requested size 9 is outside [min_size=1, max_size=8]"),
+        (lambda c: c.put_cluster(make_cluster(2, [])), "OUT_OF_RANGE", "PutCluster: the new cluster has 0 workers"),
+        (lambda c: c.get_cluster_at(5), "NOT_FOUND", "GetClusterAt: cluster version 5 was never committed"),
+        (lambda c: c.report_lost(1, ["h:1"]), "INVALID_ARGUMENT", "ReportLost: h:1 is not a member of cluster version 1"),
+        (lambda c: c.report_lost(9, ["h:1"]), "INVALID_ARGUMENT", "ReportLost: reported version 9 was never committed"),
+        (lambda c: c.add_joiner("127.0.0.1:10001"), "ALREADY_EXISTS", "AddJoiner: 127.0.0.1:10001 is already a member"),
+        (lambda c: c.remove_joiner("h:1"), "NOT_FOUND", "RemoveJoiner: h:1 is not a joiner"),
+        (lambda c: c.joiner_ready("h:3", ""), "INVALID_ARGUMENT", "JoinerReady: empty model signature"),
+        (lambda c: c.wait_job_state(99, 1), "INVALID_ARGUMENT", "WaitJobState: after_state_version 99 is ahead"),
+    ],
+)
+def test_elastic_errors_map_to_status_codes(elastic_client, call, code, message):
+    with pytest.raises(grpc.RpcError) as err:
+        call(elastic_client)
+    assert err.value.code() == getattr(grpc.StatusCode, code)
+    assert message in err.value.details()
+
+
+def test_signature_mismatch_is_failed_precondition(elastic_client):
+    elastic_client.set_signature(SIG)
+    with pytest.raises(grpc.RpcError) as err:
+        elastic_client.set_signature(OTHER_SIG)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "SetSignature: the model signature differs from the job's at line 2" in err.value.details()
+
+
+def test_elastic_calls_to_a_plain_server_fail_precondition(client):
+    with pytest.raises(grpc.RpcError) as err:
+        client.request_size(2)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "RequestSize needs an elastic job (kungfu-run --elastic" in err.value.details()
+    assert client.get_job_state().cluster.version == 0  # reads work
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda c: c.add_joiner("no-port"), ValueError, "peer: bad peer address 'no-port'"),
+        (lambda c: c.report_lost(1, ["h:1", "h:0"]), ValueError, "peers[1]: bad peer address 'h:0'"),
+        (lambda c: c.report_lost(1, "h:1"), TypeError, "not the string 'h:1'"),
+        (lambda c: c.request_size(-1), ValueError, "n must be an integer in 0..4294967295, got -1"),
+        (lambda c: c.get_cluster_at(1.0), ValueError, "version must be an integer"),
+        (lambda c: c.wait_job_state(0, -1), ValueError, "timeout must be a number of seconds >= 0, got -1"),
+    ],
+)
+def test_client_checks_arguments(elastic_client, call, error, message):
+    with pytest.raises(error) as err:
+        call(elastic_client)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("method", NEW_METHODS)
+def test_new_rpcs_deny_unauthenticated_calls(elastic_server, method):
+    address = elastic_server.address
+    before = elastic_server.job_state()
+    body = config_pb2.RequestSizeRequest(size=5).SerializeToString() if method == "RequestSize" else b""
+    path = f"/kungfu.ConfigService/{method}"
+    assert_denied(address, path, body, None)
+    assert_denied(address, path, body, proof_metadata(address, path, body, secret=SECRET + "x"))
+    assert_denied(address, path, body, proof_metadata(address, path, body, job_id="other-job"))
+    assert elastic_server.job_state() == before
+
+
+def test_new_client_calls_with_a_wrong_secret_are_denied(elastic_server):
+    with ConfigClient(elastic_server.address, secret="wrong", timeout=5.0) as intruder:
+        for call in [
+            lambda: intruder.get_job_state(),
+            lambda: intruder.wait_job_state(0, 1),
+            lambda: intruder.get_cluster_at(1),
+            lambda: intruder.request_size(5),
+            lambda: intruder.report_lost(1, ["127.0.0.1:10001"]),
+            lambda: intruder.add_joiner("h:9"),
+            lambda: intruder.joiner_ready("h:9", SIG),
+            lambda: intruder.set_signature(SIG),
+            lambda: intruder.remove_joiner("h:9"),
+        ]:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert elastic_server.job_state().state_version == 1
+
+
+def test_long_poll_wakes_within_a_second_and_returns_at_the_timeout(elastic_client):
+    c = elastic_client
+    got = {}
+
+    def poll():
+        got["state"] = c.wait_job_state(1, 30)
+        got["at"] = time.monotonic()
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(0.3)
+    assert "state" not in got
+    changed_at = time.monotonic()
+    c.request_size(5)
+    waiter.join(5)
+    assert got["state"].target_size == 5 and got["at"] - changed_at < 1.0
+
+    start = time.monotonic()
+    state = c.wait_job_state(state_version := got["state"].state_version, 0.5)
+    assert 0.45 <= time.monotonic() - start < 2.0 and state.state_version == state_version
+    start = time.monotonic()
+    assert c.wait_job_state(0, 30).state_version == state_version  # already newer: at once
+    assert time.monotonic() - start < 1.0
+
+
+def test_long_poll_timeout_is_capped_by_the_server(elastic_server, monkeypatch):
+    monkeypatch.setattr(config_server, "MAX_WAIT_SECONDS", 0.3)
+    method = "/kungfu.ConfigService/WaitJobState"
+    body = config_pb2.WaitJobStateRequest(after_state_version=1, timeout_ms=2**32 - 1).SerializeToString()
+    start = time.monotonic()
+    raw = raw_call(elastic_server.address, method, body, proof_metadata(elastic_server.address, method, body))
+    assert config_pb2.JobState.FromString(raw).state_version == 1
+    assert time.monotonic() - start < 3.0
+
+
+def test_64_long_polls_do_not_starve_other_calls(elastic_server, elastic_client):
+    n = 64
+    woken = []
+    lock = threading.Lock()
+
+    def poll():
+        state = elastic_client.wait_job_state(1, 30)
+        with lock:
+            woken.append((time.monotonic(), state.target_size))
+
+    threads = [threading.Thread(target=poll) for _ in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # all 64 are waiting in the server
+    assert woken == []
+    start = time.monotonic()
+    for _ in range(3):  # short calls, each with its Challenge, go through beside the polls
+        elastic_client.get_cluster()
+        elastic_client.get_job_state()
+    assert time.monotonic() - start < 2.0
+    changed_at = time.monotonic()
+    elastic_client.request_size(6)
+    for t in threads:
+        t.join(10)
+    assert len(woken) == n and all(size == 6 for _, size in woken)
+    assert max(at for at, _ in woken) - changed_at < 1.0
+
+
+def test_long_polls_beyond_the_limit_are_refused_and_cancelled_ones_free_their_slot():
+    with ConfigServer(secret=SECRET, elastic=True, cluster=make_cluster(1, ["h:1"]), max_long_polls=1) as srv:
+        method = "/kungfu.ConfigService/WaitJobState"
+        body = config_pb2.WaitJobStateRequest(after_state_version=1, timeout_ms=60000).SerializeToString()
+        with grpc.insecure_channel(srv.address) as channel:
+            # A poll whose caller gives up after 0.3 s (deadline) ...
+            pending = channel.unary_unary(method).future(
+                body, metadata=proof_metadata(srv.address, method, body), timeout=0.3
+            )
+            time.sleep(0.1)
+            with ConfigClient(srv.address, secret=SECRET, timeout=5.0) as c:
+                with pytest.raises(grpc.RpcError) as err:
+                    c.wait_job_state(1, 1)  # ... holds the only slot
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "WaitJobState: 1 long polls are already waiting" in err.value.details()
+                assert c.get_job_state().state_version == 1  # short calls still served
+                assert pending.exception(5).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                # The cancelled poll left the server at once, not after its 60 s.
+                deadline = time.monotonic() + 2.0
+                while True:
+                    try:
+                        c.wait_job_state(1, 0.1)
+                        break
+                    except grpc.RpcError as e:
+                        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+
+
+def test_stop_answers_long_polls_instead_of_waiting_them_out():
+    srv = ConfigServer(secret=SECRET, elastic=True, cluster=make_cluster(1, ["h:1"])).start()
+    answers = []
+
+    def poll():
+        with ConfigClient(srv.address, secret=SECRET, timeout=5.0) as c:
+            answers.append(c.wait_job_state(1, 30))
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    srv.stop(grace=20)  # in-flight calls may finish: the poll answers at once
+    assert time.monotonic() - start < 3.0
+    waiter.join(5)
+    assert [a.state_version for a in answers] == [1]
+
+
+def test_concurrent_report_lost_commits_once(elastic_server):
+    n = 8
+    barrier = threading.Barrier(n)
+    states = [None] * n
+
+    def report(i):
+        with ConfigClient(elastic_server.address, secret=SECRET) as c:
+            barrier.wait()
+            states[i] = c.report_lost(1, ["127.0.0.1:10002"], f"seen by reporter {i}")
+
+    threads = [threading.Thread(target=report, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(s.cluster.version == 2 and peers_of(s.cluster) == ["127.0.0.1:10001"] for s in states)
+    assert elastic_server.get_cluster().version == 2 and elastic_server.job_state().state_version == 2
+
+
+def test_concurrent_puts_on_an_elastic_server_exactly_one_wins(elastic_server):
+    n = 8
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def attempt(i):
+        with ConfigClient(elastic_server.address, secret=SECRET) as c:
+            barrier.wait()
+            try:
+                c.put_cluster(make_cluster(2, [f"host-{i}:{1000 + i}"]))
+                results[i] = "ok"
+            except grpc.RpcError as e:
+                results[i] = e.code()
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count("ok") == 1
+    assert results.count(grpc.StatusCode.FAILED_PRECONDITION) == n - 1
+    winner = results.index("ok")
+    assert peers_of(elastic_server.get_cluster()) == [f"host-{winner}:{1000 + winner}"]
+    assert elastic_server.job_state().target_size == 1
+
+
+def test_concurrent_joiner_ready_admissions_never_exceed_the_target(elastic_server, elastic_client):
+    elastic_client.set_signature(SIG)
+    elastic_client.request_size(5)
+    n = 12
+    barrier = threading.Barrier(n)
+
+    def ready(i):
+        with ConfigClient(elastic_server.address, secret=SECRET) as c:
+            barrier.wait()
+            c.joiner_ready(f"127.0.0.1:{11000 + i}", SIG)
+
+    threads = [threading.Thread(target=ready, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    state = elastic_client.get_job_state()
+    assert len(state.cluster.workers) == 5
+    for version in range(1, state.cluster.version + 1):
+        assert len(elastic_client.get_cluster_at(version).workers) <= 5
+    assert len(state.joiners) == n - 3
+    assert all(j.state == config_pb2.Joiner.READY for j in state.joiners)
+
+
+def test_peer_helpers_are_exported():
+    assert peer_string(parse_peer_string("[::1]:5")) == "[::1]:5"
+    assert cluster_peers(make_cluster(1, ["[::1]:5", ("h", 6)])) == ["[::1]:5", "h:6"]

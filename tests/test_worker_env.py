@@ -113,3 +113,59 @@ def test_graph_mode_rank_names_a_missing_self(monkeypatch):
         config._from_env(config.rank)
     monkeypatch.setenv("KUNGFU_SELF", "127.0.0.1:10002")
     assert [config._from_env(op) for op in (config.rank, config.cluster_size, config.local_rank, config.local_size)] == [1, 2, 1, 2]
+
+
+# ------------------------------------------------------- elastic variables
+
+ELASTIC = {**TWO_PEERS, "KUNGFU_SELF": "127.0.0.1:10001", "KUNGFU_CLUSTER_VERSION": "1",
+           "KUNGFU_ELASTIC": "1", "KUNGFU_CONFIG_SERVER": "127.0.0.1:9999"}
+JOINER = {"KUNGFU_PEERS": "127.0.0.1:10005", "KUNGFU_SELF": "127.0.0.1:10005", "KUNGFU_JOB_SECRET": SECRET,
+          "KUNGFU_CLUSTER_VERSION": "0", "KUNGFU_ELASTIC": "1", "KUNGFU_JOINER": "1",
+          "KUNGFU_CONFIG_SERVER": "10.0.0.1:9999"}
+
+
+def test_elastic_variables_are_read():
+    member = read_worker_env(ELASTIC)
+    assert (member.config_server, member.elastic, member.joiner) == ("127.0.0.1:9999", True, False)
+    joiner = read_worker_env(JOINER)
+    assert (joiner.config_server, joiner.elastic, joiner.joiner, joiner.size) == ("10.0.0.1:9999", True, True, 1)
+    plain = read_worker_env({**TWO_PEERS, "KUNGFU_SELF": "127.0.0.1:10001"})
+    assert (plain.config_server, plain.elastic, plain.joiner) == (None, False, False)
+
+
+@pytest.mark.parametrize(
+    "base, variable, value, message",
+    [
+        (ELASTIC, "KUNGFU_ELASTIC", "yes", "KUNGFU_ELASTIC must be 0 or 1, got 'yes'"),
+        (JOINER, "KUNGFU_JOINER", "2", "KUNGFU_JOINER must be 0 or 1, got '2'"),
+        (ELASTIC, "KUNGFU_CONFIG_SERVER", "nohost", "KUNGFU_CONFIG_SERVER: bad peer address 'nohost'"),
+        (ELASTIC, "KUNGFU_CONFIG_SERVER", "h:0", "KUNGFU_CONFIG_SERVER: bad peer address 'h:0'"),
+        (ELASTIC, "KUNGFU_CONFIG_SERVER", "", "KUNGFU_ELASTIC=1 needs KUNGFU_CONFIG_SERVER"),
+        (JOINER, "KUNGFU_ELASTIC", "0", "KUNGFU_JOINER=1 is only valid in an elastic job (KUNGFU_ELASTIC=1), got KUNGFU_ELASTIC='0'"),
+        (JOINER, "KUNGFU_PEERS", "127.0.0.1:10005,127.0.0.1:10006",
+         "a joiner starts as a cluster of itself, so KUNGFU_PEERS must be KUNGFU_SELF='127.0.0.1:10005'"),
+        (JOINER, "KUNGFU_CLUSTER_VERSION", "3", "a joiner starts at KUNGFU_CLUSTER_VERSION=0, got 3"),
+    ],
+)
+def test_malformed_elastic_variable_is_named(base, variable, value, message):
+    with pytest.raises(WorkerEnvError) as err:
+        read_worker_env({**base, variable: value})
+    assert message in str(err.value)
+
+
+def test_launcher_exports_the_elastic_variables():
+    from kungfu_tf.run.placement import Peer
+    from kungfu_tf.run.worker_env import build_worker_env
+
+    me = Peer(5, "127.0.0.1", 10005)
+    common = {"topology": "STAR", "timeout": 30, "secret": SECRET, "job_id": "j"}
+    joiner = build_worker_env({"KUNGFU_ELASTIC": "stale"}, me, [me], **common,
+                              config_server="127.0.0.1:9999", joiner=True)
+    assert read_worker_env(joiner).joiner
+    assert {k: joiner[k] for k in ("KUNGFU_ELASTIC", "KUNGFU_JOINER", "KUNGFU_CLUSTER_VERSION", "KUNGFU_PEERS",
+                                   "KUNGFU_RANK", "KUNGFU_SIZE")} == {
+        "KUNGFU_ELASTIC": "1", "KUNGFU_JOINER": "1", "KUNGFU_CLUSTER_VERSION": "0", "KUNGFU_PEERS": "127.0.0.1:10005",
+        "KUNGFU_RANK": "0", "KUNGFU_SIZE": "1"}
+    # A plain job started from inside an elastic worker does not inherit its role.
+    plain = build_worker_env(joiner, me, [me], **common)
+    assert not {"KUNGFU_ELASTIC", "KUNGFU_JOINER", "KUNGFU_CONFIG_SERVER"} & plain.keys()

@@ -1,4 +1,4 @@
-"""Input pipelines for data-parallel training: ``shard`` and ``adaptive_batch``.
+"""Input pipelines for data-parallel training: ``shard``, ``adaptive_batch`` and ``ElasticSampler``.
 
 Example:
     >>> import tensorflow as tf
@@ -8,6 +8,7 @@ Example:
 """
 
 from kungfu_tf.data.adaptive_batch import adaptive_batch
+from kungfu_tf.data.elastic_sampler import ElasticSampler
 from kungfu_tf.data.shard import UnevenShardsError, shard
 
-__all__ = ["UnevenShardsError", "adaptive_batch", "shard"]
+__all__ = ["ElasticSampler", "UnevenShardsError", "adaptive_batch", "shard"]

@@ -15,6 +15,11 @@ Example:
 """
 
 from kungfu_tf.keras.broadcast import BroadcastGlobalVariablesCallback
+from kungfu_tf.keras.elastic_callback import (
+    ElasticCallback,
+    elastic_fit,
+    epoch_rest_dataset,
+)
 from kungfu_tf.keras.lr_warmup import LearningRateWarmupCallback
 from kungfu_tf.keras.metric_average import MetricAverageCallback
 from kungfu_tf.keras.policy_callback import PolicyCallback
@@ -22,9 +27,12 @@ from kungfu_tf.keras.rank_zero import RankZeroOnly, verbose
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
+    "ElasticCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "PolicyCallback",
     "RankZeroOnly",
+    "elastic_fit",
+    "epoch_rest_dataset",
     "verbose",
 ]

@@ -50,6 +50,9 @@ from kungfu_tf.ops.p2p import (
     take_rows,
 )
 
+# The function shadows its module's name here, on purpose: kungfu_tf.ops.resize(n) as in KungFu.
+from kungfu_tf.ops.resize import resize
+
 __all__ = [
     "all_gather",
     "all_reduce",
@@ -75,6 +78,7 @@ __all__ = [
     "request",
     "request_at_least",
     "request_rows",
+    "resize",
     "save",
     "save_rows",
     "set_topology",

@@ -175,7 +175,57 @@ def average_gradients_with_rider(
             averaged = ops.group_all_reduce(tensors, op="mean", name=names[b])
         for (i, _), g in zip(bucket, averaged):
             out[i] = g
+    if reduced_rider is None:
+        return all_or_nothing(out), None
+    *out, reduced_rider = all_or_nothing([*out, reduced_rider])  # monitor state: all or nothing too
     return out, reduced_rider
+
+
+def all_or_nothing(grads: Sequence[Gradient]) -> list[Gradient]:
+    """``grads`` passed through one barrier: none is available before all are.
+
+    Each bucket's collective completes on its own; without this, a graph
+    could apply the variables of a finished bucket while another bucket's
+    collective is still running, and if that one fails (a peer crashed) the
+    worker would keep a partial update. Behind the barrier every apply
+    waits for every average, so a step applies all of its update or none of
+    it, on every worker alike (elastic training relies on it). Eagerly the
+    collectives have already completed, so it only costs a no-op.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> a, b = all_or_nothing([tf.ones([2]), None])
+        >>> a.numpy(), b
+        (array([1., 1.], dtype=float32), None)
+    """
+    tensors: list[tf.Tensor] = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            tensors += [g.values, g.indices] + ([g.dense_shape] if g.dense_shape is not None else [])
+        elif g is not None:
+            tensors.append(g)
+    if not tensors or tf.executing_eagerly():
+        return list(grads)
+    # Not a bare tf.identity_n: Grappler's dependency optimizer bypasses an
+    # IdentityN (each consumer then reads its own input directly), and drops
+    # control dependencies that a data edge already implies. One Identity per
+    # tensor, each with a control dependency on a NoOp that waits for every
+    # tensor, survives: whatever Grappler removes (the Identity, or the NoOp
+    # when it has few edges), it moves that node's control inputs on to its
+    # consumers, and only the edge that duplicates a data edge is dropped, so
+    # every apply still waits for every average.
+    all_ready = tf.group(*tensors, name="all_gradients_averaged")
+    with tf.control_dependencies([all_ready]):
+        passed = iter([tf.identity(t) for t in tensors])
+    out: list[Gradient] = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            values, indices = next(passed), next(passed)
+            shape = next(passed) if g.dense_shape is not None else None
+            out.append(tf.IndexedSlices(values, indices, shape))
+        else:
+            out.append(None if g is None else next(passed))
+    return out
 
 
 def _smallest(buckets: list[list[tuple[int, tf.Tensor]]]) -> int | None:

@@ -1,4 +1,4 @@
-"""Adaptation policies (KungFu §3): change batch size, learning rate and topology while training runs.
+"""Adaptation policies (KungFu §3): change batch size, learning rate, topology and cluster size while training runs.
 
 Example:
     >>> import kungfu_tf.policy as kfp
@@ -14,6 +14,7 @@ from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.context import PolicyContext
 from kungfu_tf.policy.errors import PeerPolicyError, PolicyDisagreementError
 from kungfu_tf.policy.gns_batch_size import GNSBatchSizePolicy
+from kungfu_tf.policy.gns_resize import GNSResizePolicy
 from kungfu_tf.policy.hysteresis import Hysteresis
 from kungfu_tf.policy.learning_rate_rule import LR_RULES, scaled_learning_rate
 from kungfu_tf.policy.policy_state import PolicyState
@@ -25,6 +26,7 @@ __all__ = [
     "BasePolicy",
     "Decision",
     "GNSBatchSizePolicy",
+    "GNSResizePolicy",
     "Hysteresis",
     "PeerPolicyError",
     "PolicyContext",

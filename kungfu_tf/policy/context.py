@@ -37,8 +37,8 @@ class PolicyContext:
     of one hook phase together after checking that every worker asked for
     the same, so a value read back in the same hook is still the old one.
     Requests are checked at once and raise ``ValueError``/``TypeError``
-    naming the argument. The number of workers (``resize``) is not adaptable
-    yet; it will be one more function here.
+    naming the argument. ``resize`` changes the number of workers (elastic
+    jobs, ``kungfu-run --elastic``).
 
     ``metrics`` is one dict shared by the policies of a phase, in order: a
     policy may add values for the ones after it.
@@ -139,6 +139,26 @@ class PolicyContext:
         """Asks for a new all-reduce topology (STAR, RING, BINARY_TREE, BINARY_TREE_STAR, CLIQUE, AUTO; any case)."""
         self._request("topology", topology_name(name), reason)
 
+    def resize(self, new_size: int, reason: str = "") -> None:
+        """Asks for ``new_size`` workers (a positive int; KungFu Tab. 2 ``resize``).
+
+        Applied after the phase like the other requests (every worker must ask
+        for the same), through :func:`kungfu_tf.ops.resize`: a shrink takes
+        effect at once (the workers past ``new_size`` detach), a growth when
+        the launcher's joiners are ready (asynchronous; the job's ``--max-np``
+        bounds it). The global batch follows the cluster: each worker keeps
+        its ``local_batch_size``. Only in an elastic job.
+        """
+        if isinstance(new_size, (bool, np.bool_, float, np.floating)):
+            raise TypeError(f"resize: new_size must be an int, got {new_size!r}")
+        try:
+            value = operator.index(new_size)
+        except TypeError:
+            raise TypeError(f"resize: new_size must be an int, got {new_size!r}") from None
+        if value <= 0:
+            raise ValueError(f"resize: new_size must be positive, got {value}")
+        self._request("size", value, reason)
+
     # --- communication (Tab. 2), eager, for values measured per worker ------
     def all_reduce(self, value: Any, op: str = "mean", name: str | None = None) -> Any:
         """``value`` (a number or array) reduced over all workers, as numpy (float64 for "mean")."""
@@ -159,7 +179,8 @@ class PolicyContext:
     # --- runner side -------------------------------------------------------
     def _request(self, name: str, value: Any, reason: str) -> None:
         if self._hook is None:
-            raise RuntimeError(f"set_{name} may only be called from a policy hook, while the runner runs it")
+            what = "resize" if name == "size" else f"set_{name}"
+            raise RuntimeError(f"{what} may only be called from a policy hook, while the runner runs it")
         self.requests[name] = value
         self.requested_by[name] = self._policy
         if reason:

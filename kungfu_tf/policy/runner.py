@@ -49,8 +49,9 @@ from kungfu_tf.policy.summary_log import SummaryLog
 from kungfu_tf.policy.variable_access import EagerVariableAccess, VariableAccess
 
 # The adaptable settings, in the order they are applied (the learning rate
-# may follow the batch size; the topology is independent).
-SETTINGS = ("batch_size", "learning_rate", "topology")
+# may follow the batch size; the topology is independent; the cluster size
+# last, since a shrink may detach this worker).
+SETTINGS = ("batch_size", "learning_rate", "topology", "size")
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class PolicyRunner:
         self.log_every = log_every
         self.verbose = verbose
         self.history: list[Decision] = []
+        self.detached = False  # a resize took this worker out of the cluster: stop training
         self.context = PolicyContext(self)
         self.epoch = 0
         self.steps_done = 0
@@ -345,6 +347,47 @@ class PolicyRunner:
             "last_batch_change": -1 if self._last_batch_change is None else self._last_batch_change,
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counters and every policy's ``state_dict()``, JSON-able: what an elastic joiner needs.
+
+        Give the runner to ``kungfu_tf.elastic.ElasticState(..., policy=runner)``:
+        a worker that joins (or a survivor behind the others) then continues
+        with the members' counters, batch size and policy references.
+
+        Example:
+            >>> from kungfu_tf.policy import PolicyRunner
+            >>> PolicyRunner([], batch_size=8).state_dict()["counters"]["batch_size"]
+            8
+        """
+        return {"counters": self.state_counters(), "policies": [p.state_dict() for p in self.policies]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Adopts another worker's :meth:`state_dict` (of a runner with the same policies), for this cluster.
+
+        Raises:
+            ValueError: the state has another number of policies.
+        """
+        policies = state.get("policies", [])
+        if len(policies) != len(self.policies):
+            raise ValueError(
+                f"PolicyRunner.load_state_dict: the state holds {len(policies)} policies' states, this runner has "
+                f"{len(self.policies)} policies ({', '.join(type(p).__name__ for p in self.policies)})"
+            )
+        counters = state["counters"]
+        self.steps_done, self.samples, self.epoch = counters["steps_done"], counters["samples"], counters["epoch"]
+        self.hook_step = self.steps_done
+        change = counters["last_batch_change"]
+        self._last_batch_change = None if change < 0 else change
+        for policy, entry in zip(self.policies, policies):
+            policy.load_state_dict(entry)
+        self._policies_ran = True
+        self.refresh_cluster()
+        if self.batch_size is not None and counters["batch_size"] > 0:
+            self.batch_size = counters["batch_size"]
+            if self._started:
+                self.access.assign_local_batch_size(self.batch_size // self.size)
+        self._save_state()
+
     def _save_state(self) -> None:
         # The counters change every step (one small assign); the policies'
         # JSON only after phases in which some policy ran.
@@ -431,6 +474,7 @@ class PolicyRunner:
                 self._settle(None)
             return
         self._policies_ran = True
+        self.refresh_cluster()
         if not self._metrics_read:
             self._read_metrics()
         ctx = self.context
@@ -510,7 +554,39 @@ class PolicyRunner:
                 raise PolicyDisagreementError(f"workers differ on topology: set_topology({new_t!r}) was refused")
             self.topology = self._read_topology()
             self._decide(Decision(step, "topology", old_t, new_t, by["topology"], reasons.get("topology", "")))
+        if "size" in requests and requests["size"] != self.size:
+            self._resize(step, requests["size"], by["size"], reasons.get("size", ""))
         self.context.metrics.update(self._parameters())
+
+    def _resize(self, step: int, new_size: int, by: str, reason: str) -> None:
+        # The elastic runtime: imported only when a policy resizes.
+        from kungfu_tf.ops.resize import resize
+
+        old = self.size
+        with tf.init_scope():
+            changed, detached = (bool(t.numpy()) if hasattr(t, "numpy") else bool(t) for t in resize(new_size))
+        # A growth waits for the launcher's joiners: the cluster changes at a later
+        # step boundary (the elastic check), where refresh_cluster() picks it up.
+        pending = "" if changed or detached else "pending: joiners are warming up"
+        self._decide(Decision(step, "size", old, new_size, by, reason, pending))
+        if detached:
+            self.detached = True
+            return
+        if changed:
+            self.refresh_cluster()
+
+    def refresh_cluster(self) -> None:
+        """Reads rank and size again (after an elastic resize); the global batch follows the cluster.
+
+        Each worker keeps its per-worker batch, so ``batch_size`` becomes
+        ``local_batch_size * size``. Called by the runner before each phase in
+        which a policy runs, and by the elastic surfaces after a membership change.
+        """
+        with tf.init_scope():
+            rank, size = config.current_int(config.rank), config.current_int(config.cluster_size)
+        if size != self.size and self.batch_size is not None:
+            self.batch_size = self.batch_size // self.size * size
+        self.rank, self.size = rank, size
 
     def _decide(self, decision: Decision) -> None:
         self.history.append(decision)

@@ -22,6 +22,12 @@ class LaunchOptions:
     ``hosts`` is None without ``-H``; ``port_range`` is None unless
     ``--port-range`` was given, because only an explicit range disables
     picking free ports on a single host.
+
+    Elastic jobs (``--elastic`` or ``--min-np``): ``min_np``/``max_np`` are
+    the bounds on the cluster size (None when not given); ``replace_crashed``
+    is ``--elastic`` (crashed workers are replaced by joiners);
+    ``config_server`` is the ``--config-server`` ``host:port``;
+    ``discovery_script`` the ``--host-discovery-script``.
     """
 
     np: int
@@ -33,6 +39,16 @@ class LaunchOptions:
     logdir: Path | None
     quiet: bool
     command: list[str]
+    replace_crashed: bool = False
+    min_np: int | None = None
+    max_np: int | None = None
+    config_server: str | None = None
+    discovery_script: Path | None = None
+
+    @property
+    def elastic(self) -> bool:
+        """The cluster may change while the job runs (``--elastic`` or ``--min-np``)."""
+        return self.replace_crashed or self.min_np is not None
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -97,6 +113,45 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not echo worker output (logs are still written)",
     )
+    elastic = parser.add_argument_group(
+        "elastic jobs",
+        "The cluster may shrink (crashes, resize) and grow (resize) while the job "
+        "runs; the launcher serves the config service that holds the membership.",
+    )
+    elastic.add_argument(
+        "--elastic",
+        action="store_true",
+        help="start a joiner in place of every crashed worker, and joiners when "
+        "the workers ask for more (up to --max-np)",
+    )
+    elastic.add_argument(
+        "--min-np",
+        type=int,
+        metavar="A",
+        help="survive crashes down to A workers; fewer ends the job with an error "
+        "(default 1 with --elastic; without --elastic crashed workers are not replaced)",
+    )
+    elastic.add_argument(
+        "--max-np",
+        type=int,
+        metavar="B",
+        help="the cluster never grows beyond B workers (needs --elastic; default -np)",
+    )
+    elastic.add_argument(
+        "--config-server",
+        metavar="HOST:PORT",
+        help="where the config service is (needed on several hosts: give the same "
+        "value to every launcher; the one on HOST serves it on PORT and places "
+        "every joiner, the others connect to it; default on one host: a free port)",
+    )
+    elastic.add_argument(
+        "--host-discovery-script",
+        type=Path,
+        metavar="PATH",
+        help="instead of -H: a program printing one host:slots line per available "
+        "host, run every few seconds (needs --elastic); workers of a host that "
+        "disappears are evicted, slots of new hosts are used for joiners",
+    )
     parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
@@ -128,6 +183,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
             raise LaunchError(
                 f"--timeout must be 1..{MAX_TIMEOUT_SECONDS} seconds, got {ns.timeout}"
             )
+        _check_elastic_options(ns)
         return LaunchOptions(
             np=ns.np,
             hosts=parse_hosts(ns.hosts) if ns.hosts is not None else None,
@@ -140,10 +196,76 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
             logdir=ns.logdir,
             quiet=ns.quiet,
             command=program_command(command),
+            replace_crashed=ns.elastic,
+            min_np=ns.min_np,
+            max_np=ns.max_np,
+            config_server=(
+                parse_config_server(ns.config_server)
+                if ns.config_server is not None
+                else None
+            ),
+            discovery_script=ns.host_discovery_script,
         )
     except LaunchError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits; keeps type checkers happy
+
+
+def _check_elastic_options(ns: argparse.Namespace) -> None:
+    """The elastic options are consistent with each other and with ``-np``."""
+    elastic = ns.elastic or ns.min_np is not None
+    if ns.max_np is not None:
+        if not ns.elastic:
+            raise LaunchError(
+                f"--max-np {ns.max_np} needs --elastic (without it no worker is ever added)"
+            )
+        if ns.max_np < 1:
+            raise LaunchError(f"--max-np must be at least 1, got {ns.max_np}")
+        if ns.np > ns.max_np:
+            raise LaunchError(f"-np {ns.np} exceeds --max-np {ns.max_np}")
+    if ns.min_np is not None:
+        if ns.min_np < 1:
+            raise LaunchError(f"--min-np must be at least 1, got {ns.min_np}")
+        if ns.min_np > ns.np:
+            raise LaunchError(f"--min-np {ns.min_np} exceeds -np {ns.np}")
+    if ns.config_server is not None and not elastic:
+        raise LaunchError(
+            f"--config-server {ns.config_server} is only used by elastic jobs "
+            "(--elastic or --min-np)"
+        )
+    if ns.host_discovery_script is not None:
+        if not ns.elastic:
+            raise LaunchError("--host-discovery-script needs --elastic")
+        if ns.hosts is not None:
+            raise LaunchError(
+                "give either -H or --host-discovery-script, not both "
+                "(the script says which hosts there are)"
+            )
+
+
+def parse_config_server(text: str) -> str:
+    """Check ``--config-server HOST:PORT`` and return it.
+
+    Example:
+        >>> parse_config_server("10.0.0.1:7000")
+        '10.0.0.1:7000'
+
+    Raises:
+        LaunchError: naming the value if it is not ``host:port`` with a
+            port in 1..65535.
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if (
+        not sep
+        or not host
+        or ":" in host
+        or not port.isdigit()
+        or not 1 <= int(port) <= 65535
+    ):
+        raise LaunchError(
+            f"bad --config-server {text!r}: expected HOST:PORT with port 1..65535"
+        )
+    return f"{host}:{int(port)}"
 
 
 def program_command(command: Sequence[str]) -> list[str]:

@@ -5,6 +5,13 @@ ConfigClient to read the current Cluster and, on an elastic resize, to replace
 it. PutCluster is a compare-and-swap on Cluster.version (the new version must
 be the current one + 1), so two launchers cannot both apply a resize.
 
+Elastic jobs (``ConfigServer(elastic=True)``) also keep a JobState: target
+size, min/max, the model signature, joiners and a ``state_version`` that
+launchers and workers long-poll (WaitJobState). The rules live in
+kungfu_tf/run/job_state.py; this module is the gRPC glue: it maps
+:class:`~kungfu_tf.run.job_state.JobStateError` to status codes and gives
+each long poll its own thread without starving the other calls.
+
 Every call is authenticated both ways by challenge-response keyed with the
 job secret (kungfu_tf/run/config_auth.py): the secret itself never crosses
 the wire, a wrong or missing proof gets PERMISSION_DENIED, and ConfigClient
@@ -15,17 +22,21 @@ two jobs that share a secret cannot serve each other's clients.
 
 Example::
 
-    server = ConfigServer(secret=secret, job_id=job_id, host="0.0.0.0")
+    server = ConfigServer(secret=secret, job_id=job_id, host="0.0.0.0", elastic=True, max_size=8)
     server.start()
     with ConfigClient(f"{host}:{server.port}", secret=secret, job_id=job_id) as client:
         current = client.get_cluster()
-        client.put_cluster(make_cluster(current.version + 1, [("10.0.0.1", 10000)]))
+        client.put_cluster(make_cluster(current.version + 1, ["10.0.0.1:10000", "10.0.0.2:10000"]))
+        state = client.request_size(3)  # launchers start a joiner
+        state = client.wait_job_state(state.state_version, timeout=30.0)
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent import futures
 from typing import Self
 
@@ -42,11 +53,34 @@ from kungfu_tf.run.config_auth import (
     request_mac,
     response_mac,
 )
+from kungfu_tf.run.job_state import (
+    MAX_WAIT_SECONDS,
+    JobStateError,
+    JobStateMachine,
+    cluster_problem,
+)
+from kungfu_tf.run.peer_string import cluster_peers, parse_peer_string, peer_string
 
 SERVICE = "/kungfu.ConfigService/"
 CHALLENGE_METHOD = SERVICE + "Challenge"
 
-__all__ = ["ConfigClient", "ConfigServer", "ServerNotAuthenticatedError", "make_cluster"]
+__all__ = [
+    "ConfigClient",
+    "ConfigServer",
+    "PendingCall",
+    "ServerNotAuthenticatedError",
+    "cluster_peers",
+    "make_cluster",
+    "parse_peer_string",
+    "peer_string",
+]
+
+# Threads kept for the short calls beside the long polls (ConfigServer(max_workers=...)).
+DEFAULT_SHORT_CALL_THREADS = 4
+# Long polls served at once: one per worker and launcher of a large job.
+DEFAULT_MAX_LONG_POLLS = 256
+_UINT32_MAX = 2**32 - 1
+_UINT64_MAX = 2**64 - 1
 
 
 class ServerNotAuthenticatedError(grpc.RpcError):
@@ -83,75 +117,115 @@ def _secret_bytes(secret: str | bytes) -> bytes:
 
 
 def make_cluster(
-    version: int, workers: Iterable[tuple[str, int] | config_pb2.PeerID]
+    version: int, workers: Iterable[str | tuple[str, int] | config_pb2.PeerID]
 ) -> config_pb2.Cluster:
-    """Builds a Cluster from (host, port) pairs (or PeerIDs), in rank order."""
+    """Builds a Cluster from "host:port" strings, (host, port) pairs or PeerIDs, in rank order.
+
+    Example:
+        >>> make_cluster(2, ["10.0.0.1:10000", ("10.0.0.2", 10000)]).workers[1].host
+        '10.0.0.2'
+    """
     cluster = config_pb2.Cluster(version=version)
     for w in workers:
         if isinstance(w, config_pb2.PeerID):
             cluster.workers.add().CopyFrom(w)
+        elif isinstance(w, str):
+            cluster.workers.add().CopyFrom(parse_peer_string(w))
         else:
             host, port = w
             cluster.workers.add(host=host, port=port)
     return cluster
 
 
-def _validate(cluster: config_pb2.Cluster) -> str | None:
-    """Returns why `cluster` is malformed, or None if it is fine."""
-    seen = set()
-    for rank, w in enumerate(cluster.workers):
-        if not w.host:
-            return f"workers[{rank}] has an empty host"
-        if not 1 <= w.port <= 65535:
-            return (
-                f"workers[{rank}] ({w.host}) has invalid port {w.port} (want 1..65535)"
-            )
-        if (w.host, w.port) in seen:
-            return f"workers[{rank}] {w.host}:{w.port} appears more than once"
-        seen.add((w.host, w.port))
-    return None
+def _rpc(method):
+    """Answers a JobStateError with its status code and "<Method>: <message>"."""
+
+    @functools.wraps(method)
+    def handler(self, request, context):
+        try:
+            return method(self, request, context)
+        except JobStateError as e:
+            context.abort(getattr(grpc.StatusCode, e.code), f"{method.__name__}: {e}")
+
+    return handler
 
 
 class _Servicer(config_pb2_grpc.ConfigServiceServicer):
-    def __init__(self, initial: config_pb2.Cluster, nonces: NonceBook):
-        self._lock = threading.Lock()
-        self._cluster = config_pb2.Cluster()
-        self._cluster.CopyFrom(initial)
+    def __init__(self, jobs: JobStateMachine, nonces: NonceBook, max_long_polls: int):
+        self._jobs = jobs
         self._nonces = nonces
+        self._max_long_polls = max_long_polls
+        # Non-blocking: a long poll over the limit is refused, never queued
+        # (a queued one would hold a thread the short calls need).
+        self._long_poll_slots = threading.BoundedSemaphore(max_long_polls)
 
     def Challenge(self, request, context):
         return config_pb2.ChallengeResponse(nonce=self._nonces.issue())
 
-    def snapshot(self) -> config_pb2.Cluster:
-        out = config_pb2.Cluster()
-        with self._lock:
-            out.CopyFrom(self._cluster)
-        return out
-
+    @_rpc
     def GetCluster(self, request, context):
-        return self.snapshot()
+        return self._jobs.cluster()
 
+    @_rpc
     def PutCluster(self, request, context):
         if not request.HasField("cluster"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PutCluster: missing cluster")
+        return config_pb2.PutClusterResponse(cluster=self._jobs.put_cluster(request.cluster))
+
+    @_rpc
+    def GetJobState(self, request, context):
+        return self._jobs.job_state()
+
+    @_rpc
+    def WaitJobState(self, request, context):
+        if not self._long_poll_slots.acquire(blocking=False):
             context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "PutCluster: missing cluster"
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"WaitJobState: {self._max_long_polls} long polls are already waiting "
+                "(ConfigServer(max_long_polls=...)); poll again later",
             )
-        new = request.cluster
-        problem = _validate(new)
-        if problem is not None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"PutCluster: {problem}")
-        with self._lock:
-            current = self._cluster.version
-            if new.version != current + 1:
-                # context.abort raises, which releases the lock.
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"PutCluster: version conflict: the cluster is at version {current}, "
-                    f"so the new cluster must have version {current + 1}, "
-                    f"got {new.version}; re-read it with GetCluster and retry",
-                )
-            self._cluster.CopyFrom(new)
-        return config_pb2.PutClusterResponse(cluster=new)
+        returned = False
+
+        def on_rpc_done():
+            # A cancelled or expired call: wake the waiters so this one sees it.
+            if not returned:
+                self._jobs.wake()
+
+        try:
+            context.add_callback(on_rpc_done)
+            timeout = min(request.timeout_ms / 1000.0, MAX_WAIT_SECONDS)
+            return self._jobs.wait(request.after_state_version, timeout, cancelled=lambda: not context.is_active())
+        finally:
+            returned = True
+            self._long_poll_slots.release()
+
+    @_rpc
+    def GetClusterAt(self, request, context):
+        return self._jobs.cluster_at(request.version)
+
+    @_rpc
+    def RequestSize(self, request, context):
+        return self._jobs.request_size(request.size)
+
+    @_rpc
+    def ReportLost(self, request, context):
+        return self._jobs.report_lost(request.version, list(request.peers), request.reason)
+
+    @_rpc
+    def AddJoiner(self, request, context):
+        return self._jobs.add_joiner(request.peer)
+
+    @_rpc
+    def JoinerReady(self, request, context):
+        return self._jobs.joiner_ready(request.peer, request.signature)
+
+    @_rpc
+    def SetSignature(self, request, context):
+        return self._jobs.set_signature(request.signature)
+
+    @_rpc
+    def RemoveJoiner(self, request, context):
+        return self._jobs.remove_joiner(request.peer)
 
 
 class _ChallengeResponseAuth(grpc.ServerInterceptor):
@@ -222,7 +296,21 @@ class ConfigServer:
       host: address to bind. The default accepts local clients only; use
         "0.0.0.0" (or "[::]") for workers on other hosts.
       cluster: initial Cluster; default version 0 with no workers.
-      max_workers: size of the gRPC handler thread pool.
+      max_workers: gRPC handler threads for the short calls (every call but
+        WaitJobState).
+      elastic: serve the elastic RPCs (RequestSize, ReportLost, joiners,
+        signatures); without it they fail with FAILED_PRECONDITION.
+      min_size, max_size: the job's bounds on the cluster size
+        (kungfu-run --min-np/--max-np; max_size 0 = no limit).
+      replace_crashed: a ReportLost keeps target_size, so launchers start
+        replacements for crashed workers.
+      max_long_polls: WaitJobState calls served at once (each holds a thread
+        of its own, beside the max_workers ones); more get RESOURCE_EXHAUSTED.
+
+    Example:
+        >>> with ConfigServer(secret="s3cret", elastic=True, cluster=make_cluster(1, ["h:1"])) as srv:
+        ...     srv.job_state().target_size
+        1
     """
 
     def __init__(
@@ -233,19 +321,31 @@ class ConfigServer:
         job_id: str = "",
         host: str = "127.0.0.1",
         cluster: config_pb2.Cluster | None = None,
-        max_workers: int = 4,
+        max_workers: int = DEFAULT_SHORT_CALL_THREADS,
+        elastic: bool = False,
+        min_size: int = 1,
+        max_size: int = 0,
+        replace_crashed: bool = False,
+        max_long_polls: int = DEFAULT_MAX_LONG_POLLS,
     ):
         self._secret = _secret_bytes(secret)
         self._job_id = job_id
         self._host = host
         self.port = port
+        for name, value in (("max_workers", max_workers), ("max_long_polls", max_long_polls)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self._max_workers = max_workers
+        self._max_long_polls = max_long_polls
         initial = cluster if cluster is not None else config_pb2.Cluster()
-        problem = _validate(initial)
+        problem = cluster_problem(initial)
         if problem is not None:
             raise ValueError(f"initial cluster: {problem}")
+        self._jobs = JobStateMachine(
+            initial, elastic=elastic, min_size=min_size, max_size=max_size, replace_crashed=replace_crashed
+        )
         self._nonces = NonceBook()
-        self._servicer = _Servicer(initial, self._nonces)
+        self._servicer = _Servicer(self._jobs, self._nonces, max_long_polls)
         self._server: grpc.Server | None = None
 
     @property
@@ -262,8 +362,9 @@ class ConfigServer:
         if self._server is not None:
             raise RuntimeError("ConfigServer already started")
         server = grpc.server(
+            # Threads start on demand: idle long-poll slots cost nothing.
             futures.ThreadPoolExecutor(
-                max_workers=self._max_workers, thread_name_prefix="kungfu-config"
+                max_workers=self._max_workers + self._max_long_polls, thread_name_prefix="kungfu-config"
             ),
             interceptors=[_ChallengeResponseAuth(self._secret, self._job_id, self._nonces)],
         )
@@ -284,11 +385,25 @@ class ConfigServer:
         """Stops serving; in-flight calls get `grace` seconds to finish."""
         server, self._server = self._server, None
         if server is not None:
-            server.stop(grace).wait()
+            stopped = server.stop(grace)
+            self._jobs.release_waiters()  # long polls answer now instead of at their timeout
+            stopped.wait()
 
     def get_cluster(self) -> config_pb2.Cluster:
         """The current Cluster, read locally (no RPC, no secret needed)."""
-        return self._servicer.snapshot()
+        return self._jobs.cluster()
+
+    def job_state(self) -> config_pb2.JobState:
+        """The current JobState, read locally."""
+        return self._jobs.job_state()
+
+    def wait_job_state(self, after_state_version: int, timeout: float) -> config_pb2.JobState:
+        """Local long poll: the JobState once state_version > after_state_version, or at the timeout."""
+        return self._jobs.wait(after_state_version, timeout)
+
+    def commit_reason(self, version: int) -> str:
+        """Why cluster ``version`` was committed, e.g. "lost 127.0.0.1:10002: killed by SIGKILL"."""
+        return self._jobs.commit_reason(version)
 
     def __enter__(self) -> Self:
         if self._server is None:
@@ -299,19 +414,83 @@ class ConfigServer:
         self.stop()
 
 
+def _check_uint(name: str, value: int, limit: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise ValueError(f"{name} must be an integer in 0..{limit}, got {value!r}")
+    return value
+
+
+def _peer_argument(name: str, peer: str) -> config_pb2.PeerID:
+    try:
+        return parse_peer_string(peer)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{name}: {e}") from None
+
+
+class PendingCall:
+    """A ConfigClient call in flight (see ConfigClient.start_wait_job_state).
+
+    ``result()`` waits for the answer, checks the server's proof and returns
+    the response message (or raises grpc.RpcError); ``cancel()`` abandons the
+    call, after which ``result()`` raises grpc.FutureCancelledError.
+    """
+
+    def __init__(self, future, key: bytes, nonce: bytes, method: str, job_id: str, address: str, response_type):
+        self._future = future
+        self._key = key
+        self._nonce = nonce
+        self._method = method
+        self._job_id = job_id
+        self._address = address
+        self._response_type = response_type
+
+    def result(self, timeout: float | None = None):
+        """The response message; raises grpc.RpcError, ServerNotAuthenticatedError or
+        grpc.FutureCancelledError (after cancel())."""
+        raw_response = self._future.result(timeout=timeout)
+        expected = response_mac(self._key, self._nonce, self._method, self._job_id, raw_response)
+        proofs = [v for k, v in (self._future.trailing_metadata() or ()) if k == SERVER_MAC_METADATA_KEY]
+        if len(proofs) != 1 or not macs_equal(expected, proofs[0]):
+            raise ServerNotAuthenticatedError(self._address, self._method)
+        return self._response_type.FromString(raw_response)
+
+    def cancel(self) -> bool:
+        """Abandons the call (the server's long poll ends at once)."""
+        return self._future.cancel()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
 class ConfigClient:
     """Client for a ConfigServer at `address` ("host:port").
 
     Each call first fetches a challenge, then sends the call with its proof
-    (see config_auth); the job secret is never sent.
+    (see config_auth); the job secret is never sent. Peers are "host:port"
+    strings (IPv6 as "[addr]:port").
 
     Failed calls raise grpc.RpcError; check .code():
       PERMISSION_DENIED    wrong job secret or job id
       UNAUTHENTICATED      the server could not prove it holds the job secret
                            (ServerNotAuthenticatedError)
-      FAILED_PRECONDITION  put_cluster version conflict (re-read and retry)
-      INVALID_ARGUMENT     malformed cluster
+      FAILED_PRECONDITION  put_cluster version conflict (re-read and retry);
+                           an elastic call to a server that is not elastic;
+                           a signature that differs from the job's
+      INVALID_ARGUMENT     malformed cluster or peer; report_lost naming a
+                           non-member or a version never committed
+      OUT_OF_RANGE         a size outside the job's [min_size, max_size]
+      NOT_FOUND            get_cluster_at of a version never committed;
+                           remove_joiner of a peer that is not a joiner
+      ALREADY_EXISTS       add_joiner of a member or of a READY/REJECTED joiner
+      RESOURCE_EXHAUSTED   too many long polls waiting at once
       UNAVAILABLE          server unreachable
+
+    Example::
+
+        with ConfigClient("127.0.0.1:38080", secret=secret, job_id=job_id) as client:
+            state = client.get_job_state()
+            while not done:
+                state = client.wait_job_state(state.state_version, timeout=30.0)
     """
 
     def __init__(self, address: str, *, secret: str | bytes, job_id: str = "", timeout: float = 10.0):
@@ -326,22 +505,25 @@ class ConfigClient:
             response_deserializer=config_pb2.ChallengeResponse.FromString,
         )
 
-    def _call(self, name: str, request, response_type):
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def _start(self, name: str, request, response_type, *, timeout: float | None = None) -> PendingCall:
         method = SERVICE + name
         nonce = self._challenge(config_pb2.ChallengeRequest(), timeout=self._timeout).nonce
         raw_request = request.SerializeToString()
         proof = request_mac(self._key, nonce, method, self._job_id, raw_request)
         # Bytes in and out, so that both proofs cover exactly what travelled.
-        raw_response, call = self._channel.unary_unary(method).with_call(
+        future = self._channel.unary_unary(method).future(
             raw_request,
             metadata=((NONCE_METADATA_KEY, nonce.hex()), (MAC_METADATA_KEY, proof)),
-            timeout=self._timeout,
+            timeout=self._timeout if timeout is None else timeout,
         )
-        expected = response_mac(self._key, nonce, method, self._job_id, raw_response)
-        proofs = [v for k, v in (call.trailing_metadata() or ()) if k == SERVER_MAC_METADATA_KEY]
-        if len(proofs) != 1 or not macs_equal(expected, proofs[0]):
-            raise ServerNotAuthenticatedError(self._address, method)
-        return response_type.FromString(raw_response)
+        return PendingCall(future, self._key, nonce, method, self._job_id, self._address, response_type)
+
+    def _call(self, name: str, request, response_type, *, timeout: float | None = None):
+        return self._start(name, request, response_type, timeout=timeout).result()
 
     def get_cluster(self) -> config_pb2.Cluster:
         return self._call("GetCluster", config_pb2.GetClusterRequest(), config_pb2.Cluster)
@@ -350,10 +532,77 @@ class ConfigClient:
         """Stores `cluster` if cluster.version == current version + 1.
 
         Returns the stored cluster; raises grpc.RpcError with
-        FAILED_PRECONDITION if another writer got there first.
+        FAILED_PRECONDITION if another writer got there first (and, in an
+        elastic job, OUT_OF_RANGE for a size outside [min_size, max_size]).
         """
         request = config_pb2.PutClusterRequest(cluster=cluster)
         return self._call("PutCluster", request, config_pb2.PutClusterResponse).cluster
+
+    def get_job_state(self) -> config_pb2.JobState:
+        """The whole JobState (cluster, target size, joiners, state_version)."""
+        return self._call("GetJobState", config_pb2.GetJobStateRequest(), config_pb2.JobState)
+
+    def wait_job_state(self, after_state_version: int, timeout: float) -> config_pb2.JobState:
+        """Long poll: the JobState once its state_version > ``after_state_version``.
+
+        Answers with the current (unchanged) state after ``timeout`` seconds,
+        which is capped at 60 s: loop on it to watch the job (or use
+        kungfu_tf.run.job_watcher.JobWatcher).
+        """
+        return self.start_wait_job_state(after_state_version, timeout).result()
+
+    def start_wait_job_state(self, after_state_version: int, timeout: float) -> PendingCall:
+        """Starts :meth:`wait_job_state` without blocking: ``.result()`` waits, ``.cancel()`` gives up."""
+        _check_uint("after_state_version", after_state_version, _UINT64_MAX)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or math.isnan(timeout) or timeout < 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        wait = min(float(timeout), MAX_WAIT_SECONDS)
+        request = config_pb2.WaitJobStateRequest(
+            after_state_version=after_state_version, timeout_ms=int(wait * 1000)
+        )
+        # The call's deadline leaves the server its whole wait plus the usual margin.
+        return self._start("WaitJobState", request, config_pb2.JobState, timeout=wait + self._timeout)
+
+    def get_cluster_at(self, version: int) -> config_pb2.Cluster:
+        """The Cluster committed as ``version`` (NOT_FOUND if it never was)."""
+        request = config_pb2.GetClusterAtRequest(version=_check_uint("version", version, _UINT64_MAX))
+        return self._call("GetClusterAt", request, config_pb2.Cluster)
+
+    def request_size(self, n: int) -> config_pb2.JobState:
+        """Sets the job's target_size to ``n`` (OUT_OF_RANGE outside [min_size, max_size])."""
+        request = config_pb2.RequestSizeRequest(size=_check_uint("n", n, _UINT32_MAX))
+        return self._call("RequestSize", request, config_pb2.JobState)
+
+    def report_lost(self, version: int, peers: Sequence[str], reason: str = "") -> config_pb2.JobState:
+        """Members ``peers`` of cluster ``version`` crashed: the first report commits version + 1."""
+        if isinstance(peers, str):
+            raise TypeError(f"peers must be a list of 'host:port' strings, not the string {peers!r}")
+        request = config_pb2.ReportLostRequest(
+            version=_check_uint("version", version, _UINT64_MAX),
+            peers=[_peer_argument(f"peers[{i}]", p) for i, p in enumerate(peers)],
+            reason=reason,
+        )
+        return self._call("ReportLost", request, config_pb2.JobState)
+
+    def add_joiner(self, peer: str) -> config_pb2.JobState:
+        """Announces a joiner process started at ``peer`` (STARTING)."""
+        request = config_pb2.AddJoinerRequest(peer=_peer_argument("peer", peer))
+        return self._call("AddJoiner", request, config_pb2.JobState)
+
+    def joiner_ready(self, peer: str, signature: str) -> config_pb2.JobState:
+        """The joiner at ``peer`` is warm, with model ``signature``; it may be admitted at once."""
+        request = config_pb2.JoinerReadyRequest(peer=_peer_argument("peer", peer), signature=signature)
+        return self._call("JoinerReady", request, config_pb2.JobState)
+
+    def set_signature(self, signature: str) -> config_pb2.JobState:
+        """Reports the members' model signature (the first call sets the job's)."""
+        request = config_pb2.SetSignatureRequest(signature=signature)
+        return self._call("SetSignature", request, config_pb2.JobState)
+
+    def remove_joiner(self, peer: str) -> config_pb2.JobState:
+        """Forgets the joiner at ``peer`` (its process exited or was stopped)."""
+        request = config_pb2.AddJoinerRequest(peer=_peer_argument("peer", peer))
+        return self._call("RemoveJoiner", request, config_pb2.JobState)
 
     def close(self) -> None:
         self._channel.close()

@@ -3,8 +3,9 @@
 import os
 from collections.abc import Sequence
 
-from kungfu_tf.run.cli import parse_args
+from kungfu_tf.run.cli import LaunchOptions, parse_args
 from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.grpc_fork_safety import disable_grpc_fork_handlers
 from kungfu_tf.run.job_plan import build_plan
 from kungfu_tf.run.output import Console
 from kungfu_tf.run.supervisor import JobSupervisor
@@ -26,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
     console = Console()
+    if options.elastic:
+        return _run_elastic(options, console)
     try:
         plan = build_plan(options, os.environ)
         if plan.logdir is not None:
@@ -45,3 +48,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     return JobSupervisor(plan, console, os.environ).run()
+
+
+def _run_elastic(options: LaunchOptions, console: Console) -> int:
+    """``--elastic``/``--min-np``: the cluster may change while the job runs."""
+    # Workers get the environment as the user set it.
+    base_env = dict(os.environ)
+    try:
+        disable_grpc_fork_handlers()
+    except RuntimeError as e:
+        console.message(f"error: {e}")
+        return 2
+    # Imported here, after the line above: they import gRPC (which a job of
+    # fixed size does not need, so it starts faster without).
+    from kungfu_tf.run.elastic_plan import build_elastic_plan
+    from kungfu_tf.run.elastic_supervisor import ElasticSupervisor
+
+    try:
+        plan = build_elastic_plan(options, os.environ)
+        if plan.logdir is not None:
+            try:
+                plan.logdir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise LaunchError(f"cannot create --logdir {plan.logdir}: {e.strerror}") from None
+    except LaunchError as e:
+        console.message(f"error: {e}")
+        return 2
+    return ElasticSupervisor(plan, console, base_env).run()

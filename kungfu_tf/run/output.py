@@ -31,6 +31,15 @@ class Console:
         """Print a launcher diagnostic as ``kungfu-run: text`` on stderr."""
         self._write(self._stderr, f"kungfu-run: {text}\n".encode())
 
+    def event(self, text: str) -> None:
+        """Print an event of an elastic job as ``[kungfu-run] text`` on stderr.
+
+        Membership changes look like worker lines (``[rank] ...``) so that
+        they read in order among them, e.g.
+        ``[kungfu-run] cluster v3: 4 -> 3 workers (lost 127.0.0.1:10002: killed by SIGKILL)``.
+        """
+        self._write(self._stderr, f"[kungfu-run] {text}\n".encode())
+
     def _write(self, stream: TextIO, data: bytes) -> None:
         with self._lock:
             try:

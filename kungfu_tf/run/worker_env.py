@@ -28,6 +28,10 @@ PEERS_ENV = "KUNGFU_PEERS"
 VERSION_ENV = "KUNGFU_CLUSTER_VERSION"
 TIMEOUT_ENV = "KUNGFU_TIMEOUT"
 SECRET_ENV = "KUNGFU_JOB_SECRET"
+# Elastic jobs only (kungfu-run --elastic / --min-np):
+CONFIG_SERVER_ENV = "KUNGFU_CONFIG_SERVER"  # host:port of the config service
+ELASTIC_ENV = "KUNGFU_ELASTIC"  # "1": crashes are survived, resize is allowed
+JOINER_ENV = "KUNGFU_JOINER"  # "1": started to grow the cluster, not yet a member
 
 # The runtime keeps deadlines as int64 nanoseconds of a monotonic clock; int64
 # overflows after 9.2e9 s, so some bound is needed. 1e6 s (11.6 days) is far
@@ -53,24 +57,42 @@ def build_worker_env(
     timeout: int,
     secret: str,
     job_id: str,
+    cluster_version: int = 0,
+    config_server: str | None = None,
+    joiner: bool = False,
 ) -> dict[str, str]:
     """Return ``base`` plus the ``KUNGFU_*`` variables for worker ``me``.
 
     ``base`` is normally the launcher's own environment so the worker runs
     with the same PATH/virtualenv.  PYTHONUNBUFFERED makes Python workers
     flush each line, otherwise piped output would arrive in 8 KiB bursts.
+
+    ``config_server`` (an elastic job's config service) also sets
+    ``KUNGFU_ELASTIC=1``; a ``joiner`` is started as a one-worker cluster at
+    version 0 (``peers == [me]``) that the config service admits later.
+    Variables of an elastic job that ``base`` may carry from an enclosing
+    job are removed otherwise, so that they never leak into a plain job.
     """
-    env = dict(base)
+    if joiner and config_server is None:
+        raise ValueError("a joiner needs the elastic job's config_server")
+    env = {k: v for k, v in base.items() if k not in (CONFIG_SERVER_ENV, ELASTIC_ENV, JOINER_ENV)}
+    if config_server is not None:
+        env[CONFIG_SERVER_ENV] = config_server
+        env[ELASTIC_ENV] = "1"
+        if joiner:
+            env[JOINER_ENV] = "1"
     env.update(
         {
             SELF_ENV: me.address,
             PEERS_ENV: ",".join(p.address for p in peers),
-            VERSION_ENV: "0",
+            VERSION_ENV: str(cluster_version),
             "KUNGFU_TOPOLOGY": topology,
             TIMEOUT_ENV: str(timeout),
             SECRET_ENV: secret,
             JOB_ID_ENV: job_id,
-            "KUNGFU_RANK": str(me.rank),
+            # Its position in `peers`: a joiner (peers == [me]) is rank 0 of 1
+            # until admitted, whatever number the launcher gave it.
+            "KUNGFU_RANK": str([p.address for p in peers].index(me.address)),
             "KUNGFU_SIZE": str(len(peers)),
             "PYTHONUNBUFFERED": "1",
         }
@@ -84,6 +106,8 @@ class WorkerEnv:
 
     ``peers`` is empty outside the launcher (a one-worker cluster);
     ``timeout_seconds`` is None when the runtime's default applies.
+    ``config_server`` is the elastic job's config service (None in a job of
+    fixed size); ``joiner`` says this worker waits to be admitted.
     """
 
     peers: tuple[str, ...]
@@ -91,6 +115,9 @@ class WorkerEnv:
     cluster_version: int
     timeout_seconds: float | None
     secret: str = field(repr=False)
+    config_server: str | None = None
+    elastic: bool = False
+    joiner: bool = False
 
     @property
     def size(self) -> int:
@@ -141,6 +168,40 @@ def _parse_peer(text: str, variable: str) -> str:
     return text
 
 
+def _parse_flag(environ: Mapping[str, str], variable: str) -> bool:
+    """An unset or empty variable, ``0`` or ``1``."""
+    text = environ.get(variable, "")
+    if text not in ("", "0", "1"):
+        raise WorkerEnvError(f"{variable} must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def _read_elastic(environ: Mapping[str, str], peers: tuple[str, ...], self_text: str, version: int):
+    """The elastic variables: (config_server, elastic, joiner), checked together.
+
+    An elastic worker must know where the config service is (or it cannot
+    follow membership changes), and a joiner is by construction a one-worker
+    cluster of itself at version 0 until the config service admits it.
+    """
+    elastic = _parse_flag(environ, ELASTIC_ENV)
+    joiner = _parse_flag(environ, JOINER_ENV)
+    server_text = environ.get(CONFIG_SERVER_ENV, "")
+    config_server = _parse_peer(server_text, CONFIG_SERVER_ENV) if server_text else None
+    if elastic and config_server is None:
+        raise WorkerEnvError(f"{ELASTIC_ENV}=1 needs {CONFIG_SERVER_ENV} (host:port of the config service), which is not set")
+    if joiner:
+        if not elastic:
+            raise WorkerEnvError(f"{JOINER_ENV}=1 is only valid in an elastic job ({ELASTIC_ENV}=1), got {ELASTIC_ENV}={environ.get(ELASTIC_ENV, '')!r}")
+        if peers != (self_text,):
+            raise WorkerEnvError(
+                f"{JOINER_ENV}=1: a joiner starts as a cluster of itself, so {PEERS_ENV} must be "
+                f"{SELF_ENV}={self_text!r}, got {PEERS_ENV}={environ.get(PEERS_ENV, '')!r}"
+            )
+        if version != 0:
+            raise WorkerEnvError(f"{JOINER_ENV}=1: a joiner starts at {VERSION_ENV}=0, got {version}")
+    return config_server, elastic, joiner
+
+
 def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
     """Check the ``KUNGFU_*`` variables of ``environ`` as the runtime will read them.
 
@@ -148,7 +209,10 @@ def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
         WorkerEnvError: naming the variable and its value, if one is malformed
             (for example ``KUNGFU_CLUSTER_VERSION=abc``, ``KUNGFU_TIMEOUT=nan``,
             a one-character ``KUNGFU_JOB_SECRET``, or a ``KUNGFU_SELF`` that
-            ``KUNGFU_PEERS`` does not list).
+            ``KUNGFU_PEERS`` does not list), or if the elastic variables
+            contradict each other (``KUNGFU_ELASTIC=1`` without
+            ``KUNGFU_CONFIG_SERVER``, ``KUNGFU_JOINER=1`` outside an elastic
+            job or with other peers than itself).
     """
     peers_text = environ.get(PEERS_ENV, "")
     peers = tuple(_parse_peer(p, PEERS_ENV) for p in peers_text.split(",") if p)
@@ -185,4 +249,5 @@ def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
         )
     if not secret and len(peers) > 1:
         raise WorkerEnvError(f"{SECRET_ENV} is not set: start the workers with kungfu-run, which generates it")
-    return WorkerEnv(peers, self_text, version, timeout, secret)
+    config_server, elastic, joiner = _read_elastic(environ, peers, self_text, version)
+    return WorkerEnv(peers, self_text, version, timeout, secret, config_server, elastic, joiner)

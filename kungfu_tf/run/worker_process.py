@@ -117,6 +117,13 @@ def describe_exit(returncode: int) -> str:
     return f"failed with exit code {returncode}"
 
 
+def exit_cause(returncode: int) -> str:
+    """Short cause of a worker's death for membership logs: ``killed by SIGKILL``, ``exit code 3``."""
+    if returncode < 0:
+        return f"killed by {_signal_name(-returncode)}"
+    return f"exit code {returncode}"
+
+
 def exit_status(returncode: int) -> int:
     """Shell convention: a death by signal N becomes status 128+N."""
     return 128 - returncode if returncode < 0 else returncode

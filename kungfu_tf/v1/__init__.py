@@ -7,7 +7,20 @@ Example:
     ...     sess.run(train_op)  # doctest: +SKIP
 """
 
+from kungfu_tf.v1.elastic_hook import (
+    ElasticHook,
+    ElasticSessionCreator,
+    SessionVariable,
+    session_variables,
+)
 from kungfu_tf.v1.hooks import BroadcastGlobalVariablesHook
 from kungfu_tf.v1.policy_hook import PolicyHook
 
-__all__ = ["BroadcastGlobalVariablesHook", "PolicyHook"]
+__all__ = [
+    "BroadcastGlobalVariablesHook",
+    "ElasticHook",
+    "ElasticSessionCreator",
+    "PolicyHook",
+    "SessionVariable",
+    "session_variables",
+]

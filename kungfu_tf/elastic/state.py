@@ -1,0 +1,311 @@
+"""``ElasticState``: the training state that survives resizes, joins and crashes.
+
+It holds the model and optimizer variables (and monitor variables), the
+step and epoch counters, and any object with ``state_dict()`` /
+``load_state_dict()`` (the data sampler, policies) or plain JSON-able values.
+Every member keeps identical state: it is synced after each membership
+change, and the sync ends with a check that every worker holds the same
+bytes.
+
+* ``commit()`` after each successful step (step += 1). A step applies all of
+  its update or none of it (the averaged gradients pass one ``identity_n``),
+  so a worker whose step raised holds the state of its last commit.
+* ``check()`` at step boundaries: the members agree (all_reduce(min) on
+  STAR) on the newest committed cluster version all have seen and apply the
+  next one: joiners admitted, workers lost. Returns the Change or None.
+* ``sync()``: all_gather of every member's (step, holds-state) -> sources =
+  members that held state before, at the highest step; everyone else
+  (joiners, survivors whose last step failed while it succeeded elsewhere)
+  fetches the variables in slices from all sources in parallel, and the
+  Python state from the first; then all compare SHA-256 digests.
+* ``join()``: what a joiner does (``kungfu_tf.elastic.run`` calls it): warm
+  up, report ready with its model signature, wait to be admitted, apply
+  that version and sync.
+
+Example (a custom loop; ``kungfu-run --elastic -np 2 python train.py``)::
+
+    state = kungfu_tf.elastic.ElasticState(model.variables + opt.variables, sampler=sampler)
+
+    @kungfu_tf.elastic.run
+    def train(state):
+        while state.step < total_steps:
+            state.check()
+            x, y = data[sampler.next_indices(kungfu_tf.rank(), kungfu_tf.size())]
+            train_step(x, y)
+            sampler.commit(kungfu_tf.size())
+            state.commit()
+
+    train(state)   # returns on every worker, also on one that was detached
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from kungfu_tf.elastic import state_transfer as st
+from kungfu_tf.elastic.errors import (
+    ElasticError,
+    JoinerRejectedError,
+    StateMismatchError,
+)
+from kungfu_tf.elastic.signature import model_signature
+from kungfu_tf.ops import config
+from kungfu_tf.ops import elastic_membership as em
+from kungfu_tf.ops.collective import all_gather
+
+log = logging.getLogger("kungfu_tf.elastic")
+
+STATE_NAME = "kungfu/elastic/state"
+_BUILTIN = ("step", "epoch")
+
+
+class DetachedFromJob(BaseException):
+    """Raised by ``check()`` inside ``kungfu_tf.elastic.run`` when this worker left the job; run returns."""
+
+
+def _signature_hash(signature: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(signature.encode()).digest()[:7], "little")
+
+
+class ElasticState:
+    """The state of one elastic training job on this worker (see the module docstring).
+
+    Args:
+        variables: the variables to keep identical on every worker: a list
+            (model variables, optimizer variables including slots, monitor
+            variables), or a callable returning it (read at each sync, so a
+            Keras optimizer may build its slots in the first step).
+        check_every: ``check()`` does its agreement round every this many steps.
+        **values: Python state, by name: JSON-able values (``step`` and
+            ``epoch`` start at 0 unless given) or objects with
+            ``state_dict()``/``load_state_dict()``. Read and set them as
+            attributes (``state.epoch += 1``).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> state = ElasticState([tf.Variable(1.0)], lr=0.1)
+        >>> state.commit(); state.step, state.lr
+        (1, 0.1)
+    """
+
+    def __init__(
+        self,
+        variables: Sequence[object] | Callable[[], Sequence[object]] = (),
+        *,
+        check_every: int = 1,
+        **values: Any,
+    ) -> None:
+        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
+            raise ValueError(f"ElasticState: check_every must be an int >= 1, got {check_every!r}")
+        for name in values:
+            if name.startswith("_") or name in ("variables", "check_every") or hasattr(type(self), name):
+                raise ValueError(f"ElasticState: {name!r} cannot be the name of a value (it is reserved)")
+        object.__setattr__(self, "_variables", variables)
+        object.__setattr__(self, "_values", {"step": 0, "epoch": 0, **values})
+        object.__setattr__(self, "check_every", check_every)
+        object.__setattr__(self, "_has_state", False)  # synced (or started) with the job's state
+        object.__setattr__(self, "_last_checked_step", None)
+        object.__setattr__(self, "_in_run", False)
+        object.__setattr__(self, "_signature_sent", False)
+        object.__setattr__(self, "_reset_callbacks", [])
+        object.__setattr__(self, "last_change", None)
+        remove = em.add_apply_listener(self._on_applied) if em.is_elastic() else None
+        object.__setattr__(self, "_remove_listener", remove)
+
+    # ----------------------------------------------------------- values
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        raise AttributeError(f"ElasticState has no value {name!r} (values: {', '.join(sorted(values))})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._values:
+            self._values[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def variables(self) -> list[object]:
+        """The variables kept identical (the callable given is called now)."""
+        v = self._variables() if callable(self._variables) else self._variables
+        return list(v)
+
+    def python_state(self) -> dict[str, Any]:
+        """The Python state as JSON-able values (objects give their ``state_dict()``)."""
+        return {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in self._values.items()}
+
+    def load_python_state(self, state: dict[str, Any]) -> None:
+        """Adopts a :meth:`python_state` from another worker."""
+        for k, v in state.items():
+            current = self._values.get(k)
+            if hasattr(current, "load_state_dict"):
+                current.load_state_dict(v)
+            else:
+                self._values[k] = v
+
+    def register_reset_callbacks(self, callbacks: Sequence[Callable[[em.Change], None]]) -> None:
+        """Calls each ``callback(change)`` after every membership change this worker survives (after the sync)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def commit(self) -> None:
+        """Counts a successful step (step += 1). Call it right after the step returned."""
+        self._values["step"] += 1
+
+    # ----------------------------------------------------------- membership
+
+    def check(self) -> em.Change | None:
+        """Step-boundary membership check: applies the next committed version every member has seen.
+
+        Every member calls it at the same steps (every ``check_every``); at
+        most once per step (after a sync the step it synced at counts as
+        checked, so a joiner that was admitted at step s does not check s
+        again). Inside ``elastic.run`` a worker that was detached does not
+        return from it: run returns.
+        """
+        if not em.is_elastic():
+            return None
+        step = self._values["step"]
+        if step == self._last_checked_step or step % self.check_every:
+            return None
+        self._last_checked_step = step
+        change = em.adopt_next()
+        if change is not None:
+            self.last_change = change
+            if change.detached and self._in_run:
+                raise DetachedFromJob()
+        return change
+
+    def _on_applied(self, change: em.Change) -> None:
+        self.last_change = change
+        self.sync()
+        for callback in self._reset_callbacks:
+            callback(change)
+
+    def join(self, warm_up: Callable[[ElasticState], None] | None = None, timeout: float | None = None) -> em.Change | None:
+        """A joiner's path into the job; None (nothing to do) on a worker that is not a joiner.
+
+        ``warm_up(state)`` runs first, alone (a one-worker cluster): build the
+        model, trace the step and run it on a batch, create the optimizer's
+        slots. Then the joiner reports ready with :func:`model_signature`,
+        waits until a committed cluster contains it (raising
+        :class:`JoinerRejectedError` if the service refused it), applies
+        the first such version and syncs the state from the members.
+        ``timeout``: seconds to wait for the admission (None: as long as it
+        takes; a pre-warmed joiner may wait until the job asks to grow, and
+        its launcher stops it when the job ends).
+        """
+        if not em.is_joiner():
+            return None
+        if warm_up is not None:
+            warm_up(self)
+        me = em.self_peer()
+        signature = model_signature(self.variables())
+        started = time.monotonic()
+        em.watcher()
+        reply = em.config_client().joiner_ready(me, signature)
+        log.info("kungfu elastic: joiner %s ready (job state %d)", me, reply.state_version)
+
+        def decided(state) -> bool:
+            return me in em.peers_of(state.cluster) or _rejection(state, me) is not None
+
+        state = em.watcher().wait_for(decided, timeout)
+        if state is None:
+            raise ElasticError(f"joiner {me} was not admitted within {timeout:g} s (the job may already have its target size)")
+        reason = _rejection(state, me)
+        if reason is not None:
+            raise JoinerRejectedError(reason)
+        version = int(state.cluster.version)
+        while version > 1 and me in em.cluster_at(version - 1):
+            version -= 1  # the first version that admitted us: the members apply versions in order
+        change = em.apply_version(version, em.cluster_at(version))
+        log.info("kungfu elastic: joined at cluster version %d after %.2f s", version, time.monotonic() - started)
+        return change
+
+    # ----------------------------------------------------------- sync
+
+    def sync(self) -> None:
+        """Makes every member's state identical (see the module docstring); all members call it together."""
+        variables = self.variables()
+        signature = model_signature(variables)
+        python_json = st.canonical_json(self.python_state())
+        version = int(config.cluster_version())
+        rank, size = int(config.rank()), int(config.cluster_size())
+        prefix = f"kungfu/elastic/sync/{version}"
+        info = np.array(
+            [self._values["step"], int(self._has_state), len(python_json), _signature_hash(signature)], np.int64
+        )
+        rows = all_gather(tf.constant(info), name=f"{prefix}/info").numpy()
+        differ = [r for r in range(size) if rows[r, 3] != rows[0, 3]]
+        if differ:
+            raise StateMismatchError(
+                f"elastic sync at cluster version {version}: the model of rank(s) {differ} differs from "
+                f"rank 0's (variables with other names, shapes or dtypes); this worker's signature:\n{signature}"
+            )
+        holders = [r for r in range(size) if rows[r, 1]]
+        if holders:
+            top = max(int(rows[r, 0]) for r in holders)
+            sources = [r for r in holders if int(rows[r, 0]) == top]
+        else:
+            top, sources = int(rows[0, 0]), [0]  # the job's start: rank 0's state for everyone
+        receivers = [r for r in range(size) if r not in sources]
+        data = st.variable_bytes(variables)
+        if receivers:
+            p2p_version = (version << 32) | (top & 0xFFFFFFFF)
+            bounds = st.slice_bounds(len(data), len(sources))
+            if rank in sources:
+                j = sources.index(rank)
+                start, end = bounds[j]
+                if end > start:
+                    st.save_blob(f"{STATE_NAME}/{j}", data[start:end], p2p_version)
+                if j == 0:
+                    st.save_blob(f"{STATE_NAME}/python", python_json, p2p_version)
+            else:
+                requests = [
+                    (src, f"{STATE_NAME}/{j}", end - start)
+                    for j, (src, (start, end)) in enumerate(zip(sources, bounds))
+                    if end > start
+                ]
+                requests.append((sources[0], f"{STATE_NAME}/python", int(rows[sources[0], 2])))
+                blobs = st.fetch_blobs(requests, p2p_version)
+                data = b"".join(blobs[:-1])
+                python_json = blobs[-1]
+                st.assign_from_bytes(variables, data)
+                import json
+
+                self.load_python_state(json.loads(python_json))
+                python_json = st.canonical_json(self.python_state())
+        mine = np.frombuffer(st.digest(data, python_json), np.uint8)
+        digests = all_gather(tf.constant(mine), name=f"{prefix}/digest").numpy()
+        differ = [r for r in range(size) if not np.array_equal(digests[r], digests[sources[0]])]
+        if differ:
+            raise StateMismatchError(
+                f"elastic sync at cluster version {version}: the state digest of rank(s) {differ} differs "
+                f"from rank {sources[0]}'s after the transfer (sources {sources}, step {top})"
+            )
+        self._has_state = True
+        self._last_checked_step = self._values["step"]
+        if em.is_elastic() and not self._signature_sent and rank == 0:
+            em.config_client().set_signature(signature)
+            self._signature_sent = True
+        log.info(
+            "kungfu elastic: state synced at cluster version %d, step %d (sources %s, receivers %s)",
+            version, top, sources, receivers,
+        )
+
+
+def _rejection(state, me: str) -> str | None:
+    from kungfu_tf.proto import config_pb2
+
+    for joiner in state.joiners:
+        if em.peer_of(joiner.peer) == me and joiner.state == config_pb2.Joiner.REJECTED:
+            return joiner.reason or f"joiner {me} was rejected by the config service"
+    return None

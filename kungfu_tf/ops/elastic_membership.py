@@ -1,0 +1,386 @@
+"""This worker's membership of an elastic job: the config service, its watcher, and applying versions.
+
+An elastic job (``kungfu-run --elastic``) keeps its versioned cluster in the
+launcher's config service (kungfu_tf/run/config_server.py). Every worker:
+
+* talks to it with one :class:`~kungfu_tf.run.config_server.ConfigClient`
+  built from ``KUNGFU_CONFIG_SERVER``, ``KUNGFU_JOB_SECRET`` and
+  ``KUNGFU_JOB_ID`` (:func:`config_client`);
+* runs a background watcher thread (a ``WaitJobState`` long poll) that keeps
+  the newest committed cluster version it has seen (:func:`newest_seen`) and,
+  when a committed version lacks members of the version this worker uses
+  (a crash: the launcher or a survivor reported it), interrupts the runtime
+  so that a step blocked on the dead peer fails at once
+  (``UnavailableError``) instead of waiting for the timeout;
+* applies committed versions only at points every member agrees on
+  (:func:`adopt_next`, :func:`apply_version`), one version at a time, so that
+  every member, joiners included, goes through the same sequence.
+
+Changing the membership never happens inside a training step: a step sees
+the old cluster or the new one, never a mix (the runtime swaps atomically).
+After a version is applied, the listeners registered with
+:func:`add_apply_listener` run (the elastic state's sync, kungfu_tf/elastic):
+this module lives in the ops layer and must not import that one.
+
+Example (inside ``kungfu-run --elastic``)::
+
+    from kungfu_tf.ops import elastic_membership as em
+    change = em.adopt_next()     # every member calls it at the same step
+    if change is not None and change.detached:
+        return                   # this worker left the job
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from kungfu_tf.ops.collective import all_reduce
+
+CONFIG_SERVER_ENV = "KUNGFU_CONFIG_SERVER"
+ELASTIC_ENV = "KUNGFU_ELASTIC"
+JOINER_ENV = "KUNGFU_JOINER"
+SECRET_ENV = "KUNGFU_JOB_SECRET"
+JOB_ID_ENV = "KUNGFU_JOB_ID"
+TIMEOUT_ENV = "KUNGFU_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 120.0  # the runtime's default (ops/runtime/runtime.h)
+# How long one long poll of the watcher waits on the server before asking again.
+LONG_POLL_SECONDS = 10.0
+# The all-reduce of seen versions runs on STAR: one round trip, any size.
+SEEN_KEY = "kungfu/elastic/seen"
+
+log = logging.getLogger("kungfu_tf.elastic")
+
+
+def _membership():
+    # Imported when first needed: importing kungfu_tf.ops (which exports
+    # resize) must not load the membership ops before anything uses them.
+    from kungfu_tf.ops import membership
+
+    return membership
+
+
+class NotElasticError(RuntimeError):
+    """An elastic operation in a job that was not started with ``kungfu-run --elastic``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One applied membership change, as every member saw it.
+
+    ``detached``: this worker is not in the new cluster (it has left the job).
+    ``joined``: this worker was not in the old cluster (a joiner).
+    """
+
+    old_version: int
+    new_version: int
+    old_peers: tuple[str, ...]
+    new_peers: tuple[str, ...]
+    self_peer: str
+
+    @property
+    def detached(self) -> bool:
+        return self.self_peer not in self.new_peers
+
+    @property
+    def joined(self) -> bool:
+        return self.self_peer not in self.old_peers
+
+    @property
+    def lost(self) -> tuple[str, ...]:
+        """Members of the old cluster that are not in the new one."""
+        return tuple(p for p in self.old_peers if p not in self.new_peers)
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        """Members of the new cluster that were not in the old one."""
+        return tuple(p for p in self.new_peers if p not in self.old_peers)
+
+
+def is_elastic() -> bool:
+    """Whether this worker belongs to an elastic job (``KUNGFU_CONFIG_SERVER`` is set)."""
+    return bool(os.environ.get(CONFIG_SERVER_ENV))
+
+
+def is_joiner() -> bool:
+    """Whether this process was started as a joiner (``KUNGFU_JOINER=1``) and has not joined yet."""
+    return os.environ.get(JOINER_ENV, "") == "1" and not _state.joined
+
+
+def timeout_seconds() -> float:
+    """The job's timeout (``KUNGFU_TIMEOUT``, else the runtime's default of 120 s)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    return float(text) if text else DEFAULT_TIMEOUT_SECONDS
+
+
+def _require_elastic(what: str) -> str:
+    address = os.environ.get(CONFIG_SERVER_ENV, "")
+    if not address:
+        raise NotElasticError(
+            f"{what} needs an elastic job: start the workers with 'kungfu-run --elastic' "
+            f"({CONFIG_SERVER_ENV} is not set)"
+        )
+    return address
+
+
+def peers_of(cluster) -> tuple[str, ...]:
+    """The workers of a ``Cluster`` message as "host:port" strings, in rank order."""
+    from kungfu_tf.run.peer_string import cluster_peers
+
+    return tuple(cluster_peers(cluster))
+
+
+def peer_of(peer) -> str:
+    """A ``PeerID`` message as "host:port"."""
+    from kungfu_tf.run.peer_string import peer_string
+
+    return peer_string(peer)
+
+
+class _MembershipState:
+    """The process-wide state of this module (one per worker)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.client = None
+        self.watcher: _Watcher | None = None
+        self.version: int | None = None  # the applied version (None: not read yet)
+        self.peers: tuple[str, ...] = ()
+        self.self_peer = ""
+        self.joined = False
+        self.listeners: list[Callable[[Change], None]] = []
+        self.resizing = 0  # > 0 while inside resize(): its own commits are not crashes
+
+    def ensure_current(self) -> None:
+        with self.lock:
+            if self.version is None:
+                self.self_peer = _membership().self_peer()
+                self.peers = tuple(_membership().cluster_peers())
+                from kungfu_tf.ops.config import cluster_version
+
+                self.version = int(cluster_version())
+
+
+_state = _MembershipState()
+
+
+def config_client():
+    """The worker's ConfigClient (one per process), built from the environment.
+
+    Raises:
+        NotElasticError: ``KUNGFU_CONFIG_SERVER`` is not set.
+    """
+    address = _require_elastic("the config service")
+    with _state.lock:
+        if _state.client is None:
+            from kungfu_tf.run.config_server import ConfigClient
+
+            _state.client = ConfigClient(
+                address,
+                secret=os.environ.get(SECRET_ENV, ""),
+                job_id=os.environ.get(JOB_ID_ENV, ""),
+            )
+        return _state.client
+
+
+def current() -> tuple[int, tuple[str, ...]]:
+    """(version, peers) of the cluster this worker uses (its runtime's, until it applies another)."""
+    _state.ensure_current()
+    with _state.lock:
+        return _state.version, _state.peers  # type: ignore[return-value]
+
+
+def self_peer() -> str:
+    """This worker's "host:port"."""
+    _state.ensure_current()
+    return _state.self_peer
+
+
+def add_apply_listener(listener: Callable[[Change], None]) -> Callable[[], None]:
+    """Calls ``listener(change)`` after each version this worker applies and stays in; returns a remover."""
+    with _state.lock:
+        _state.listeners.append(listener)
+
+    def remove() -> None:
+        with _state.lock, contextlib.suppress(ValueError):
+            _state.listeners.remove(listener)
+
+    return remove
+
+
+@contextlib.contextmanager
+def resizing() -> Iterator[None]:
+    """While inside, versions that drop members are this worker's own resize, not a crash."""
+    with _state.lock:
+        _state.resizing += 1
+    try:
+        yield
+    finally:
+        with _state.lock:
+            _state.resizing -= 1
+        if _state.watcher is not None:
+            _state.watcher.recheck()
+
+
+# ------------------------------------------------------------------ watcher
+
+
+class _Watcher:
+    """Follows the job state (run/job_watcher.py's long poll); interrupts the runtime on a crash."""
+
+    def __init__(self, address: str) -> None:
+        from kungfu_tf.run.config_server import ConfigClient
+        from kungfu_tf.run.job_watcher import JobWatcher
+
+        # A client of its own: its long polls must not wait behind short calls.
+        self._client = ConfigClient(
+            address, secret=os.environ.get(SECRET_ENV, ""), job_id=os.environ.get(JOB_ID_ENV, "")
+        )
+        self._interrupted_version: int | None = None
+        self._watcher = JobWatcher(
+            self._client,
+            on_change=self.recheck,
+            poll_timeout=LONG_POLL_SECONDS,
+            unreachable_timeout=timeout_seconds(),
+        )
+
+    def newest(self):
+        """The newest JobState seen (no RPC)."""
+        return self._watcher.latest()
+
+    def wait_for(self, predicate: Callable[[object], bool], timeout: float | None):
+        """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds (None: no limit).
+
+        Raises:
+            JobWatcherError: the config service refused the watcher or stayed unreachable.
+        """
+        try:
+            return self._watcher.wait_for(predicate, None if timeout is None else max(timeout, 0.0))
+        except TimeoutError:
+            return None
+
+    def recheck(self, state=None) -> None:
+        """Interrupts the runtime if the newest committed version dropped members of ours."""
+        if state is None:
+            state = self.newest()
+        with _state.lock:
+            version, peers, me = _state.version, _state.peers, _state.self_peer
+            if version is None or version < 1 or _state.resizing or me not in peers:
+                return  # not a member yet (a joiner), or inside our own resize
+            if state.cluster.version <= version or self._interrupted_version == version:
+                return
+            newest_peers = set(peers_of(state.cluster))
+            gone = [p for p in peers if p not in newest_peers]
+            if not gone:
+                return
+            self._interrupted_version = version
+            reason = (
+                f"cluster version {state.cluster.version} was committed without "
+                f"{', '.join(gone)}, members of version {version} that this worker uses"
+            )
+        log.info("kungfu elastic: interrupting version %d: %s", version, reason)
+        _membership().interrupt(reason)
+
+    def stop(self) -> None:
+        self._watcher.stop()
+        self._client.close()
+
+
+def watcher() -> _Watcher:
+    """The running watcher (started on first use)."""
+    address = _require_elastic("the membership watcher")
+    _state.ensure_current()
+    with _state.lock:
+        if _state.watcher is None:
+            _state.watcher = _Watcher(address)
+            atexit.register(_state.watcher.stop)
+        return _state.watcher
+
+
+def job_state():
+    """The newest JobState the watcher has seen (no RPC)."""
+    return watcher().newest()
+
+
+def newest_seen() -> int:
+    """The newest committed cluster version this worker's watcher has seen."""
+    return int(watcher().newest().cluster.version)
+
+
+def wait_newer_than(version: int, timeout: float):
+    """The first JobState whose cluster version > ``version``, or None after ``timeout`` seconds."""
+    return watcher().wait_for(lambda s: s.cluster.version > version, timeout)
+
+
+# ------------------------------------------------------------------ applying
+
+
+def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) -> Change:
+    """Applies committed cluster ``version`` with ``peers`` (rank order) on this worker.
+
+    A member swaps its runtime to it (``update_cluster``) and then runs the
+    apply listeners (state sync); a worker not in ``peers`` leaves the job
+    (``leave_cluster``). Every member must apply the same versions in the same
+    order; :func:`adopt_next` and :mod:`kungfu_tf.ops.resize` make sure of it.
+    """
+    _state.ensure_current()
+    peers = tuple(peers)
+    with _state.lock:
+        old_version, old_peers, me = _state.version, _state.peers, _state.self_peer
+    change = Change(old_version, version, old_peers, peers, me)  # type: ignore[arg-type]
+    if change.detached:
+        log.info("kungfu elastic: leaving the job at cluster version %d", version)
+        _membership().leave_cluster()
+    else:
+        _membership().update_cluster(list(peers), version)
+    with _state.lock:
+        _state.version, _state.peers = version, peers
+        if not change.detached:
+            _state.joined = True
+        listeners = list(_state.listeners)
+    if _state.watcher is not None:
+        _state.watcher.recheck()  # a later version may already have dropped one of the new peers
+    if notify and not change.detached:
+        for listener in listeners:
+            listener(change)
+    return change
+
+
+def lost_peers() -> list[str]:
+    """Members of the current version this worker's runtime lost without a goodbye."""
+    return list(_membership().lost_peers())
+
+
+def cluster_at(version: int) -> tuple[str, ...]:
+    """The peers of committed cluster ``version``."""
+    return peers_of(config_client().get_cluster_at(version))
+
+
+def agreed_newest(name: str = SEEN_KEY) -> int:
+    """The newest committed version every member has seen: all_reduce(min) on STAR.
+
+    Every member of the current cluster must call it at the same point.
+    """
+    seen = np.array([newest_seen()], dtype=np.int64)
+    return int(all_reduce(tf.constant(seen), op="min", name=name, topology="STAR").numpy()[0])
+
+
+def adopt_next(name: str = SEEN_KEY) -> Change | None:
+    """Applies the next committed version if every member has seen it; None if there is none.
+
+    Every member calls it at the same point (a step boundary), gets the same
+    answer and applies the same version (current + 1: one at a time, so that
+    joiners admitted in different versions meet the members where they are).
+    """
+    version, _ = current()
+    if agreed_newest(name) <= version:
+        return None
+    return apply_version(version + 1, cluster_at(version + 1))

@@ -1,0 +1,614 @@
+"""Running this host's workers of an elastic job while its cluster changes.
+
+KungFu's watch mode (``kungfu-run --elastic``/``--min-np``). The launcher
+that serves the config service commits the initial workers as cluster
+version 1; every launcher starts the members of version 1 placed on its
+host, then follows the job's state (a long poll of WaitJobState) and its own
+processes:
+
+* a member that exits 0 has finished; the job ends well when every member
+  did (joiners still warming up are then stopped);
+* a worker that exits 0 and is no longer a member detached (a resize);
+* a member that dies otherwise is reported lost (ReportLost; its peers may
+  have reported it first) and, with ``--elastic``, replaced: the config
+  service keeps the target size, so a joiner is placed for it;
+* joiners are placed by the serving launcher (kungfu_tf/run/joiner_scheduler.py:
+  slots, ``--max-np``, giving up on joiners that keep failing, host
+  discovery); the launcher of the joiner's host starts it
+  (``KUNGFU_JOINER=1``, a one-worker cluster at version 0);
+* a joiner that dies is forgotten (RemoveJoiner), a REJECTED one's reason
+  is printed;
+* fewer members than ``--min-np`` stops every worker and fails the job.
+
+Every committed version is printed as one line, e.g.
+``[kungfu-run] cluster v3: 4 -> 3 workers (lost 127.0.0.1:10002: killed by SIGKILL)``.
+SIGINT/SIGTERM stop everything as in a job of fixed size.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import BinaryIO
+
+import grpc
+
+from kungfu_tf.proto import config_pb2
+from kungfu_tf.run.config_server import (
+    ConfigClient,
+    ConfigServer,
+    cluster_peers,
+    make_cluster,
+    peer_string,
+)
+from kungfu_tf.run.elastic_plan import ElasticPlan
+from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.job_watcher import JobWatcher
+from kungfu_tf.run.joiner_scheduler import (
+    JoinerScheduler,
+    SupervisorHooks,
+    joiner_peers,
+)
+from kungfu_tf.run.membership_change import describe_change, workers_text
+from kungfu_tf.run.output import Console
+from kungfu_tf.run.placement import Peer
+from kungfu_tf.run.rpc_errors import rpc_error_text
+from kungfu_tf.run.supervisor import (
+    FORWARDED_SIGNALS,
+    GRACE_SECONDS,
+    OUTPUT_DRAIN_SECONDS,
+    POLL_INTERVAL,
+)
+from kungfu_tf.run.worker_env import build_worker_env
+from kungfu_tf.run.worker_process import (
+    WorkerProcess,
+    describe_exit,
+    exit_cause,
+    exit_status,
+)
+
+# Bound on one config-service call (but a long poll).
+CALL_TIMEOUT = 10.0
+# Pause between attempts to reach the config service at start-up.
+CONNECT_RETRY_SECONDS = 0.5
+# Attempts at a ReportLost that raced with another change.
+CAS_ATTEMPTS = 5
+# How long a launcher with no worker running waits for a config service that
+# does not answer before it ends (with workers running: --timeout), and how
+# often it asks meanwhile.
+IDLE_SERVICE_LOSS_SECONDS = 2.0
+IDLE_PROBE_SECONDS = 0.5
+# One long poll of the job state (the watcher polls again at once).
+WATCH_POLL_SECONDS = 10.0
+# The job's status when the cluster fell below --min-np.
+BELOW_MIN_STATUS = 1
+
+Joiner = config_pb2.Joiner
+
+
+class _Interrupted(Exception):
+    """A signal arrived before the workers started."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class _LocalWorker:
+    """A process this launcher started, and what it was started as."""
+
+    process: WorkerProcess
+    peer: str
+    joiner: bool
+    stopped_by_launcher: bool = False
+    returncode: int | None = None
+
+
+class ElasticSupervisor:
+    """Start, watch and replace this host's workers of an elastic job.
+
+    Example::
+
+        plan = build_elastic_plan(parse_args(argv), os.environ)
+        status = ElasticSupervisor(plan, Console(), os.environ).run()
+    """
+
+    def __init__(self, plan: ElasticPlan, console: Console, base_env: Mapping[str, str], *, grace: float = GRACE_SECONDS):
+        """Prepare to run ``plan``; workers inherit ``base_env``."""
+        self._plan = plan
+        self._console = console
+        self._base_env = base_env
+        self._grace = grace
+        self._server: ConfigServer | None = None
+        self._client: ConfigClient | None = None
+        self._watcher: JobWatcher | None = None
+        self._probe_at = 0.0
+        self._probe_failing_since: float | None = None
+        self._scheduler: JoinerScheduler | None = None  # the serving launcher's
+        self._workers: list[_LocalWorker] = []
+        self._started: set[str] = set()
+        self._next_label = 0
+        self._pending_signals: list[int] = []
+        self._status: int | None = None
+        self._stopping = False
+        self._kill_at: float | None = None
+        self._finishing = False
+        self._service_lost = False
+        # What the job looks like: the newest state and the last printed version.
+        self._state: config_pb2.JobState | None = None
+        self._printed_version = 0
+        self._printed_workers: list[str] = []
+        self._last_change = ""
+        self._ever_members: set[str] = set()
+        self._exit_causes: dict[str, str] = {}
+        self._rejected_seen: set[str] = set()
+        self._joiner_end: dict[str, str] = {}
+
+    # ----------------------------------------------------------------- run
+
+    def run(self) -> int:
+        """Run the job and return the launcher's exit status."""
+        previous = self._install_signal_handlers()
+        try:
+            try:
+                initial, version = self._connect()
+                logs = self._open_logs(initial)
+            except LaunchError as e:
+                self._console.message(f"error: {e}")
+                return 2
+            except _Interrupted as e:
+                self._console.message(f"received {e}, stopping")
+                return 128 + e.signum
+            try:
+                self._spawn_initial(initial, version, logs)
+            except OSError as e:
+                self._console.message(f"error: cannot start {self._plan.command[0]!r}: {e.strerror or e}")
+                return 127
+            return self._supervise()
+        finally:
+            self._teardown()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _install_signal_handlers(self) -> dict[int, object]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self._on_signal) for signum in FORWARDED_SIGNALS}
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._pending_signals.append(signum)
+
+    # ------------------------------------------------------------- connect
+
+    def _connect(self) -> tuple[list[Peer], int]:
+        """Serve or reach the config service; returns the members of version 1 and 1."""
+        plan = self._plan
+        if plan.serves:
+            cluster = make_cluster(1, [p.address for p in plan.initial_peers])
+            server = ConfigServer(
+                plan.config_port,
+                secret=plan.secret,
+                job_id=plan.job_id,
+                host=plan.config_host,
+                cluster=cluster,
+                elastic=True,
+                min_size=plan.min_np,
+                max_size=plan.max_np,
+                replace_crashed=plan.replace_crashed,
+            )
+            try:
+                server.start()
+            except OSError as e:
+                raise LaunchError(f"cannot serve the config service on {plan.config_address}: {e}") from None
+            self._server = server
+            self._plan = plan = plan.served_at(server.port)
+            if not plan.quiet:
+                self._console.event(f"config service at {plan.config_address}")
+            self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
+            state = self._client.get_job_state()
+            hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
+            self._scheduler = JoinerScheduler(plan, self._client, self._console, hooks)
+            initial = list(plan.initial_peers)
+        else:
+            state = self._reach_config_service()
+            assert self._client is not None
+            try:
+                first = self._client.get_cluster_at(1)
+            except grpc.RpcError as e:
+                raise LaunchError(
+                    f"the config service at {plan.config_address} has no cluster version 1: {rpc_error_text(e)}"
+                ) from None
+            initial = [Peer(rank, w.host, w.port) for rank, w in enumerate(first.workers)]
+        self._next_label = len(initial)
+        # Changes before this launcher connected are not its to print.
+        self._printed_version = state.cluster.version
+        self._printed_workers = cluster_peers(state.cluster)
+        self._console.event(
+            f"cluster v{state.cluster.version}: {workers_text(len(state.cluster.workers))} "
+            f"(min {state.min_size}, max {state.max_size or 'no limit'}, target {state.target_size})"
+        )
+        self._observe(state)
+        self._watcher = JobWatcher(self._client, poll_timeout=WATCH_POLL_SECONDS, unreachable_timeout=plan.timeout)
+        return initial, 1
+
+    def _reach_config_service(self) -> config_pb2.JobState:
+        """Connect to the serving launcher, retrying for --timeout seconds (it may start later)."""
+        plan = self._plan
+        deadline = time.monotonic() + plan.timeout
+        while True:
+            # A fresh channel per attempt: a channel that failed backs off for
+            # ever longer before it tries again.
+            client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
+            try:
+                state = client.get_job_state()
+                self._client = client
+                return state
+            except grpc.RpcError as e:
+                client.close()
+                code, text = e.code(), rpc_error_text(e)
+            if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                raise LaunchError(
+                    f"the config service at {plan.config_address} refused this launcher ({text}); "
+                    "export the same KUNGFU_JOB_SECRET and KUNGFU_JOB_ID on every host"
+                )
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise LaunchError(f"the config service at {plan.config_address} does not run an elastic job ({text})")
+            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"cannot reach the config service at {plan.config_address} (--config-server) "
+                    f"within --timeout {plan.timeout} s: {text}"
+                )
+            if self._pending_signals:
+                raise _Interrupted(self._pending_signals.pop(0))
+            time.sleep(CONNECT_RETRY_SECONDS)
+
+    # ------------------------------------------------------------ spawning
+
+    def _open_log(self, name: str) -> BinaryIO | None:
+        if self._plan.logdir is None:
+            return None
+        path = self._plan.logdir / name
+        try:
+            # Closed by the worker's output relay.
+            return open(path, "wb")
+        except OSError as e:
+            raise LaunchError(f"cannot write log file {path} in --logdir {self._plan.logdir}: {e.strerror or e}") from None
+
+    def _open_logs(self, initial: list[Peer]) -> list[BinaryIO | None]:
+        """Every initial worker's log, opened before any starts (an unwritable --logdir is named as such)."""
+        logs: list[BinaryIO | None] = []
+        try:
+            for peer in initial:
+                if peer.host == self._plan.self_host:
+                    logs.append(self._open_log(f"rank-{peer.rank}.log"))
+        except LaunchError:
+            for log in logs:
+                if log is not None:
+                    log.close()
+            raise
+        return logs
+
+    def _spawn(self, peer: Peer, peers: list[Peer], version: int, log: BinaryIO | None, *, joiner: bool) -> _LocalWorker:
+        plan = self._plan
+        env = build_worker_env(
+            self._base_env,
+            peer,
+            peers,
+            topology=plan.topology,
+            timeout=plan.timeout,
+            secret=plan.secret,
+            job_id=plan.job_id,
+            cluster_version=version,
+            config_server=plan.config_address,
+            joiner=joiner,
+        )
+        process = WorkerProcess(peer, plan.command, env, self._console, echo=not plan.quiet, log=log)
+        worker = _LocalWorker(process, peer.address, joiner)
+        self._workers.append(worker)
+        self._started.add(peer.address)
+        return worker
+
+    def _spawn_initial(self, initial: list[Peer], version: int, logs: list[BinaryIO | None]) -> None:
+        local = [p for p in initial if p.host == self._plan.self_host]
+        try:
+            for i, peer in enumerate(local):
+                self._spawn(peer, initial, version, logs[i], joiner=False)
+        except OSError:
+            for log in logs[len(self._workers) + 1 :]:
+                if log is not None:
+                    log.close()
+            raise
+        # Reader threads start only once every initial worker is forked.
+        for w in self._workers:
+            w.process.start_output()
+
+    def _start_local_joiners(self) -> None:
+        """Start the STARTING joiners placed on this host that nobody started yet."""
+        state = self._state
+        if state is None or self._finishing or self._stopping:
+            return
+        for j in state.joiners:
+            address = peer_string(j.peer)
+            if j.state != Joiner.STARTING or j.peer.host != self._plan.self_host or address in self._started:
+                continue
+            label = self._next_label
+            self._next_label += 1
+            peer = Peer(label, j.peer.host, j.peer.port)
+            try:
+                log = self._open_log(f"joiner-{label}.log")
+                worker = self._spawn(peer, [peer], 0, log, joiner=True)
+            except (OSError, LaunchError) as e:
+                self._started.add(address)
+                self._console.message(f"cannot start joiner {address}: {getattr(e, 'strerror', None) or e}")
+                self._joiner_end[address] = "could not be started"
+                self._remove_joiner(address)
+                continue
+            worker.process.start_output()
+            self._console.event(f"started joiner [{label}] {address}")
+
+    # -------------------------------------------------------------- watch
+
+    def _supervise(self) -> int:
+        while True:
+            self._handle_signals()
+            self._take_news()
+            self._reap()
+            if not self._stopping:
+                if self._scheduler is not None:
+                    self._scheduler.poll_hosts()
+                    if self._state is not None and not self._finishing:
+                        self._scheduler.place(self._state, [w.peer for w in self._running()])
+                self._start_local_joiners()
+                self._stop_orphaned_joiners()
+                self._check_service()
+            running = self._running()
+            if not running and (self._stopping or self._finishing or self._service_lost):
+                break
+            if self._finishing and not self._stopping and all(w.joiner and w.peer not in self._ever_members for w in running):
+                # Every member here finished: joiners would wait for ever.
+                for w in running:
+                    if not w.stopped_by_launcher:
+                        self._stop_worker(w, signal.SIGTERM)
+            if running and self._kill_at is not None and time.monotonic() >= self._kill_at:
+                self._console.message(
+                    f"{len(running)} worker(s) still running {self._grace:g}s after SIGTERM, sending SIGKILL"
+                )
+                for w in running:
+                    w.process.signal_group(signal.SIGKILL)
+                self._kill_at = None
+            time.sleep(POLL_INTERVAL)
+        return self._status if self._status is not None else 0
+
+    def _running(self) -> list[_LocalWorker]:
+        return [w for w in self._workers if w.returncode is None]
+
+    def _handle_signals(self) -> None:
+        while self._pending_signals:
+            sig = self._pending_signals.pop(0)
+            name = signal.Signals(sig).name
+            if self._status is None:
+                self._status = 128 + sig
+            if not self._stopping:
+                self._console.message(f"received {name}, stopping workers")
+                self._stop_all(sig)
+            else:
+                # A second Ctrl-C means "now", as users expect.
+                self._console.message(f"received {name} again, killing workers")
+                for w in self._running():
+                    w.process.signal_group(signal.SIGKILL)
+
+    def _stop_all(self, sig: int) -> None:
+        self._stopping = True
+        self._kill_at = None
+        for w in self._running():
+            self._stop_worker(w, sig)
+
+    def _stop_worker(self, worker: _LocalWorker, sig: int) -> None:
+        worker.stopped_by_launcher = True
+        worker.process.signal_group(sig)
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + self._grace
+
+    def _fail(self, message: str) -> None:
+        self._console.message(f"error: {message}")
+        if self._status is None:
+            self._status = BELOW_MIN_STATUS
+        self._stop_all(signal.SIGTERM)
+
+    def _take_news(self) -> None:
+        if self._watcher is not None:
+            state = self._watcher.latest()
+            if state is not None:
+                self._observe(state)
+
+    def _fresh_state(self) -> config_pb2.JobState | None:
+        """The state right now (a process exit is judged against it, not a stale one)."""
+        assert self._client is not None
+        try:
+            state = self._client.get_job_state()
+        except grpc.RpcError:
+            return self._state
+        self._observe(state)
+        return self._state
+
+    def _observe(self, state: config_pb2.JobState) -> None:
+        """Take in a JobState newer than the last: print its changes, check --min-np."""
+        if self._state is not None and state.state_version <= self._state.state_version:
+            return
+        self._state = state
+        for v in range(self._printed_version + 1, state.cluster.version + 1):
+            cluster = state.cluster if v == state.cluster.version else self._cluster_at(v)
+            if cluster is None:
+                continue
+            workers = cluster_peers(cluster)
+            reason = self._server.commit_reason(v) if self._server is not None else None
+            line = describe_change(v, self._printed_workers, workers, reason, self._exit_causes)
+            self._last_change = line[line.index("(") + 1 : -1]
+            self._console.event(line)
+            self._printed_version, self._printed_workers = v, workers
+            self._ever_members.update(workers)
+        for j in state.joiners:
+            address = peer_string(j.peer)
+            if j.state == Joiner.REJECTED and address not in self._rejected_seen:
+                self._rejected_seen.add(address)
+                self._joiner_end[address] = "rejected"
+                self._console.event(f"joiner {address} rejected: {j.reason}")
+        if self._scheduler is not None:
+            self._scheduler.note(state, self._ever_members, self._joiner_end)
+        size = len(state.cluster.workers)
+        # Once members finish, their peers may take their goodbyes for
+        # losses: the exit codes decide then, not the cluster's size.
+        if size < state.min_size and not self._stopping and not self._finishing:
+            self._fail(f"cluster fell to {workers_text(size)}, below --min-np {state.min_size} ({self._last_change})")
+
+    def _cluster_at(self, version: int) -> config_pb2.Cluster | None:
+        assert self._client is not None
+        try:
+            return self._client.get_cluster_at(version)
+        except grpc.RpcError as e:
+            self._console.message(f"cannot read cluster version {version}: {rpc_error_text(e)}")
+            return None
+
+    def _check_service(self) -> None:
+        """A launcher that lost the config service can only let its workers end."""
+        if self._service_lost or self._plan.serves or self._watcher is None:
+            return
+        error = self._watcher.error
+        problem = str(error) if error is not None else None
+        if problem is None and not self._running():
+            problem = self._probe_idle()
+        if problem is None:
+            return
+        self._service_lost = True
+        self._console.message(
+            f"lost the config service ({problem}); no more membership changes here, "
+            f"waiting for the {len(self._running())} running worker(s) to end"
+        )
+        for w in self._running():
+            if w.joiner and w.peer not in self._ever_members:
+                self._stop_worker(w, signal.SIGTERM)
+
+    def _probe_idle(self) -> str | None:
+        """With nothing running here there is nothing to protect: a config
+        service that stops answering (the serving launcher ended with the
+        job, most likely) ends this launcher within IDLE_SERVICE_LOSS_SECONDS,
+        not the watcher's --timeout."""
+        now = time.monotonic()
+        if now < self._probe_at:
+            return None
+        self._probe_at = now + IDLE_PROBE_SECONDS
+        assert self._client is not None
+        try:
+            self._observe(self._client.get_job_state())
+        except grpc.RpcError as e:
+            self._probe_failing_since = self._probe_failing_since or now
+            if now - self._probe_failing_since >= IDLE_SERVICE_LOSS_SECONDS:
+                return (
+                    f"{self._plan.config_address} did not answer for "
+                    f"{IDLE_SERVICE_LOSS_SECONDS:g} s: {rpc_error_text(e)}"
+                )
+            return None
+        self._probe_failing_since = None
+        return None
+
+    # -------------------------------------------------------------- exits
+
+    def _reap(self) -> None:
+        for w in self._running():
+            rc = w.process.poll()
+            if rc is None:
+                continue
+            w.returncode = rc
+            if self._stopping or w.stopped_by_launcher:
+                continue
+            if rc != 0:
+                self._exit_causes[w.peer] = exit_cause(rc)
+            if self._service_lost:
+                if rc != 0 and self._status is None:
+                    self._console.message(f"worker {w.peer} {describe_exit(rc)}")
+                    self._status = exit_status(rc)
+                continue
+            self._judge_exit(w, rc)
+
+    def _judge_exit(self, w: _LocalWorker, rc: int) -> None:
+        state = self._fresh_state()
+        members = cluster_peers(state.cluster) if state is not None else []
+        joiners = joiner_peers(state) if state is not None else []
+        label = w.process.peer.rank
+        if w.peer in members:
+            if rc == 0:
+                self._finishing = True
+                return
+            self._console.message(f"worker [{label}] {w.peer} {describe_exit(rc)}")
+            if self._finishing and self._status is None:
+                # The job ends well only if every member exits 0.
+                self._status = exit_status(rc)
+            self._report_lost(w.peer, exit_cause(rc))
+        elif w.peer in joiners or (w.joiner and w.peer not in self._ever_members):
+            self._joiner_end.setdefault(w.peer, "exited before it was admitted" if rc == 0 else exit_cause(rc))
+            if rc != 0 and self._joiner_end[w.peer] != "rejected":
+                self._console.message(f"joiner [{label}] {w.peer} {describe_exit(rc)}")
+            self._remove_joiner(w.peer)
+        elif rc != 0:
+            # Already removed (its peers reported it first); nothing to do.
+            self._console.message(f"worker [{label}] {w.peer} (no longer a member) {describe_exit(rc)}")
+
+    def _report_lost(self, peer: str, cause: str) -> None:
+        assert self._client is not None
+        for _ in range(CAS_ATTEMPTS):
+            state = self._state
+            if state is None or peer not in cluster_peers(state.cluster):
+                return
+            try:
+                self._observe(self._client.report_lost(state.cluster.version, [peer], cause))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                    self._console.message(f"cannot report {peer} lost: {rpc_error_text(e)}")
+                    return
+            # Another change may have been committed in between: look again.
+            self._fresh_state()
+
+    def _remove_joiner(self, peer: str) -> None:
+        assert self._client is not None
+        try:
+            self._observe(self._client.remove_joiner(peer))
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                self._console.message(f"cannot remove joiner {peer}: {rpc_error_text(e)}")
+
+    def _stop_orphaned_joiners(self) -> None:
+        """Stop local joiners the serving launcher withdrew (they would wait for ever)."""
+        state = self._state
+        if state is None:
+            return
+        pending = set(joiner_peers(state)) | set(cluster_peers(state.cluster))
+        for w in self._running():
+            if w.joiner and not w.stopped_by_launcher and w.peer not in pending and w.peer not in self._ever_members:
+                self._console.event(f"stopping joiner {w.peer}: it was withdrawn")
+                self._stop_worker(w, signal.SIGTERM)
+
+    # ------------------------------------------------------------ teardown
+
+    def _teardown(self) -> None:
+        for w in self._workers:
+            if w.process.poll() is None:
+                w.process.signal_group(signal.SIGKILL)
+                w.process.wait()
+        if self._status not in (None, 0):
+            for w in self._workers:
+                w.process.kill_group()
+        for w in self._workers:
+            w.process.finish_output(OUTPUT_DRAIN_SECONDS)
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._scheduler is not None:
+            self._scheduler.stop()
+        if self._client is not None:
+            self._client.close()
+        if self._server is not None:
+            self._server.stop(grace=1.0)

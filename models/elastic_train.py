@@ -1,0 +1,368 @@
+"""Elastic training of the digits MLP: workers join, leave and crash while it trains.
+
+    kungfu-run --elastic --max-np 3 -np 2 python models/elastic_train.py --resize-at 20:1,40:3
+    kungfu-run --elastic -np 3 python models/elastic_train.py --api keras --crash-at 15 --crash-rank 1
+    kungfu-run --elastic -np 2 python models/elastic_train.py --api v1 --record-dir /tmp/rec
+
+Each API trains the same way: an ``ElasticSampler`` splits every global batch
+(the next ``size * --batch-size`` ids of the epoch's seeded order) among the
+workers of the step, ``SynchronousSGDOptimizer`` averages the gradients, and
+an ``ElasticState`` holds the model, the optimizer, the step, the epoch and
+the data position:
+
+* ``--api function``: a ``tf.function`` step in a custom loop inside
+  ``kungfu_tf.elastic.run`` (``state.check()`` between steps);
+* ``--api keras``: ``model.fit`` through ``kungfu_tf.keras.elastic_fit``
+  (an ``ElasticCallback`` stops and re-enters ``fit`` after a change);
+* ``--api v1``: a ``tf.compat.v1`` graph under ``MonitoredSession`` with
+  ``ElasticSessionCreator`` and ``ElasticHook`` (the hook feeds each step).
+
+``--resize-at STEP:SIZE,...`` resizes after that many steps (every member
+calls ``kungfu_tf.ops.resize(SIZE)``; a growth is admitted once the
+launcher's joiners are warm, at a later step, or at once with
+``--resize-wait``). ``--crash-at STEP --crash-rank R``: the worker
+of rank R kills itself with SIGKILL when STEP steps are done, as its step
+begins (its peers are then inside the step, waiting for it); a replacement
+the launcher starts does not crash again. With ``--record-dir`` every worker
+writes ``<peer>-<pid>.jsonl``: one line per committed step (step, epoch,
+wall-clock start and end, this worker's sample ids, rank, size, cluster
+version), one per membership change, and one at the end with a digest of
+the final weights (the weights themselves go to ``<peer>-<pid>.npz``). The
+run is deterministic for a given schedule: seeded order and initial
+weights, one TF thread per worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+# One thread per worker, before TensorFlow starts: cheap and deterministic.
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from digits import build_digits_mlp, load_digits_split
+
+import kungfu_tf
+from kungfu_tf import (
+    elastic,
+    ops,
+)
+from kungfu_tf.data import ElasticSampler
+from kungfu_tf.optimizers import SynchronousSGDOptimizer
+
+APIS = ("function", "keras", "v1")
+SEED = 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--api", default="function", choices=APIS)
+    p.add_argument("--epochs", type=int, default=2, help="passes over the training samples")
+    p.add_argument("--steps", type=int, default=None, help="stop after this many steps (before --epochs if sooner)")
+    p.add_argument("--samples", type=int, default=1438, help="training samples used (digits has 1438)")
+    p.add_argument("--batch-size", type=int, default=16, help="per-worker batch size")
+    p.add_argument("--hidden", type=int, default=32, help="width of the hidden layer")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--resize-at", default="", help="STEP:SIZE,...: resize after that many steps")
+    p.add_argument("--resize-wait", action="store_true",
+                   help="a growth blocks until the joiners are admitted (deterministic runs)")
+    p.add_argument("--crash-at", type=int, default=None, help="the --crash-rank worker dies when this many steps are done")
+    p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--check-every", type=int, default=1, help="membership check every this many steps")
+    p.add_argument("--record-dir", default=None, help="write per-step records here (one file per worker)")
+    args = p.parse_args(argv)
+    try:
+        args.schedule = parse_schedule(args.resize_at)
+    except ValueError as e:
+        p.error(str(e))
+    if args.epochs < 1 or args.batch_size < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
+        p.error("--epochs, --batch-size, --samples and --steps must be positive")
+    return args
+
+
+def parse_schedule(text: str) -> dict[int, int]:
+    """``"20:2,40:3"`` -> {20: 2, 40: 3} (after 20 steps resize to 2, after 40 to 3).
+
+    Example:
+        >>> parse_schedule("20:2, 40:3")
+        {20: 2, 40: 3}
+    """
+    schedule = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            step, size = (int(v) for v in part.split(":"))
+        except ValueError:
+            raise ValueError(f"--resize-at: {part!r} is not STEP:SIZE (e.g. 20:2)") from None
+        if step < 1 or size < 1:
+            raise ValueError(f"--resize-at: {part!r}: STEP and SIZE must be positive")
+        schedule[step] = size
+    return schedule
+
+
+class Recorder:
+    """Per-worker JSON lines: committed steps, membership changes, the end (see the module docstring)."""
+
+    def __init__(self, directory: str | None):
+        self.file = None
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            peer = os.environ.get("KUNGFU_SELF", "local")  # host:port; a replacement gets a new pid
+            self.stem = os.path.join(directory, f"{peer.replace(':', '_')}-{os.getpid()}")
+            self.file = open(self.stem + ".jsonl", "a", buffering=1)  # noqa: SIM115 -- open for the whole run
+
+    def write(self, **fields: Any) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(fields) + "\n")
+
+    def step(self, step: int, epoch: int, ids: np.ndarray, t0: float, t1: float, rank: int, size: int) -> None:
+        """Step ``step`` (0-based) of ``epoch`` trained ``ids`` here, from ``t0`` to ``t1`` (time.time())."""
+        self.write(event="step", step=step, epoch=epoch, t0=t0, t1=t1, ids=[int(i) for i in ids],
+                   rank=rank, size=size)  # fmt: skip
+
+    def change(self, change: Any, step: int) -> None:
+        self.write(event="change", step=step, old_version=change.old_version, new_version=change.new_version,
+                   old_size=len(change.old_peers), new_size=len(change.new_peers), lost=list(change.lost),
+                   detached=change.detached, joined=change.joined, t=time.time())  # fmt: skip
+
+    def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool) -> None:
+        flat = b"".join(np.ascontiguousarray(w, np.float32).tobytes() for w in weights)
+        self.write(event="end", step=state.step, epoch=state.epoch, detached=detached,
+                   weights_sha256=hashlib.sha256(flat).hexdigest(), t=time.time())  # fmt: skip
+        if self.file is not None:
+            np.savez(self.stem + ".npz", *weights)
+            self.file.close()
+
+
+class Script:
+    """What every API shares: data, sampler, schedule, crash, records."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        x, y, self.x_test, self.y_test = load_digits_split(test_fraction=0.2, seed=0)
+        self.x, self.y = x[: args.samples], y[: args.samples]
+        self.sampler = ElasticSampler(len(self.x), args.batch_size, seed=SEED)
+        self.record = Recorder(args.record_dir)
+        self.done_resizes: set[int] = set()
+        self.joiner = elastic.is_joiner()  # a replacement never crashes again
+
+    def finished(self, state: elastic.ElasticState) -> bool:
+        return state.epoch >= self.args.epochs or (self.args.steps is not None and state.step >= self.args.steps)
+
+    def maybe_crash(self, state: elastic.ElasticState, rank: int) -> None:
+        if self.args.crash_at == state.step and rank == self.args.crash_rank and not self.joiner:
+            print(f"[elastic_train] rank {rank} crashes at step {state.step} (SIGKILL)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def scheduled_size(self, state: elastic.ElasticState) -> int | None:
+        """The size to resize to after this step, once per schedule entry (step = steps committed)."""
+        size = self.args.schedule.get(state.step)
+        if size is None or state.step in self.done_resizes:
+            return None
+        self.done_resizes.add(state.step)
+        return size
+
+    def note_change(self, state: elastic.ElasticState, seen: Any) -> Any:
+        change = state.last_change
+        if change is not None and change is not seen:
+            self.record.change(change, state.step)
+            if not change.detached and kungfu_tf.rank() == 0:
+                print(f"[elastic_train] step {state.step}: cluster v{change.new_version}, "
+                      f"{len(change.old_peers)} -> {len(change.new_peers)} workers", flush=True)  # fmt: skip
+        return change
+
+
+def build_model(args: argparse.Namespace) -> keras.Model:
+    return build_digits_mlp(hidden=(args.hidden,), seed=SEED)
+
+
+def loss_fn() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
+    args = script.args
+    model = build_model(args)
+    optimizer = SynchronousSGDOptimizer(keras.optimizers.SGD(args.lr))
+    optimizer.build(model.trainable_variables)
+    loss_object = loss_fn()
+    spec = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int32))
+
+    @tf.function(input_signature=spec)
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_object(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    state = elastic.ElasticState(lambda: model.variables + list(optimizer.variables), sampler=script.sampler,
+                                 check_every=args.check_every)  # fmt: skip
+
+    def warm_up(state: elastic.ElasticState) -> None:
+        train_step(script.x[: args.batch_size], script.y[: args.batch_size])  # trace and run alone
+
+    @elastic.run(warm_up=warm_up)
+    def train(state: elastic.ElasticState) -> bool:
+        seen = state.last_change
+        while not script.finished(state):
+            rank, size = kungfu_tf.rank(), kungfu_tf.size()
+            ids = script.sampler.next_indices(rank, size)
+            script.maybe_crash(state, rank)
+            t0 = time.time()
+            train_step(script.x[ids], script.y[ids])
+            t1 = time.time()
+            script.record.step(state.step, state.epoch, ids, t0, t1, rank, size)
+            script.sampler.commit(size)
+            state.epoch = script.sampler.epoch
+            state.commit()
+            target = script.scheduled_size(state)
+            if target is not None:
+                _, detached = ops.resize(target, wait=args.resize_wait)
+                seen = script.note_change(state, seen)
+                if bool(detached):
+                    return True
+            state.check()
+            seen = script.note_change(state, seen)
+        return False
+
+    detached = bool(train(state))
+    return [w.numpy() for w in model.trainable_weights], state, detached
+
+
+class ScheduleCallback(keras.callbacks.Callback):
+    """Records each step and runs the scheduled resizes (after the ElasticCallback committed the step)."""
+
+    def __init__(self, script: Script, state: elastic.ElasticState):
+        super().__init__()
+        self.script, self.state = script, state
+        self.detached = False
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.rank, self.size = kungfu_tf.rank(), kungfu_tf.size()
+        self.step, self.epoch = self.state.step, self.state.epoch
+        self.ids = self.script.sampler.next_indices(self.rank, self.size)  # what the dataset feeds this step
+        self.script.maybe_crash(self.state, self.rank)
+        self.t0 = time.time()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.script.record.step(self.step, self.epoch, self.ids, self.t0, time.time(), self.rank, self.size)
+        target = self.script.scheduled_size(self.state)  # the step is committed: state.step counts it
+        if target is not None:
+            _, detached = ops.resize(target, wait=self.script.args.resize_wait)
+            self.detached = bool(detached)
+
+
+def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
+    from kungfu_tf.keras import elastic_fit
+
+    args = script.args
+    model = build_model(args)
+    model.compile(optimizer=SynchronousSGDOptimizer(keras.optimizers.SGD(args.lr)), loss=loss_fn())
+    model.optimizer.build(model.trainable_variables)
+    state = elastic.ElasticState(lambda: model.variables + list(model.optimizer.variables), sampler=script.sampler,
+                                 check_every=args.check_every)  # fmt: skip
+    schedule = ScheduleCallback(script, state)
+    total = min(args.epochs, 10**9)
+
+    def warm_up(state: elastic.ElasticState) -> None:
+        model.train_on_batch(script.x[: args.batch_size], script.y[: args.batch_size])
+
+    @elastic.run(warm_up=warm_up)
+    def train(state: elastic.ElasticState) -> bool:
+        seen = state.last_change
+        history = elastic_fit(model, state, script.sampler, (script.x, script.y), epochs=total,
+                              callbacks=[schedule], check_every=args.check_every, verbose=0)  # fmt: skip
+        script.note_change(state, seen)
+        return history is None and (schedule.detached or bool(getattr(state.last_change, "detached", False)))
+
+    if args.steps is not None:
+        raise SystemExit("--steps is not supported with --api keras (fit runs whole epochs); use --epochs")
+    detached = bool(train(state))
+    return [w.numpy() for w in model.trainable_weights], state, detached
+
+
+def train_v1_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
+    from kungfu_tf.optimizers import SynchronousSGDOptimizerV1
+    from kungfu_tf.v1 import ElasticHook, ElasticSessionCreator, session_variables
+
+    args = script.args
+    with tf.Graph().as_default():
+        model = build_model(args)
+        x_in = tf.compat.v1.placeholder(tf.float32, [None, 64], name="features")
+        y_in = tf.compat.v1.placeholder(tf.int32, [None], name="labels")
+        loss = loss_fn()(y_in, model(x_in, training=True))
+        optimizer = SynchronousSGDOptimizerV1(tf.compat.v1.train.GradientDescentOptimizer(args.lr))
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = optimizer.minimize(loss, global_step=global_step, var_list=[v.value for v in model.trainable_variables])
+        state = elastic.ElasticState(session_variables(tf.compat.v1.global_variables()), sampler=script.sampler,
+                                     check_every=args.check_every)  # fmt: skip
+        feed = lambda ids: {x_in: script.x[ids], y_in: script.y[ids]}
+        warm = lambda session: session.run(train_op, feed(np.arange(args.batch_size)))
+        hook = ElasticHook(state, script.sampler, feed, check_every=args.check_every, warm_up=warm)
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+        detached = False
+        with tf.compat.v1.train.MonitoredSession(ElasticSessionCreator(config=config), hooks=[hook]) as sess:
+            seen = None
+            while not script.finished(state) and not sess.should_stop():
+                script.maybe_crash(state, hook.rank)
+                t0, epoch = time.time(), state.epoch
+                sess.run(train_op)  # the hook feeds this worker's share, commits the step and checks
+                ids, rank, size = hook.fed
+                script.record.step(state.step - 1, epoch, ids, t0, time.time(), rank, size)
+                seen = script.note_change(state, seen)
+                target = script.scheduled_size(state)
+                if target is not None:
+                    _, d = hook.eagerly(lambda target=target: ops.resize(target, wait=args.resize_wait))
+                    detached = bool(d)
+                    seen = script.note_change(state, seen)
+                    if detached:
+                        break
+            detached = detached or hook.detached
+            weights = None if detached else sess.run_step_fn(
+                lambda step_context: step_context.session.run([v.value for v in model.trainable_weights]))  # fmt: skip
+    return weights or [], state, detached
+
+
+def accuracy(weights: list[np.ndarray], script: Script) -> float:
+    model = build_model(script.args)
+    model.set_weights(weights)
+    return float(np.mean(model.predict(script.x_test, verbose=0).argmax(axis=1) == script.y_test))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    keras.utils.set_random_seed(SEED)
+    script = Script(args)
+    train = {"function": train_function_api, "keras": train_keras_api, "v1": train_v1_api}[args.api]
+    start = time.time()
+    weights, state, detached = train(script)
+    script.record.end(weights, state, detached)
+    if detached:
+        print(f"[elastic_train] {os.environ.get('KUNGFU_SELF', 'local')} detached at step {state.step}", flush=True)
+        return 0
+    flat = np.concatenate([w.reshape(-1) for w in weights]).astype(np.float32)
+    same = bool(ops.consensus(tf.constant(flat), name="elastic_train/final-weights"))
+    if kungfu_tf.rank() == 0:
+        print(f"[elastic_train] api {args.api}  workers {kungfu_tf.size()}  steps {state.step}  epochs {state.epoch}  "
+              f"{time.time() - start:.1f} s  held-out accuracy {accuracy(weights, script):.3f}  "
+              f"identical weights on all workers: {same}", flush=True)  # fmt: skip
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

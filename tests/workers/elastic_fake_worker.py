@@ -1,0 +1,151 @@
+"""Plays an elastic worker for the launcher tests with ConfigClient alone (no TF).
+
+Usage: ``elastic_fake_worker.py MODE [ARG]``; every process first checks its
+``KUNGFU_*`` variables with ``read_worker_env`` and prints its role. A
+joiner (``KUNGFU_JOINER=1``) always reports READY and waits to be admitted
+(or rejected: it then exits 1, as the real one does).
+
+MODE (what the initial members do):
+  grow N       rank 0 sets the signature and asks for N workers; every
+               member (joiners too) exits 0 once the cluster has N.
+  crash R      rank 0 sets the signature, rank R SIGKILLs itself; the others
+               (and the replacement) exit 0 once the cluster is whole again
+               at version 3 (v2 without R, v3 with its replacement).
+  die R@V,...  rank R SIGKILLs itself once the cluster reaches version V;
+               the others wait (the launcher is expected to stop them).
+  shrink N     rank 0 commits the first N members (PutCluster); a member
+               left out prints "detached" and exits 0, the rest exit 0.
+  reject N     rank 0 sets the signature "w (2,) float32", asks for one more
+               worker, and exits 0 once N joiners (whose signature differs)
+               were rejected and no further joiner came for 1 s.
+  finish-crash DIR
+               rank 0 writes its pid to DIR/pid and exits 0 (it finished);
+               rank 1 SIGKILLs itself once rank 0 was reaped by the launcher.
+  evict H      rank 0 sets the signature; a member on host H exits 0 when it
+               is left out ("detached"); the others exit 0 once the cluster
+               has no worker of H and is whole again (a replacement joined).
+"""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from kungfu_tf.run.config_server import ConfigClient, cluster_peers
+from kungfu_tf.run.worker_env import read_worker_env
+
+SIGNATURE = "w (2,) float32"
+OTHER_SIGNATURE = "w (3,) float32"
+DEADLINE = time.monotonic() + 60
+
+env = read_worker_env(os.environ)
+client = ConfigClient(env.config_server, secret=env.secret, job_id=os.environ["KUNGFU_JOB_ID"])
+me = env.self_address
+mode, arg = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
+print(f"{'joiner' if env.joiner else 'member'} {me} v{env.cluster_version} elastic={env.elastic}", flush=True)
+
+
+def members(state):
+    return cluster_peers(state.cluster)
+
+
+def wait_until(predicate):
+    state = client.get_job_state()
+    while not predicate(state):
+        if time.monotonic() > DEADLINE:
+            print(f"timed out in state {state}", flush=True)
+            sys.exit(3)
+        state = client.wait_job_state(state.state_version, 1.0)
+    return state
+
+
+def rejected(state):
+    return next((j.reason for j in state.joiners if j.state == j.REJECTED and cluster_peers_of(j) == me), None)
+
+
+def cluster_peers_of(joiner):
+    return f"{joiner.peer.host}:{joiner.peer.port}"
+
+
+def die():
+    print("killing myself", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if env.joiner:
+    client.joiner_ready(me, OTHER_SIGNATURE if mode == "reject" else SIGNATURE)
+    state = wait_until(lambda s: me in members(s) or rejected(s))
+    if me not in members(state):
+        print(f"rejected: {rejected(state)}", flush=True)
+        sys.exit(1)
+    print(f"admitted at v{state.cluster.version} as rank {members(state).index(me)} of {len(members(state))}", flush=True)
+    if mode == "grow":
+        wait_until(lambda s: len(members(s)) >= int(arg))
+    sys.exit(0)
+
+if mode == "grow":
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+        client.request_size(int(arg))
+    state = wait_until(lambda s: len(members(s)) >= int(arg))
+    print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
+elif mode == "crash":
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+    if env.rank == int(arg):
+        wait_until(lambda s: s.signature)
+        die()
+    state = wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) == env.size)
+    print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
+elif mode == "die":
+    plan = dict(item.split("@") for item in arg.split(","))
+    if str(env.rank) in plan:
+        wait_until(lambda s: s.cluster.version >= int(plan[str(env.rank)]))
+        die()
+    time.sleep(60)
+elif mode == "shrink":
+    if env.rank == 0:
+        cluster = client.get_cluster()
+        del cluster.workers[int(arg) :]
+        cluster.version += 1
+        client.put_cluster(cluster)
+    state = wait_until(lambda s: s.cluster.version >= 2)
+    print("detached" if me not in members(state) else f"member of v{state.cluster.version}", flush=True)
+elif mode == "reject":
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+        client.request_size(env.size + 1)
+    seen = set()
+
+    def enough_rejected(state):
+        seen.update(cluster_peers_of(j) for j in state.joiners if j.state == j.REJECTED)
+        return len(seen) >= int(arg)
+
+    state = wait_until(enough_rejected)
+    time.sleep(1)
+    state = client.get_job_state()
+    print(f"saw {len(seen)} rejected joiners; {len(state.joiners)} joiners now", flush=True)
+elif mode == "finish-crash":
+    pid_file = os.path.join(arg, "pid")
+    if env.rank == 0:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        sys.exit(0)
+    while not os.path.exists(pid_file) or os.path.exists(f"/proc/{Path(pid_file).read_text()}"):
+        if time.monotonic() > DEADLINE:
+            sys.exit(3)
+        time.sleep(0.02)
+    die()
+elif mode == "evict":
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+    state = wait_until(lambda s: not any(w.host == arg for w in s.cluster.workers))
+    if me not in members(state):
+        print("detached", flush=True)
+        sys.exit(0)
+    state = wait_until(lambda s: len(members(s)) == env.size and not any(w.host == arg for w in s.cluster.workers))
+    print(f"member of v{state.cluster.version} with {len(members(state))} workers", flush=True)
+else:
+    sys.exit(f"unknown mode {mode!r}")
