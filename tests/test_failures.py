@@ -255,17 +255,16 @@ def test_intruders(tmp_path):
     assert len(rejections) >= len(rejected), f"{len(rejections)} rejections logged\n" + describe(rc, out, err)
     assert sum("MAC mismatch" in line for line in rejections) >= 2, describe(rc, out, err)
     # The leftover of another run proved it knows the secret, and was turned
-    # away for its job id, and for its cluster version, on both sockets.
+    # away for its job id, on both sockets.
     earlier = (
         "knows the secret but belongs to job 'an-earlier-run' at cluster version 0; "
         f"this worker is job '{job_id}'"
     )
     assert sum(earlier in line for line in rejections) == 2, describe(rc, out, err)
-    other_version = (
-        f"belongs to job '{job_id}' at cluster version 1; "
-        f"this worker is job '{job_id}' at cluster version 0"
-    )
-    assert sum(other_version in line for line in rejections) == 2, describe(rc, out, err)
+    # A member of this run at another cluster version was turned away too
+    # (_intrude checked that), but is no stranger: during a resize peers
+    # switch versions a few ms apart, so it is neither logged nor counted.
+    assert not any("cluster version 1" in line for line in rank_lines(err).get(0, [])), describe(rc, out, err)
 
 
 def test_without_launcher():

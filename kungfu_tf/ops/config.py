@@ -59,8 +59,9 @@ def topology() -> tf.Tensor:
 
 
 def _from_env(op: Callable[[], tf.Tensor]) -> int:
-    # Used only where no eager context exists (v1 graph mode with eager
-    # disabled): the launcher's environment is what the runtime reads at start.
+    # The launcher's environment: what the runtime reads at start, so right
+    # only until the cluster first changes (membership.update_cluster), so
+    # current_int uses it to validate the environment, not for the value.
     env = read_worker_env(os.environ)
     local = env.local_peers
     return {
@@ -71,9 +72,30 @@ def _from_env(op: Callable[[], tf.Tensor]) -> int:
     }[op]
 
 
+def _in_own_session(op: Callable[[], tf.Tensor]) -> int:
+    # No eager context (v1 graph mode with eager disabled): run the op in a
+    # throwaway graph and session. The runtime is per process, so this reads
+    # the cluster in force now, also after an elastic change, which the
+    # environment does not know of.
+    with tf.Graph().as_default() as graph:
+        value = op()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        return int(session.run(value))
+
+
 def current_int(op: Callable[[], tf.Tensor]) -> int:
-    """Runs a config op now and returns its value as a Python int."""
+    """Runs a config op now and returns its value as a Python int.
+
+    Example:
+        >>> from kungfu_tf.ops import config
+        >>> config.current_int(config.cluster_size)
+        1
+    """
     with tf.init_scope():
         if tf.executing_eagerly():
             return int(op())
-    return _from_env(op)
+    # Names a malformed KUNGFU_* variable (the op would only say that the
+    # runtime could not start) before the runtime's value is read.
+    _from_env(op)
+    return _in_own_session(op)

@@ -37,8 +37,10 @@ def comm_rates() -> tf.Tensor:
 def comm_bytes() -> tuple[tf.Tensor, tf.Tensor]:
     """int64 ([np], [np]): total bytes sent to and received from each peer (frame headers included; 0 for self).
 
-    Totals since the runtime started, so the difference across an operation
-    is the traffic it caused (when nothing else runs meanwhile).
+    Totals since the current cluster version began (the runtime's start,
+    unless the cluster changed: membership.update_cluster starts new
+    connections), so the difference across an operation is the traffic it
+    caused (when nothing else runs meanwhile).
     """
     both = library().kungfu_comm_bytes()
     return both[0], both[1]

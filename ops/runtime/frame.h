@@ -28,6 +28,7 @@ enum class FrameType : uint8_t {
   kPushRows = 8,
   // The sender is leaving the cluster in order: every frame it sent before
   // this one is complete and it sends nothing after (no key, no payload).
+  // seq: the cluster version the sender moves on to, 0 if it leaves the job.
   kGoodbye = 9,
 };
 

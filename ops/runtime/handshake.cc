@@ -85,6 +85,12 @@ bool same_job(const HandshakeIdentity &a, const HandshakeIdentity &b) {
   return a.job_id == b.job_id && a.cluster_version == b.cluster_version;
 }
 
+// How `peer` stands to `self` when both belong to one run of the job.
+VersionSkew skew_of(const HandshakeIdentity &peer, const HandshakeIdentity &self) {
+  if (peer.job_id != self.job_id || peer.cluster_version == self.cluster_version) return VersionSkew::kNone;
+  return peer.cluster_version < self.cluster_version ? VersionSkew::kPeerBehind : VersionSkew::kPeerAhead;
+}
+
 // Both ends of a connection must frame it alike.
 std::string frame_auth_mismatch(const std::string &peer, const HandshakeIdentity &theirs,
                                 const HandshakeIdentity &ours) {
@@ -267,7 +273,8 @@ class Deadline {
 }  // namespace
 
 bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self, std::string *client_id,
-                      SessionKey *session_key, std::string *err, double timeout_seconds) {
+                      SessionKey *session_key, std::string *err, double timeout_seconds, VersionSkew *skew) {
+  if (skew) *skew = VersionSkew::kNone;
   if (secret.empty()) {
     return fail(err, "refusing to authenticate with an empty secret");
   }
@@ -310,6 +317,11 @@ bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentit
   if (!is_clean(id.data(), id.size())) {
     return fail(err, "client id contains control characters");
   }
+  if (skew_of(claimed, self) != VersionSkew::kNone) {
+    if (skew) *skew = skew_of(claimed, self);
+    return fail(err, "client " + id + " is at cluster version " + std::to_string(claimed.cluster_version) +
+                         ", this worker at " + std::to_string(self.cluster_version) + " (switching versions)");
+  }
   if (!same_job(claimed, self)) {
     return fail(err, "client " + id + " knows the secret but belongs to " + describe(claimed) + "; this worker is " +
                          describe(self) + " (a worker left over from another run?)");
@@ -328,7 +340,8 @@ bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentit
 
 bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
                       const std::string &self_id, SessionKey *session_key, std::string *err,
-                      double timeout_seconds) {
+                      double timeout_seconds, VersionSkew *skew) {
+  if (skew) *skew = VersionSkew::kNone;
   if (secret.empty()) {
     return fail(err, "refusing to authenticate with an empty secret");
   }
@@ -369,6 +382,11 @@ bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentit
   if (!io.send(msg.data(), msg.size(), "client hello", err)) return false;
 
   // Sent our hello even so: the server then names the mismatch in its own log.
+  if (skew_of(server_claims, self) != VersionSkew::kNone) {
+    if (skew) *skew = skew_of(server_claims, self);
+    return fail(err, "the server is at cluster version " + std::to_string(server_claims.cluster_version) +
+                         ", this worker at " + std::to_string(self.cluster_version));
+  }
   if (!same_job(server_claims, self)) {
     return fail(err, "server belongs to " + describe(server_claims) + "; this worker is " + describe(self) +
                          " (a worker left over from another run?)");

@@ -55,22 +55,33 @@ struct HandshakeIdentity {
   bool across_hosts = false;  // how this side sees the connection (socket_io.h: connects_two_hosts)
 };
 
+// Two ends of the same job at different cluster versions: during a resize
+// peers switch a few milliseconds apart, so this is an expected, transient
+// outcome rather than a stranger. The handshake still fails (a connection
+// belongs to exactly one version) and says which side is ahead: a peer
+// behind us will catch up (retry), a peer ahead of us has left our version
+// for good.
+enum class VersionSkew { kNone, kPeerBehind, kPeerAhead };
+
 // Run by the side that accepted the connection. On success returns true, sets
 // *client_id to the identity string the client claimed (e.g.
 // "127.0.0.1:10001"), proven by knowledge of `secret`, and *session_key (if
 // not null) to the key derived for this connection. `timeout_seconds` bounds
 // the whole handshake (not each read, so a peer dribbling bytes cannot hold
-// us); a non-positive value fails immediately.
+// us); a non-positive value fails immediately. *skew (if not null) is set
+// when the client proved the secret and the job id but is at another cluster
+// version.
 bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self, std::string *client_id,
                       SessionKey *session_key, std::string *err,
-                      double timeout_seconds = kHandshakeTimeoutSeconds);
+                      double timeout_seconds = kHandshakeTimeoutSeconds, VersionSkew *skew = nullptr);
 
 // Run by the side that connected. `self_id` is our identity string. Verifies
 // the server knows the secret and belongs to the same job and cluster version
 // (mutual). On success sets *session_key (if not null) to the same key as the
-// server's.
+// server's. *skew (if not null) is set when the server claims our job id at
+// another cluster version.
 bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
                       const std::string &self_id, SessionKey *session_key, std::string *err,
-                      double timeout_seconds = kHandshakeTimeoutSeconds);
+                      double timeout_seconds = kHandshakeTimeoutSeconds, VersionSkew *skew = nullptr);
 
 }  // namespace kungfu

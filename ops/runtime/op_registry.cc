@@ -8,13 +8,15 @@ OpRegistry::OpRegistry(double timeout_seconds) : timeout_seconds_(timeout_second
   watchdog_ = std::thread([this] { watch(); });
 }
 
-OpRegistry::~OpRegistry() {
+OpRegistry::~OpRegistry() { stop_watchdog(); }
+
+void OpRegistry::stop_watchdog() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
-  watchdog_.join();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 Status OpRegistry::check_addable(const std::string &name) const {
@@ -102,12 +104,17 @@ void OpRegistry::peer_left(int rank, const Status &why) {
   fail_where([rank](const PendingOp &op) { return op.only_with(rank); }, why, false);
 }
 
-void OpRegistry::close(const Status &why) {
+void OpRegistry::close(const Status &why, bool tell_peers) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = why;
   }
-  fail_where([](const PendingOp &) { return true; }, why, false);
+  fail_where([](const PendingOp &) { return true; }, why, tell_peers);
+}
+
+Status OpRegistry::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
 }
 
 void OpRegistry::watch() {

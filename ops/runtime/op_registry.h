@@ -58,9 +58,15 @@ class OpRegistry {
   void peer_lost(int rank, const Status &why);
   // Fails every op that concerns `rank` alone (it left in order).
   void peer_left(int rank, const Status &why);
-  // Fails every op in flight with `why` (not told to peers) and refuses new
-  // ones with it: the runtime is shutting down.
-  void close(const Status &why);
+  // Fails every op in flight with `why` and refuses new ones with it: the
+  // runtime is shutting down, the cluster changed, or the user interrupted.
+  // `tell_peers`: collectives send aborts, so peers waiting on them fail too.
+  void close(const Status &why, bool tell_peers = false);
+  // The reason close() gave, or OK.
+  Status closed() const;
+  // Stops the timeout watchdog for good (after close(): nothing can be in
+  // flight any more). Never call it from a callback of an op.
+  void stop_watchdog();
   double timeout_seconds() const { return timeout_seconds_; }
 
  private:
@@ -76,7 +82,7 @@ class OpRegistry {
   std::chrono::steady_clock::time_point deadline() const;
 
   const double timeout_seconds_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<std::string, Entry> ops_;
   // Per collective name: the last instance started here (one counter per

@@ -15,6 +15,7 @@
 
 #include "accumulator.h"
 #include "collective_op.h"
+#include "generation.h"
 #include "mailbox.h"
 #include "op_registry.h"
 #include "p2p_store.h"
@@ -67,11 +68,11 @@ struct RowsDesc {
   size_t row_bytes() const { return row_len * dtype_size(dtype); }
 };
 
-class Runtime : public FrameHandler {
+class Runtime {
  public:
   static Status create(RuntimeOptions options, std::unique_ptr<Runtime> *out);
   // Shuts down (see shutdown()) and closes every connection.
-  ~Runtime() override;
+  ~Runtime();
 
   // Leaves the cluster in order, once: frames already queued are written,
   // peers are told goodbye (they fail only what still waits for data from
@@ -82,12 +83,33 @@ class Runtime : public FrameHandler {
   void shutdown();
   static constexpr double kMaxLeaveSeconds = 10;
 
-  int rank() const { return opt_.self_rank; }
-  int size() const { return opt_.cluster.size(); }
+  // Switches this worker to `cluster` (a newer version that contains us)
+  // atomically: operations in flight on the old version fail with
+  // Unavailable("... cluster changed to version N"), the old connections
+  // leave in order (queued frames written, goodbyes, closed), the listening
+  // port stays bound and passes to the new version, whose connections open
+  // on first use (a peer that has not switched yet is retried until the
+  // timeout). Rank, size, topology graphs and per-name op counters are the
+  // new cluster's when this returns; the p2p store, accumulators and row
+  // store are kept. InvalidArgument if the version is not newer than ours
+  // or we are not in the cluster (the message names both); FailedPrecondition
+  // after shutdown(). Thread-safe; concurrent calls are serialised.
+  Status update_cluster(const Cluster &cluster);
+  // Fails every operation in flight on the current version now (collectives
+  // also tell their peers) and every new one until the next
+  // update_cluster(), with Unavailable(reason). Thread-safe.
+  void interrupt(const std::string &reason);
+  // Members of the current version whose connection broke without a goodbye
+  // (crash, reset, timeout while connecting), in rank order.
+  std::vector<PeerID> lost_peers() const;
+  PeerID self() const;
+
+  int rank() const { return gen()->self_rank; }
+  int size() const { return gen()->size(); }
   int local_rank() const;
   int local_size() const;
-  uint32_t cluster_version() const { return opt_.cluster.version(); }
-  const Cluster &cluster() const { return opt_.cluster; }
+  uint32_t cluster_version() const { return gen()->cluster.version(); }
+  Cluster cluster() const { return gen()->cluster; }
   TopologyKind topology() const { return topology_.load(); }
 
   void all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneCallback done);
@@ -152,55 +174,79 @@ class Runtime : public FrameHandler {
   // DeadlineExceeded naming the peer, the table and min_version.
   void request_rows(int peer, const std::string &name, uint64_t min_version, RowsDoneCallback done);
 
-  const TrafficCounters &counters() const { return transport_->counters(); }
-  uint64_t rejected_connections() const { return transport_->rejected_connections(); }
-  uint64_t authenticated_connections() const { return transport_->authenticated_connections(); }
-  size_t pending_messages() const { return mailbox_.pending_messages(); }
+  // The current version's transport counters (a one-worker cluster without a
+  // port has none: do not call it then; traffic() is always safe).
+  const TrafficCounters &counters() const { return gen()->transport->counters(); }
+  struct PeerTraffic {
+    uint64_t sent = 0, received = 0;
+  };
+  // Bytes exchanged with each rank of the current version since it began.
+  std::vector<PeerTraffic> traffic() const;
+  uint64_t rejected_connections() const;
+  uint64_t authenticated_connections() const;
+  size_t pending_messages() const { return gen()->mailbox.pending_messages(); }
   // request_at_least()s (ours or peers') waiting here for a save (for tests and leak checks).
   size_t parked_requests() const { return store_.waiting() + rows_.waiting(); }
 
-  // FrameHandler
-  bool on_frame(int src, const FrameHeader &header, std::string key, const PartialReader &read) override;
-  void on_peer_lost(int peer, const Status &why) override;
-  void on_peer_left(int peer, const Status &why) override;
-
  private:
+  using GenPtr = std::shared_ptr<Generation>;
+  class Handler;  // the transport's FrameHandler of one generation
   explicit Runtime(RuntimeOptions options);
-  CollectiveContext context();
+  GenPtr gen() const;
+  // A generation for `cluster` with its handler; no transport yet.
+  GenPtr make_generation(const Cluster &cluster, int self_rank);
+  // Gives `g` a transport on `listeners` (or freshly bound ones).
+  Status start_transport(Generation &g, Listeners listeners);
+  CollectiveContext context(Generation &g);
   // `staged`: buf.recv already holds this worker's contribution.
-  void run(const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan, bool staged,
-           DoneCallback done);
-  TopologyKind resolve(TopologyKind kind, size_t bytes) const;
+  void run(Generation &g, const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,
+           bool staged, DoneCallback done);
+  TopologyKind resolve(const Generation &g, TopologyKind kind, size_t bytes) const;
+  // The collectives on one given generation: compound ops (consensus,
+  // set_topology) run every step on the generation they started on.
+  void all_reduce_in(const GenPtr &g, TopologyKind kind, const std::string &name, Buffer buf, ReduceOp op,
+                     DoneCallback done);
+  void barrier_in(const GenPtr &g, const std::string &name, DoneCallback done);
+  void consensus_in(const GenPtr &g, const std::string &name, std::vector<char> bytes, ConsensusCallback done);
   void fetch(int peer, const std::string &name, uint64_t version, bool at_least, void *dst, size_t len,
              std::shared_ptr<const void> keepalive, VersionCallback done);
-  void serve_request(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);
-  bool receive_push(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);
-  bool receive_push_rows(int src, const FrameHeader &header, const std::string &name, const PartialReader &read);
-  void serve_rows(int src, const FrameHeader &header, const std::string &name, const std::string &id);
+
+  // What the transport of generation `g` reads.
+  bool on_frame(Generation &g, int src, const FrameHeader &header, std::string key, const PartialReader &read);
+  void on_peer_lost(Generation &g, int peer, const Status &why);
+  void on_peer_left(Generation &g, int peer, const Status &why);
+  void serve_request(Generation &g, int src, const FrameHeader &header, const std::string &name,
+                     const PartialReader &read);
+  bool receive_push(Generation &g, int src, const FrameHeader &header, const std::string &name,
+                    const PartialReader &read);
+  bool receive_push_rows(Generation &g, int src, const FrameHeader &header, const std::string &name,
+                         const PartialReader &read);
+  void serve_rows(Generation &g, int src, const FrameHeader &header, const std::string &name, const std::string &id);
   // Answers a request parked until `wait` calls back (or our timeout passes:
   // then a kFlagTimedOut response). `wait` registers the callback and returns
   // its token (0: it ran at once), `cancel` forgets a token.
   using Respond = std::function<void()>;
-  void park(int src, const std::string &id, const std::string &what,
+  void park(Generation &g, int src, const std::string &id, const std::string &what,
             const std::function<uint64_t(std::function<void(Respond)>)> &wait,
             std::function<void(uint64_t)> cancel);
   // Sends a kP2PResponse to request `id` of `src` (`dims`: the header's, for rows replies).
-  void respond(int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob,
+  void respond(Generation &g, int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob,
                const std::vector<int64_t> &dims = {});
 
-  RuntimeOptions opt_;
+  const RuntimeOptions opt_;  // cluster and self_rank: those the runtime started with
   std::atomic<TopologyKind> topology_;
-  std::vector<std::shared_ptr<const Topology>> topologies_;  // indexed by TopologyKind
-  Mailbox mailbox_;
   P2PStore store_;
   AccumulatorStore accumulators_;
   RowStore rows_;
-  std::mutex rows_held_mu_;
-  // The version of each (peer, table) we last received whole or in rows.
-  std::map<std::pair<int, std::string>, uint64_t> rows_held_;
-  std::unique_ptr<OpRegistry> registry_;
-  std::unique_ptr<Transport> transport_;  // destroyed first: its threads call into us
   std::atomic<uint64_t> next_request_{0};
+
+  mutable std::mutex gen_mu_;  // guards current_ (the pointer, not the object)
+  GenPtr current_;
+  std::mutex update_mu_;  // serialises update_cluster() and shutdown()
+  bool left_ = false;     // shutdown() ran (update_mu_)
+  // Swapped-out generations: kept (threads stopped) while callbacks may
+  // still point into them; a few kilobytes each.
+  std::vector<GenPtr> retired_;
   std::once_flag shutdown_once_;
 };
 

@@ -198,7 +198,7 @@ Transport::Transport(TransportOptions options, FrameHandler *handler)
   }
 }
 
-Status Transport::start() {
+Status Transport::bind_listeners() {
   const PeerID &self = opt_.cluster.peer(opt_.self_rank);
   int tcp = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (tcp < 0) return Internal(errno_text("socket"));
@@ -232,6 +232,17 @@ Status Transport::start() {
     }
     if (::listen(ux, 128) != 0) return Internal(errno_text("listen(AF_UNIX)"));
   }
+  return Status::OK();
+}
+
+Status Transport::start(Listeners inherited) {
+  if (inherited.valid()) {
+    tcp_listener_ = std::move(inherited.tcp);
+    unix_listener_ = std::move(inherited.unix_socket);
+  } else {
+    Status s = bind_listeners();
+    if (!s.ok()) return s;
+  }
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return Internal(errno_text("pipe"));
   wake_read_.reset(pipefd[0]);
@@ -243,21 +254,56 @@ Status Transport::start() {
   return Status::OK();
 }
 
-Transport::~Transport() {
-  stopping_ = true;
+Transport::~Transport() { stop(Unavailable("runtime shutting down")); }
+
+void Transport::stop_accepting() {
   if (wake_write_.valid()) {
     char c = 0;
     (void)!::write(wake_write_.get(), &c, 1);
   }
   if (acceptor_.joinable()) acceptor_.join();
+}
+
+Listeners Transport::release_listeners() {
+  std::lock_guard<std::mutex> guard(stop_mu_);
+  Listeners out;
+  if (stopped_) return out;
+  stop_accepting();
+  out.tcp = std::move(tcp_listener_);
+  out.unix_socket = std::move(unix_listener_);
+  return out;
+}
+
+void Transport::stop(const Status &why) {
+  std::lock_guard<std::mutex> guard(stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  stopping_ = true;
+  stop_accepting();
   for (auto &link : links_) {
     {
       std::lock_guard<std::mutex> lock(link->mu);
+      if (link->broken.ok()) link->broken = why;
       link->fd.shutdown_both();
+      if (link->connecting >= 0) ::shutdown(link->connecting, SHUT_RDWR);
     }
     link->cv.notify_all();
     if (link->sender.joinable()) link->sender.join();
+    // Whatever was queued after the sender's last look fails too.
+    std::deque<SendItem> left;
+    {
+      std::lock_guard<std::mutex> lock(link->mu);
+      left.swap(link->queue);
+    }
+    for (SendItem &item : left) item.on_sent(why);
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->fd.reset();  // a retired generation's transport lives on: release its sockets now
+    link->auth.reset();
   }
+  tcp_listener_.reset();
+  unix_listener_.reset();
+  wake_read_.reset();
+  wake_write_.reset();
   std::list<std::unique_ptr<Connection>> connections;
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
@@ -354,11 +400,17 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   std::string client_id, err;
   SessionKey session_key;
   const HandshakeIdentity self = identity(connects_two_hosts(fd.get()));
-  bool proven = server_handshake(fd.get(), opt_.secret, self, &client_id, &session_key, &err);
+  VersionSkew skew = VersionSkew::kNone;
+  bool proven =
+      server_handshake(fd.get(), opt_.secret, self, &client_id, &session_key, &err, kHandshakeTimeoutSeconds, &skew);
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
     --handshaking_;
   }
+  // A peer of this job at another cluster version is switching a few
+  // milliseconds apart from us (it retries, or learns it moved on): not a
+  // stranger, so neither counted nor logged.
+  if (!proven && skew != VersionSkew::kNone) return;
   if (!proven) {
     ++rejected_;
     // A connection that hangs up before sending a byte (a port scan, a
@@ -421,7 +473,10 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     if (h.type == static_cast<uint8_t>(FrameType::kGoodbye)) {
       // Everything the peer sent is in; what follows is the end of its stream.
       said_goodbye = true;
-      Status left = Unavailable(opt_.cluster.describe(src) + " left the cluster");
+      Status left = h.seq == 0 ? Unavailable(opt_.cluster.describe(src) + " left the cluster")
+                               : Unavailable(opt_.cluster.describe(src) + " left cluster version " +
+                                             std::to_string(opt_.cluster.version()) + ": cluster changed to version " +
+                                             std::to_string(h.seq));
       peer_departed(src, left);
       handler_->on_peer_left(src, left);
     } else if (h.cluster_version != opt_.cluster.version()) {
@@ -467,16 +522,38 @@ void Transport::note_authenticated_connection() {
   }
 }
 
-Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth) {
+Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth, bool *moved_on) {
+  *moved_on = false;
   const PeerID &peer = opt_.cluster.peer(dst);
   const PeerID &self = opt_.cluster.peer(opt_.self_rank);
   bool use_unix = opt_.same_host_unix_sockets && peer.host == self.host;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                         std::chrono::duration<double>(opt_.timeout_seconds));
+  // Registers the socket being dialed so that stop() can cut a connect or a
+  // handshake short; released before the socket closes.
+  struct Dialing {
+    Link &link;
+    Dialing(Link &l, int fd, const std::atomic<bool> &stopping) : link(l) {
+      std::lock_guard<std::mutex> lock(link.mu);
+      link.connecting = fd;
+      if (stopping) ::shutdown(fd, SHUT_RDWR);
+    }
+    ~Dialing() {
+      std::lock_guard<std::mutex> lock(link.mu);
+      link.connecting = -1;
+    }
+    Dialing(const Dialing &) = delete;
+    Dialing &operator=(const Dialing &) = delete;
+  };
   std::string last_error;
   int backoff_ms = 5;
   while (!stopping_) {
+    // A peer that is not listening yet (it starts up) is retried more
+    // patiently than one at an older cluster version, which switches within
+    // milliseconds.
+    int max_backoff_ms = 50;
     Fd fd(::socket(use_unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Dialing dialing(*links_[dst], fd.get(), stopping_);
     bool connected;
     if (use_unix) {
       struct sockaddr_un addr;
@@ -498,20 +575,30 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
       set_io_timeout(fd.get(), opt_.timeout_seconds);
       std::string err;
       SessionKey key;
+      VersionSkew skew = VersionSkew::kNone;
       const HandshakeIdentity us = identity(connects_two_hosts(fd.get()));
-      if (!client_handshake(fd.get(), opt_.secret, us, self.str(), &key, &err)) {
+      if (client_handshake(fd.get(), opt_.secret, us, self.str(), &key, &err, kHandshakeTimeoutSeconds, &skew)) {
+        if (us.authenticate_frames) {
+          *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
+          note_authenticated_connection();
+        }
+        *out = std::move(fd);
+        return Status::OK();
+      }
+      if (skew == VersionSkew::kPeerAhead) {
+        *moved_on = true;
+        return Unavailable(opt_.cluster.describe(dst) + " has left cluster version " +
+                           std::to_string(opt_.cluster.version()) + " (" + err + ")");
+      }
+      if (skew != VersionSkew::kPeerBehind) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
       }
-      if (us.authenticate_frames) {
-        *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
-        note_authenticated_connection();
-      }
-      *out = std::move(fd);
-      return Status::OK();
+      last_error = err;  // it has not switched to our version yet
+      max_backoff_ms = 20;
     }
     if (std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
-    backoff_ms = std::min(backoff_ms * 2, 200);
+    backoff_ms = std::min(backoff_ms * 2, max_backoff_ms);
   }
   return Unavailable("cannot connect to " + opt_.cluster.describe(dst) + " within " +
                      std::to_string(static_cast<int>(opt_.timeout_seconds)) + "s: " + last_error);
@@ -662,14 +749,22 @@ void Transport::sender_loop(int dst) {
       lock.unlock();
       Fd fd;
       std::unique_ptr<FrameAuthenticator> auth;
-      Status s = connect_to(dst, &fd, &auth);
+      bool moved_on = false;
+      Status s = connect_to(dst, &fd, &auth, &moved_on);
       lock.lock();
       if (s.ok()) {
         link.fd = std::move(fd);
         link.auth = std::move(auth);
       } else {
         lock.unlock();
-        break_link(dst, s);
+        if (moved_on) {
+          // Not a crash: the peer switched to a newer cluster version and
+          // will never send us anything at ours again.
+          peer_departed(dst, s);
+          if (!stopping_ && !leaving_) handler_->on_peer_left(dst, s);
+        } else {
+          break_link(dst, s);
+        }
         continue;
       }
     }
@@ -686,11 +781,13 @@ void Transport::sender_loop(int dst) {
   }
   // Shutting down: whatever is still queued fails.
   std::deque<SendItem> left;
+  Status why = Unavailable("runtime shutting down");
   {
     std::lock_guard<std::mutex> lock(link.mu);
     left.swap(link.queue);
+    if (!link.broken.ok()) why = link.broken;
   }
-  for (SendItem &item : left) item.on_sent(Unavailable("runtime shutting down"));
+  for (SendItem &item : left) item.on_sent(why);
 }
 
 void Transport::break_link(int dst, const Status &why) {
@@ -719,7 +816,7 @@ void Transport::peer_departed(int dst, const Status &why) {
   for (SendItem &item : failed) item.on_sent(why);
 }
 
-void Transport::leave(std::chrono::steady_clock::time_point deadline) {
+void Transport::leave(std::chrono::steady_clock::time_point deadline, uint32_t next_version) {
   leaving_ = true;
   for (int r = 0; r < opt_.cluster.size(); ++r) {
     if (r == opt_.self_rank) continue;
@@ -732,6 +829,7 @@ void Transport::leave(std::chrono::steady_clock::time_point deadline) {
     FrameHeader h;
     h.type = static_cast<uint8_t>(FrameType::kGoodbye);
     h.cluster_version = opt_.cluster.version();
+    h.seq = next_version;
     link.queue.push_back(SendItem{h, std::string(), nullptr, 0, nullptr, [](const Status &) {}});
     lock.unlock();
     link.cv.notify_all();

@@ -66,21 +66,44 @@ struct TransportOptions {
   bool same_host_unix_sockets = true;
 };
 
+// The bound, listening sockets of one worker's port (TCP, and the same-host
+// Unix socket). A cluster change hands them from one transport to the next,
+// so the port never closes: peers that connect meanwhile wait in the backlog.
+struct Listeners {
+  Fd tcp;
+  Fd unix_socket;
+  bool valid() const { return tcp.valid(); }
+};
+
 class Transport {
  public:
   Transport(TransportOptions options, FrameHandler *handler);
+  // stop()s.
   ~Transport();
   Transport(const Transport &) = delete;
   Transport &operator=(const Transport &) = delete;
 
-  // Binds the listeners and starts accepting. Fails if the port is taken.
-  Status start();
+  // Starts accepting on `inherited` (from release_listeners() of the
+  // previous cluster version's transport), or binds the listeners when there
+  // are none. Fails if the port is taken.
+  Status start(Listeners inherited = Listeners());
+
+  // Stops accepting and hands the listening sockets over (once). Connections
+  // already accepted are still served until stop().
+  Listeners release_listeners();
+
+  // Joins every thread and closes every connection; afterwards send() fails
+  // at once with `why` and the handler is never called again. Idempotent;
+  // never call it from a thread of this transport.
+  void stop(const Status &why);
 
   // Orderly leave: every frame already handed to send() is written, then each
   // peer we are connected to gets a goodbye and the end of our stream, so it
   // can tell this from a crash. Waits until then or `deadline`, whichever
   // comes first; later sends fail. The destructor then closes everything.
-  void leave(std::chrono::steady_clock::time_point deadline);
+  // `next_version`: we move on to that cluster version (0: we leave the
+  // job); the goodbye says so, for the peers' error messages.
+  void leave(std::chrono::steady_clock::time_point deadline, uint32_t next_version = 0);
 
   // Sends header + key + payload to `dst` (never self). `data` must stay valid
   // until `on_sent` runs; `keepalive` is released after that. Frames to one
@@ -138,6 +161,7 @@ class Transport {
     bool goodbye_written = false;
     std::thread sender;
     void *order = nullptr;  // socket_order_key of this connection; set once, in the constructor
+    int connecting = -1;    // the socket connect_to() is dialing (not owned); stop() shuts it down
   };
 
   // An accepted connection and the thread serving it; reaped (joined) by
@@ -148,6 +172,9 @@ class Transport {
     std::atomic<bool> done{false};
   };
 
+  Status bind_listeners();
+  // Wakes the acceptor and joins it.
+  void stop_accepting();
   void accept_loop();
   // Accepts one pending connection from `listener`, or drops it when too
   // many are still proving themselves.
@@ -156,7 +183,10 @@ class Transport {
   void reap_connections();
   void serve_connection(Fd fd, Connection *conn);
   void sender_loop(int dst);
-  Status connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth);
+  // Opens our connection to `dst`. A peer still at an older cluster version
+  // (it has not switched yet) is retried until the timeout; *moved_on is set
+  // when the peer is at a newer version: it will never again talk at ours.
+  Status connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth, bool *moved_on);
   // Our side of the handshake of a connection that does (not) join two hosts.
   HandshakeIdentity identity(bool across_hosts) const;
   // Counts a connection that authenticates its frames; the first one under
@@ -187,6 +217,8 @@ class Transport {
   size_t handshaking_ = 0;  // accepted connections not yet authenticated
   RateLimitedLog rejections_log_{std::chrono::seconds(10), 20};
   std::atomic<bool> stopping_{false};
+  std::mutex stop_mu_;  // serialises stop() and release_listeners()
+  bool stopped_ = false;
   std::atomic<bool> leaving_{false};  // leave() began: peers closing on us is expected
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> authenticated_{0};

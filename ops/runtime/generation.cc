@@ -1,0 +1,40 @@
+#include "generation.h"
+
+namespace kungfu {
+
+Generation::Generation(Cluster c, int rank, double timeout_seconds)
+    : cluster(std::move(c)), self_rank(rank), registry(timeout_seconds) {
+  topologies.resize(static_cast<size_t>(TopologyKind::kAuto) + 1);
+  for (TopologyKind k : {TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kBinaryTree,
+                         TopologyKind::kBinaryTreeStar, TopologyKind::kClique}) {
+    topologies[static_cast<size_t>(k)] = build_topology(k, cluster);
+  }
+}
+
+Generation::~Generation() {
+  // Threads first: they call the handler and use the mailbox and registry.
+  if (transport) transport->stop(Unavailable("runtime shutting down"));
+}
+
+void Generation::note_lost(int rank) {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  lost_.insert(rank);
+}
+
+std::vector<int> Generation::lost() const {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  return std::vector<int>(lost_.begin(), lost_.end());
+}
+
+void Generation::retire(const Status &why, std::chrono::steady_clock::time_point deadline,
+                        uint32_t next_version) {
+  registry.close(why);
+  if (transport) {
+    transport->leave(deadline, next_version);
+    transport->stop(why);
+  }
+  for (int r = 0; r < size(); ++r) mailbox.fail_peer(r, why);
+  registry.stop_watchdog();
+}
+
+}  // namespace kungfu
