@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_meta import machine_metadata
-from elastic_idle import Transition, parse_label, read_logs, segments, transitions
+from elastic_idle import Transition, parse_label, read_logs, transitions
 from elastic_worker import MODELS
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -175,9 +175,9 @@ def run_elastic_job(args: argparse.Namespace, model: str, labels: Sequence[str],
 # --------------------------------------------------------------------------- analysis
 def measured_transitions(records: Sequence[dict[str, Any]], labels: Sequence[str]) -> tuple[list[Transition], str | None]:
     """The transitions the logs show (the first ones of ``labels`` if the run stopped early) and why not all."""
-    n = max(len(segments(records)) - 1, 0)
-    why = None if n >= len(labels) else f"only {n} of {len(labels)} transitions happened"
-    return transitions(records, list(labels[:n])), why
+    found = transitions(records, labels, partial=True)
+    why = None if len(found) == len(labels) else f"only {len(found)} of {len(labels)} transitions happened"
+    return found, why
 
 
 def restart_breakdown(run: dict[str, Any], trans: Sequence[Transition]) -> list[dict[str, float]]:
@@ -212,6 +212,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row[f"{mode}_idle"] = [t["idle_s"] for t in trs]
                 row[f"{mode}_gap"] = [t["gap_s"] for t in trs]
                 row[f"{mode}_step"] = [t["step_s"] for t in trs]
+                row[f"{mode}_parts"] = [[p["idle_s"] for p in t.get("parts", [])] for t in trs]
                 row[f"{mode}_median"] = statistics.median(row[f"{mode}_idle"]) if trs else None
                 if mode == "elastic":
                     det = [t["detection_s"] for t in trs if t["detection_s"] is not None]
@@ -250,8 +251,13 @@ def _s(x: float | None, digits: int = 3) -> str:
     return "–" if x is None else f"{x:.{digits}f} s"
 
 
-def _raw(xs: Sequence[float]) -> str:
-    return ", ".join(f"{x:.3f}" for x in xs) if xs else "–"
+def _raw(xs: Sequence[float], parts: Sequence[Sequence[float]] = ()) -> str:
+    """``0.120, 0.950 (0.600+0.350)``: each run, with its parts when a grow was admitted in several versions."""
+    if not xs:
+        return "–"
+    parts = list(parts) or [[]] * len(xs)
+    return ", ".join(f"{x:.3f}" + (f" ({'+'.join(f'{p:.3f}' for p in ps)})" if len(ps) > 1 else "")
+                     for x, ps in zip(xs, parts, strict=True))  # fmt: skip
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -268,7 +274,7 @@ def markdown(results: dict[str, Any]) -> str:
             step = r["elastic_step"] or r["restart_step"]
             met = {True: "yes", False: "**no**", None: "–"}[r["met"]]
             ratio = "–" if r["ratio"] is None else f"{r['ratio']:.0f}x"
-            lines.append(f"| {r['transition']} | {_s(r['elastic_median'])} | {_raw(r['elastic_idle'])} | "
+            lines.append(f"| {r['transition']} | {_s(r['elastic_median'])} | {_raw(r['elastic_idle'], r['elastic_parts'])} | "
                          f"{_s(r['restart_median'], 2)} | {_raw(r['restart_idle'])} | "
                          f"{ratio} | "
                          f"{_s(r['detection_median'])} | {_s(statistics.median(step)) if step else '–'} | "

@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -71,9 +72,9 @@ class StepLog:
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
         self.common = dict(common)
 
-    def event(self, kind: str, t: float | None = None, **fields: Any) -> None:
-        """Writes ``{"e": kind, "t": now or t, **common, **fields}`` as one line."""
-        rec = {"e": kind, "t": time.time() if t is None else t, **self.common, **fields}
+    def event(self, name: str, /, t: float | None = None, **fields: Any) -> None:
+        """Writes ``{"e": name, "t": now or t, **common, **fields}`` as one line."""
+        rec = {"e": name, "t": time.time() if t is None else t, **self.common, **fields}
         self._file.write(json.dumps(rec) + "\n")
 
 
@@ -139,20 +140,28 @@ def segments(records: Iterable[dict[str, Any]]) -> list[Segment]:
 
 @dataclass
 class Transition:
-    """The idle time of one transition (module docstring: the definitions)."""
+    """The idle time of one transition (module docstring: the definitions).
+
+    A grow may be committed as several versions (the config service admits
+    each joiner when it is ready): then ``parts`` holds each version change's
+    own (gap, step, idle), the survivors trained at the sizes in between, and
+    ``gap_s``/``idle_s`` are the sums over the parts (``step_s`` is the
+    normal step time at the final size).
+    """
 
     label: str  # e.g. "shrink 4 -> 2"
     size_before: int
     size_after: int
     t_before: float  # latest end of the last step before
-    t_after: float  # latest end of the first step after
+    t_after: float  # latest end of the first step after (of the last part)
     gap_s: float
     step_s: float  # normal step time after the transition
-    idle_s: float  # gap_s - step_s
+    idle_s: float  # gap_s - step_s (summed over the parts)
     survivors: list[str]  # empty for a checkpoint-restart: no process survives
     steps_before: int
     steps_after: int
     detection_s: float | None = None  # crash: kill -> survivors' step failure (median)
+    parts: list[dict[str, float]] = field(default_factory=list)  # one per version change: gap_s, step_s, idle_s
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,49 +182,77 @@ def parse_label(label: str) -> tuple[str, int, int]:
 
 def normal_step_time(seg: Segment, peers: Sequence[str]) -> float:
     """Median time between consecutive step ends of ``peers`` in ``seg``, its first step excluded."""
-    diffs = [b - a for p in peers for a, b in zip(seg.ends[p], seg.ends[p][1:], strict=False)]
+    diffs = [b - a for p in peers for a, b in itertools.pairwise(seg.ends[p])]
     if not diffs:
         raise ValueError(f"job {seg.job} version {seg.version}: needs 2 steps after a transition, has {seg.steps}")
     return statistics.median(diffs)
 
 
-def transitions(records: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[Transition]:
-    """One :class:`Transition` per consecutive pair of segments, labelled in order by ``labels``.
+def _detection(records: Sequence[dict[str, Any]], t_before: float, t_after: float, survivors: Sequence[str]) -> float | None:
+    """Median over the survivors of (their first step failure - the kill), for a kill between the two steps."""
+    kills = [r["t"] for r in records if r["e"] == "kill" and t_before <= r["t"] <= t_after]
+    if not kills:
+        return None
+    seen: dict[str, float] = {}
+    for r in records:
+        if r["e"] == "step_failed" and kills[0] <= r["t"] <= t_after and r["peer"] in survivors:
+            seen.setdefault(r["peer"], r["t"] - kills[0])
+    return statistics.median(seen.values()) if seen else None
 
-    The segments' sizes must match the labels' (``"<kind> <before> -> <after>"``)
-    and there must be at least as many segments as labels + 1, or ValueError
-    says which transition differs; extra segments at the end are ignored.
+
+def transitions(records: Sequence[dict[str, Any]], labels: Sequence[str], partial: bool = False) -> list[Transition]:
+    """One :class:`Transition` per label, matched in order against the segments' sizes.
+
+    Each label (``"<kind> <before> -> <after>"``) takes the segment at
+    ``before`` workers and the following ones up to the first at ``after``
+    (a growth may pass through rising sizes in between; anything else must
+    be one version change). Sizes that do not fit raise ValueError naming the label; too few
+    segments too, unless ``partial`` (then the labels that fit are returned).
+    Extra segments at the end are ignored.
     """
     segs = segments(records)
-    if len(segs) < len(labels) + 1:
-        raise ValueError(
-            f"expected {len(labels)} transitions ({', '.join(labels)}), the logs show {len(segs) - 1}: "
-            + " -> ".join(str(s.size) for s in segs)
-        )
-    kills = [r for r in records if r["e"] == "kill"]
-    failures = [r for r in records if r["e"] == "step_failed"]
-    out = []
-    for label, before, after in zip(labels, segs, segs[1:], strict=False):
+    out: list[Transition] = []
+    i = 0
+    for label in labels:
         _, n_before, n_after = parse_label(label)
-        if (before.size, after.size) != (n_before, n_after):
-            raise ValueError(f"transition {label!r}: the logs show {before.size} -> {after.size} there")
+        j = i + 1
+        # A growth may be admitted in steps (sizes rising towards n_after); nothing else may.
+        while j < len(segs) and n_after > n_before and segs[j - 1].size < segs[j].size < n_after:
+            j += 1
+        if j >= len(segs):
+            if partial:
+                break
+            raise ValueError(
+                f"expected {len(labels)} transitions ({', '.join(labels)}), the logs show {len(segs) - 1}: "
+                + " -> ".join(str(s.size) for s in segs)
+            )
+        if segs[i].size != n_before or segs[j].size != n_after:
+            shown = " -> ".join(str(s.size) for s in segs[i : j + 1])
+            raise ValueError(f"transition {label!r}: the logs show {shown} there")
+        out.append(_combined(records, label, segs[i : j + 1]))
+        i = j
+    return out
+
+
+def _combined(records: Sequence[dict[str, Any]], label: str, segs: Sequence[Segment]) -> Transition:
+    """The transition from ``segs[0]`` to ``segs[-1]`` through the segments between (module docstring)."""
+    final_survivors = sorted(set.intersection(*(set(s.ends) for s in segs)))
+    parts = []
+    for before, after in itertools.pairwise(segs):
         survivors = sorted(set(before.ends) & set(after.ends))
         old, new = (survivors, survivors) if survivors else (list(before.ends), list(after.ends))
         t_before = max(before.ends[p][-1] for p in old)
         t_after = max(after.ends[p][0] for p in new)
-        step = normal_step_time(after, new)
-        detection = None
-        kill = [k for k in kills if t_before <= k["t"] <= t_after]
-        if kill:
-            t_kill = kill[0]["t"]
-            seen = {}
-            for f in failures:
-                if t_kill <= f["t"] <= t_after and f["peer"] in survivors:
-                    seen.setdefault(f["peer"], f["t"] - t_kill)
-            detection = statistics.median(seen.values()) if seen else None
-        out.append(Transition(
-            label=label, size_before=before.size, size_after=after.size, t_before=t_before, t_after=t_after,
-            gap_s=t_after - t_before, step_s=step, idle_s=t_after - t_before - step, survivors=survivors,
-            steps_before=before.steps, steps_after=after.steps, detection_s=detection,
-        ))  # fmt: skip
-    return out
+        # An admission right after another leaves one step at the size between: use the final size's.
+        step_seg = after if after.steps >= 2 or after is segs[-1] else segs[-1]
+        step = normal_step_time(step_seg, new if step_seg is after else final_survivors or list(step_seg.ends))
+        parts.append({"t_before": t_before, "t_after": t_after, "gap_s": t_after - t_before, "step_s": step,
+                      "idle_s": t_after - t_before - step, "survivors": survivors})  # fmt: skip
+    first, last = parts[0], parts[-1]
+    return Transition(
+        label=label, size_before=segs[0].size, size_after=segs[-1].size, t_before=first["t_before"],
+        t_after=last["t_after"], gap_s=sum(p["gap_s"] for p in parts), step_s=last["step_s"],
+        idle_s=sum(p["idle_s"] for p in parts), survivors=final_survivors, steps_before=segs[0].steps,
+        steps_after=segs[-1].steps, detection_s=_detection(records, first["t_before"], first["t_after"], first["survivors"]),
+        parts=[{k: p[k] for k in ("gap_s", "step_s", "idle_s")} for p in parts],
+    )  # fmt: skip

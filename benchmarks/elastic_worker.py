@@ -233,11 +233,11 @@ def run_elastic(args: argparse.Namespace) -> None:
 
     @elastic.run(warm_up=warm_up)
     def train(state: elastic.ElasticState) -> None:
-        while state.segment < len(schedule):
+        while True:
             state.check()
             rank, size = int(config.rank()), int(config.cluster_size())
             version = int(config.cluster_version())
-            kind, target = schedule[state.segment]
+            kind, target = schedule[state.segment] if state.segment < len(schedule) else ("end", size)
             if state.waiting_for:
                 if size == state.waiting_for:  # joiners admitted / the crashed worker gone
                     state.segment, state.seg_steps, state.waiting_for = state.segment + 1, 0, 0
@@ -248,6 +248,8 @@ def run_elastic(args: argparse.Namespace) -> None:
                 elif time.time() - waiting_since[0] > args.wait_timeout:
                     raise SystemExit(f"{kind}: the cluster did not reach {target} workers in {args.wait_timeout:g} s")
             elif state.seg_steps >= args.steps:
+                if kind == "end":  # --steps steps after the last transition, as in the restart chain
+                    return
                 log.event("transition", kind=kind, target=target, size=size, version=version)
                 if kind == "shrink":
                     _, detached = elastic.resize(target)

@@ -2,10 +2,11 @@
 
 The analysis is checked on made-up step logs whose gaps are known by
 construction (survivors only; no survivors = a restart; the crash's
-detection time; sizes that do not match the labels); the harness once end to
-end at toy size (a checkpoint-restart 2 -> 1 on the digits MLP):
-the restored step counter continues where the saved one stopped, and the
-reported idle is the logged gap minus the logged step time.
+detection time; a grow admitted in two versions; sizes that do not match the
+labels); the harness once end to end at toy size (a shrink 2 -> 1 on the
+digits MLP, elastic and by checkpoint-restart): the step counter continues
+exactly on the survivor and through the checkpoint, the reported idle is the
+logged gap minus the logged step time, and the restart is the slower one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,21 @@ def test_shrink_idle_counts_only_the_survivors():
     assert tr.t_before == pytest.approx(10.001) and tr.t_after == pytest.approx(10.501)
     assert tr.gap_s == pytest.approx(0.5) and tr.step_s == pytest.approx(0.2) and tr.idle_s == pytest.approx(0.3)
     assert (tr.size_before, tr.size_after, tr.steps_before, tr.steps_after) == (4, 2, 3, 4)
+
+
+def test_a_grow_admitted_in_two_versions_sums_its_parts():
+    # 2 workers; joiner c admitted at t=4 (one step at 3 workers), joiner d at t=5; 0.1 s steps at 4.
+    recs = steps("ab", [1, 2, 3]) + steps("abc", [4], version=2) + steps("abcd", [5, 5.1, 5.2], version=3)
+    (tr,) = transitions(recs, ["grow 2 -> 4"])
+    assert tr.survivors == ["a", "b"] and (tr.size_before, tr.size_after) == (2, 4)
+    # Each admission: 1 s gap minus one 0.1 s step (the 3-worker segment has one step: the 4-worker step time).
+    assert [p["gap_s"] for p in tr.parts] == pytest.approx([1.0, 1.0])
+    assert [p["idle_s"] for p in tr.parts] == pytest.approx([0.9, 0.9])
+    assert tr.idle_s == pytest.approx(1.8) and tr.gap_s == pytest.approx(2.0) and tr.step_s == pytest.approx(0.1)
+    # A shrink may not pass through sizes in between.
+    with pytest.raises(ValueError, match=r"transition 'shrink 4 -> 2': the logs show 4 -> 3 there"):
+        transitions(steps("abcd", [1, 2]) + steps("abc", [3, 4], version=2) + steps("ab", [5, 6], version=3),
+                    ["shrink 4 -> 2"])  # fmt: skip
 
 
 def test_restart_has_no_survivors_and_uses_the_jobs():
@@ -98,33 +114,45 @@ def test_step_log_survives_a_cut_last_line(tmp_path):
     assert [(r["e"], r["t"], r["job"]) for r in read_logs(tmp_path)] == [("start", 1.0, 0), ("step", 2.0, 0)]
 
 
-def test_restart_chain_smoke(tmp_path):
-    """The harness end to end at toy size: a checkpoint-restart 2 -> 1 (two real jobs)."""
+def test_benchmark_smoke(tmp_path):
+    """The harness end to end at toy size, both ways: an elastic shrink 2 -> 1 and a checkpoint-restart 2 -> 1."""
     import subprocess
 
     from conftest import REPO_ROOT, worker_env
 
     out = tmp_path / "elastic.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "elastic.py"), "--models", "digits-mlp", "--modes", "restart",
+    proc = subprocess.run([sys.executable, str(BENCH / "elastic.py"), "--models", "digits-mlp",
                            "--transitions", "shrink 2 -> 1", "--repeats", "1", "--steps", "3",
                            "--work-dir", str(tmp_path / "work"), "--out", str(out)],
                           check=False, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    res = json.loads(out.with_suffix(".json").read_text())["models"]["digits-mlp"]["restart"]
-    assert res["error"] is None, res["error"]
-    trs = res["transitions"]
-    assert [(t["label"], t["survivors"]) for t in trs] == [("shrink 2 -> 1", [])]
-    for t in trs:
-        assert t["idle_s"] == pytest.approx(t["gap_s"] - t["step_s"])
-        assert 0.5 < t["idle_s"] < 120 and 0 < t["step_s"] < 1, t  # a restart re-imports TensorFlow
-    # The restored step counter continues: steps 1-3 in job 0, 4-6 in job 1.
-    recs = read_logs(tmp_path / "work" / "digits-mlp" / "restart" / "logs")
-    by_job = {}
+    work = tmp_path / "work" / "digits-mlp"
+    res = json.loads(out.with_suffix(".json").read_text())["models"]["digits-mlp"]
+    for mode in ("elastic", "restart"):
+        assert res[mode]["error"] is None, res[mode]["error"] + "\n" + (work / mode / "job.out").read_text()[-6000:]
+        (t,) = res[mode]["transitions"]
+        assert t["label"] == "shrink 2 -> 1" and t["idle_s"] == pytest.approx(t["gap_s"] - t["step_s"]), t
+        assert 0 < t["step_s"] < 1, t
+    elastic, restart = res["elastic"]["transitions"][0], res["restart"]["transitions"][0]
+    # Elastic: the same process (rank 0) trains before and after. Restart: no process survives, and it
+    # re-imports TensorFlow, which alone takes longer than the elastic shrink.
+    assert len(elastic["survivors"]) == 1 and restart["survivors"] == []
+    assert restart["idle_s"] > max(1.0, elastic["idle_s"]), (elastic, restart)
+    # The step counter continues exactly: on the elastic survivor, and through the checkpoint (steps 1-3, 4-6).
+    steps_of: dict[str, list[int]] = {}
+    for r in read_logs(work / "elastic" / "logs"):
+        if r["e"] == "step":
+            steps_of.setdefault(r["peer"], []).append(r["step"])
+    assert steps_of[elastic["survivors"][0]] == [1, 2, 3, 4, 5, 6], steps_of
+    recs = read_logs(work / "restart" / "logs")
+    by_job: dict[int, set[int]] = {}
     for r in recs:
         if r["e"] == "step":
             by_job.setdefault(r["job"], set()).add(r["step"])
     assert by_job == {0: {1, 2, 3}, 1: {4, 5, 6}}
     assert [r["step"] for r in recs if r["e"] == "restore"] == [3]
-    assert len(res["breakdown"]) == 1 and all(b["start_s"] > 0 for b in res["breakdown"])
+    assert len(res["restart"]["breakdown"]) == 1 and res["restart"]["breakdown"][0]["start_s"] > 0
     table = out.read_text()
-    assert "| shrink 2 -> 1 | – | – |" in table and "checkpoint-restart break-down" in table
+    ratio = restart["idle_s"] / elastic["idle_s"]
+    assert f"| shrink 2 -> 1 | {elastic['idle_s']:.3f} s | {elastic['idle_s']:.3f} | " in table
+    assert f"| {ratio:.0f}x |" in table and "checkpoint-restart break-down" in table
