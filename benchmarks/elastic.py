@@ -167,7 +167,7 @@ def run_elastic_job(args: argparse.Namespace, model: str, labels: Sequence[str],
             "-np", str(parsed[0][1]), "-q", "--logdir", str(work / "workers"),
             *worker_argv(args, model, log_dir, "--mode", "elastic", "--schedule", elastic_schedule(labels),
                          "--crash-rank", str(args.crash_rank))]  # fmt: skip
-    rc, t0, t1 = launch(argv, work / "job.out", args.job_timeout * len(labels))
+    rc, t0, t1 = launch(argv, work / "job.out", args.elastic_timeout)
     log(f"{model} elastic job: exit status {rc}, {t1 - t0:.1f} s")
     return {"records": read_logs(log_dir), "rc": rc, "spawn_t": t0, "exit_t": t1}
 
@@ -176,7 +176,8 @@ def run_elastic_job(args: argparse.Namespace, model: str, labels: Sequence[str],
 def measured_transitions(records: Sequence[dict[str, Any]], labels: Sequence[str]) -> tuple[list[Transition], str | None]:
     """The transitions the logs show (the first ones of ``labels`` if the run stopped early) and why not all."""
     found = transitions(records, labels, partial=True)
-    why = None if len(found) == len(labels) else f"only {len(found)} of {len(labels)} transitions happened"
+    done = len(found) + sum(t.merged for t in found)  # a merged crash stands for its replace label too
+    why = None if done == len(labels) else f"only {done} of {len(labels)} transitions happened"
     return found, why
 
 
@@ -213,6 +214,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row[f"{mode}_gap"] = [t["gap_s"] for t in trs]
                 row[f"{mode}_step"] = [t["step_s"] for t in trs]
                 row[f"{mode}_parts"] = [[p["idle_s"] for p in t.get("parts", [])] for t in trs]
+                row[f"{mode}_merged"] = [bool(t.get("merged")) for t in trs]
                 row[f"{mode}_median"] = statistics.median(row[f"{mode}_idle"]) if trs else None
                 if mode == "elastic":
                     det = [t["detection_s"] for t in trs if t["detection_s"] is not None]
@@ -251,13 +253,15 @@ def _s(x: float | None, digits: int = 3) -> str:
     return "–" if x is None else f"{x:.{digits}f} s"
 
 
-def _raw(xs: Sequence[float], parts: Sequence[Sequence[float]] = ()) -> str:
-    """``0.120, 0.950 (0.600+0.350)``: each run, with its parts when a grow was admitted in several versions."""
+def _raw(xs: Sequence[float], parts: Sequence[Sequence[float]] = (), merged: Sequence[bool] = ()) -> str:
+    """``0.120, 0.950 (0.600+0.350), 7.6*``: each run, with its parts when a grow was admitted in several
+    versions, ``*`` for a crash measured together with its replacement."""
     if not xs:
         return "–"
     parts = list(parts) or [[]] * len(xs)
-    return ", ".join(f"{x:.3f}" + (f" ({'+'.join(f'{p:.3f}' for p in ps)})" if len(ps) > 1 else "")
-                     for x, ps in zip(xs, parts, strict=True))  # fmt: skip
+    merged = list(merged) or [False] * len(xs)
+    return ", ".join(f"{x:.3f}" + (f" ({'+'.join(f'{p:.3f}' for p in ps)})" if len(ps) > 1 else "") + ("*" if m else "")
+                     for x, ps, m in zip(xs, parts, merged, strict=True))  # fmt: skip
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -274,12 +278,15 @@ def markdown(results: dict[str, Any]) -> str:
             step = r["elastic_step"] or r["restart_step"]
             met = {True: "yes", False: "**no**", None: "–"}[r["met"]]
             ratio = "–" if r["ratio"] is None else f"{r['ratio']:.0f}x"
-            lines.append(f"| {r['transition']} | {_s(r['elastic_median'])} | {_raw(r['elastic_idle'], r['elastic_parts'])} | "
+            lines.append(f"| {r['transition']} | {_s(r['elastic_median'])} | {_raw(r['elastic_idle'], r['elastic_parts'], r['elastic_merged'])} | "
                          f"{_s(r['restart_median'], 2)} | {_raw(r['restart_idle'])} | "
                          f"{ratio} | "
                          f"{_s(r['detection_median'])} | {_s(statistics.median(step)) if step else '–'} | "
                          f"{r['target']} | {met} |")  # fmt: skip
         notes = [f"{mode}: {res[mode]['error']}" for mode in MODES if res.get(mode, {}).get("error")]
+        if any(any(r["elastic_merged"]) for r in rows if r["model"] == model):
+            lines.append("\n\\* crash and replacement in one transition: the replacement was admitted before the "
+                         "survivors' first step without the victim (its replace row has no value for that run)")
         parts.append(f"**{model}** ({results['model_info'][model]})\n\n" + "\n".join(lines)
                      + ("\n\nNot measured: " + "; ".join(notes) if notes else ""))  # fmt: skip
         bd = res.get("restart", {}).get("breakdown")
@@ -313,7 +320,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8, help="steps between two transitions")
     p.add_argument("--global-batch", type=int, default=128)
     p.add_argument("--crash-rank", type=int, default=1, help="rank that SIGKILLs itself in a crash")
-    p.add_argument("--job-timeout", type=float, default=300.0, help="per restart job; elastic: x transitions")
+    p.add_argument("--job-timeout", type=float, default=300.0, help="per restart job (s)")
+    p.add_argument("--elastic-timeout", type=float, default=1500.0, help="for the whole elastic job (s)")
     p.add_argument("--work-dir", default=str(WORK_DIR), help="logs and checkpoints (emptied first)")
     p.add_argument("--out", default=str(RESULTS_DIR / "elastic.md"), help="table; raw results next to it (.json)")
     p.add_argument("--report", help="re-render the tables of an earlier run's .json")
@@ -360,9 +368,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     out = run_restart_chain(args, model, labels, work)
             except RuntimeError as e:
                 out = {"records": read_logs(work / "logs"), "error": str(e)}
-            trans, why = measured_transitions(out["records"], labels)
+            try:
+                trans, why = measured_transitions(out["records"], labels)
+            except ValueError as e:  # logs that do not fit the schedule: report, go on with the next
+                trans, why = [], f"logs not analysable: {e}"
             out["error"] = "; ".join(x for x in (out.get("error"), why) if x) or None
-            if mode == "restart" and "jobs" in out:
+            if mode == "restart" and "jobs" in out and trans:
                 out["breakdown"] = restart_breakdown(out, trans)
             out["transitions"] = [t.to_dict() for t in trans]
             out["records"] = len(out["records"])  # the logs stay in the work directory

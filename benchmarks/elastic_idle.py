@@ -162,6 +162,7 @@ class Transition:
     steps_after: int
     detection_s: float | None = None  # crash: kill -> survivors' step failure (median)
     parts: list[dict[str, float]] = field(default_factory=list)  # one per version change: gap_s, step_s, idle_s
+    merged: bool = False  # a crash whose replacement joined before any step without the victim
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -208,14 +209,27 @@ def transitions(records: Sequence[dict[str, Any]], labels: Sequence[str], partia
     (a growth may pass through rising sizes in between; anything else must
     be one version change). Sizes that do not fit raise ValueError naming the label; too few
     segments too, unless ``partial`` (then the labels that fit are returned).
-    Extra segments at the end are ignored.
+    Extra segments at the end are ignored. A crash whose replacement joined
+    before the survivors took a step without the victim shows as n -> n: it
+    is measured as one transition (``merged``) and the following ``replace``
+    label is skipped.
     """
     segs = segments(records)
     out: list[Transition] = []
     i = 0
+    skip_replace = False
     for label in labels:
-        _, n_before, n_after = parse_label(label)
+        kind, n_before, n_after = parse_label(label)
+        if skip_replace and kind == "replace":
+            skip_replace = False  # measured together with the crash before it
+            continue
         j = i + 1
+        if kind == "crash" and j < len(segs) and segs[i].size == segs[j].size == n_before:
+            # The replacement was admitted before the survivors took a step without the victim:
+            # one transition, crash and replacement together (``merged``); the replace label has none.
+            out.append(_combined(records, label, segs[i : j + 1], merged=True))
+            i, skip_replace = j, True
+            continue
         # A growth may be admitted in steps (sizes rising towards n_after); nothing else may.
         while j < len(segs) and n_after > n_before and segs[j - 1].size < segs[j].size < n_after:
             j += 1
@@ -234,7 +248,7 @@ def transitions(records: Sequence[dict[str, Any]], labels: Sequence[str], partia
     return out
 
 
-def _combined(records: Sequence[dict[str, Any]], label: str, segs: Sequence[Segment]) -> Transition:
+def _combined(records: Sequence[dict[str, Any]], label: str, segs: Sequence[Segment], merged: bool = False) -> Transition:
     """The transition from ``segs[0]`` to ``segs[-1]`` through the segments between (module docstring)."""
     final_survivors = sorted(set.intersection(*(set(s.ends) for s in segs)))
     parts = []
@@ -254,5 +268,5 @@ def _combined(records: Sequence[dict[str, Any]], label: str, segs: Sequence[Segm
         t_after=last["t_after"], gap_s=sum(p["gap_s"] for p in parts), step_s=last["step_s"],
         idle_s=sum(p["idle_s"] for p in parts), survivors=final_survivors, steps_before=segs[0].steps,
         steps_after=segs[-1].steps, detection_s=_detection(records, first["t_before"], first["t_after"], first["survivors"]),
-        parts=[{k: p[k] for k in ("gap_s", "step_s", "idle_s")} for p in parts],
+        parts=[{k: p[k] for k in ("gap_s", "step_s", "idle_s")} for p in parts], merged=merged,
     )  # fmt: skip

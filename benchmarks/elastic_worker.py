@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-rank", type=int, help="this rank SIGKILLs itself (restart: after the save)")
     # elastic mode
     p.add_argument("--schedule", default="", help="elastic: comma-separated transitions (elastic.py)")
-    p.add_argument("--wait-timeout", type=float, default=300.0, help="elastic: longest wait for joiners (s)")
+    p.add_argument("--wait-timeout", type=float, default=180.0, help="elastic: longest wait for joiners (s)")
     return p.parse_args(argv)
 
 
@@ -212,7 +212,8 @@ def run_elastic(args: argparse.Namespace) -> None:
     log = StepLog(args.log_dir, "elastic", job=0, peer=me)
     log.event("start", t=T_START, joiner=joiner)
     trainer = Trainer(args)
-    state = elastic.ElasticState(trainer.variables, segment=0, seg_steps=0, waiting_for=0)
+    # waiting_for: the size a grow/replace waits for; past_version: a crash waits for a version after it.
+    state = elastic.ElasticState(trainer.variables, segment=0, seg_steps=0, waiting_for=0, past_version=0)
     recent: list[float] = []  # this worker's last step times (for the crash's timing)
     waiting_since: list[float] = []
 
@@ -238,9 +239,10 @@ def run_elastic(args: argparse.Namespace) -> None:
             rank, size = int(config.rank()), int(config.cluster_size())
             version = int(config.cluster_version())
             kind, target = schedule[state.segment] if state.segment < len(schedule) else ("end", size)
-            if state.waiting_for:
-                if size == state.waiting_for:  # joiners admitted / the crashed worker gone
-                    state.segment, state.seg_steps, state.waiting_for = state.segment + 1, 0, 0
+            if state.waiting_for or state.past_version:
+                # Joiners admitted / the crashed worker gone (its replacement may be in already).
+                if size == state.waiting_for or (state.past_version and version > state.past_version):
+                    state.segment, state.seg_steps, state.waiting_for, state.past_version = state.segment + 1, 0, 0, 0
                     waiting_since.clear()
                     continue
                 if not waiting_since:
@@ -260,9 +262,12 @@ def run_elastic(args: argparse.Namespace) -> None:
                     continue
                 if kind == "grow":
                     elastic.resize(target)  # asynchronous: returns before the joiners are admitted
-                state.waiting_for = target
-                if kind == "crash" and rank == args.crash_rank:
-                    crash_soon()
+                if kind == "crash":
+                    state.past_version = version
+                    if rank == args.crash_rank:
+                        crash_soon()
+                else:
+                    state.waiting_for = target
             t0 = time.time()
             try:
                 trainer.run_step(state.step, rank, size)

@@ -74,6 +74,14 @@ def test_crash_detection_is_kill_to_the_survivors_failure():
     assert tr.idle_s == pytest.approx((6.002 - 3.002) - 0.5)  # latest survivor ends; the victim d is none
 
 
+def test_a_crash_whose_replacement_came_first_is_one_transition():
+    # d crashes after t=3; the replacement e is in before the survivors' next step (t=9): 4 -> 4.
+    recs = steps("abcd", [1, 2, 3]) + steps("abce", [9, 9.5, 10], version=3) + steps("abe", [11, 11.5, 12], version=4)
+    trs, why = measured_transitions(recs, ["crash 4 -> 3", "replace 3 -> 4", "shrink 4 -> 3"])
+    assert why is None and [(t.label, t.merged) for t in trs] == [("crash 4 -> 3", True), ("shrink 4 -> 3", False)]
+    assert trs[0].idle_s == pytest.approx(9.002 - 3.002 - 0.5) and trs[0].survivors == ["a", "b", "c"]
+
+
 def test_sizes_that_do_not_match_the_labels_are_an_error():
     recs = steps("abcd", [1, 2, 3]) + steps("ab", [4, 5, 6], version=2)
     with pytest.raises(ValueError, match=r"transition 'shrink 4 -> 1': the logs show 4 -> 2"):
