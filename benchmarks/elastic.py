@@ -143,6 +143,7 @@ def run_restart_chain(args: argparse.Namespace, model: str, labels: Sequence[str
         rc, t0, t1 = launch(argv, work / f"job{j}.out", args.job_timeout)
         jobs.append({"job": j, "size": size, "rc": rc, "spawn_t": t0, "exit_t": t1, "crash": crash})
         log(f"{model} restart job {j}: {size} workers, exit status {rc}, {t1 - t0:.1f} s")
+        (work / "jobs.json").write_text(json.dumps(jobs))  # for --from-logs
         if rc != 0 and not (crash and rc is not None):
             raise RuntimeError(f"restart job {j} ({size} workers) failed with exit status {rc}: see {work}")
     return {"records": read_logs(log_dir), "jobs": jobs}
@@ -188,6 +189,8 @@ def restart_breakdown(run: dict[str, Any], trans: Sequence[Transition]) -> list[
     for r in run["records"]:
         by_job.setdefault(int(r["job"]), {}).setdefault(r["e"], []).append(r)
     for j, tr in enumerate(trans):
+        if j + 1 >= len(run["jobs"]) or "ready" not in by_job.get(j + 1, {}):
+            break  # a chain cut short (--from-logs of an interrupted run)
         old, new, job_old, job_new = by_job.get(j, {}), by_job.get(j + 1, {}), run["jobs"][j], run["jobs"][j + 1]
         saved = max((r["t"] for r in old.get("save", [])), default=tr.t_before)
         ready = max(r["t"] for r in new["ready"])
@@ -325,6 +328,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work-dir", default=str(WORK_DIR), help="logs and checkpoints (emptied first)")
     p.add_argument("--out", default=str(RESULTS_DIR / "elastic.md"), help="table; raw results next to it (.json)")
     p.add_argument("--report", help="re-render the tables of an earlier run's .json")
+    p.add_argument("--from-logs", action="store_true", help="analyse the logs in --work-dir again, run nothing")
     args = p.parse_args(argv)
     for m in args.models:
         if m not in MODELS:
@@ -348,6 +352,25 @@ def model_info(model: str) -> str:
     return f"MLP {'-'.join(map(str, dims))}, {params / 1e6:.2f} M parameters"
 
 
+def analyse(out: dict[str, Any], labels: Sequence[str], mode: str) -> dict[str, Any]:
+    """``out`` (a run's records, launcher times, error) with its transitions, errors and restart break-down."""
+    try:
+        trans, why = measured_transitions(out["records"], labels)
+    except ValueError as e:  # logs that do not fit the schedule: report, go on with the next
+        trans, why = [], f"logs not analysable: {e}"
+    out["error"] = "; ".join(x for x in (out.get("error"), why) if x) or None
+    if mode == "restart" and "jobs" in out and trans:
+        out["breakdown"] = restart_breakdown(out, trans)
+    out["transitions"] = [t.to_dict() for t in trans]
+    out["records"] = len(out["records"])  # the logs stay in the work directory
+    for t in trans:
+        log(f"  {t.label}: idle {t.idle_s:.3f} s (gap {t.gap_s:.3f} s - step {t.step_s:.3f} s)"
+            + (f", detection {t.detection_s:.3f} s" if t.detection_s is not None else ""))  # fmt: skip
+    if out["error"]:
+        log(f"  {mode}: {out['error']}")
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     labels = list(args.transitions) * args.repeats
     results: dict[str, Any] = {"meta": machine_metadata(), "args": vars(args), "transitions": labels,
@@ -356,6 +379,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res = results["models"][model] = {}
         for mode in args.modes:
             work = Path(args.work_dir) / model / mode
+            if args.from_logs:
+                out = {"records": read_logs(work / "logs"), "error": None}
+                if (work / "jobs.json").exists():
+                    out["jobs"] = json.loads((work / "jobs.json").read_text())
+                res[mode] = analyse(out, labels, mode)
+                continue
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
             log(f"{model}, {mode}: {len(labels)} transitions ...")
@@ -368,21 +397,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     out = run_restart_chain(args, model, labels, work)
             except RuntimeError as e:
                 out = {"records": read_logs(work / "logs"), "error": str(e)}
-            try:
-                trans, why = measured_transitions(out["records"], labels)
-            except ValueError as e:  # logs that do not fit the schedule: report, go on with the next
-                trans, why = [], f"logs not analysable: {e}"
-            out["error"] = "; ".join(x for x in (out.get("error"), why) if x) or None
-            if mode == "restart" and "jobs" in out and trans:
-                out["breakdown"] = restart_breakdown(out, trans)
-            out["transitions"] = [t.to_dict() for t in trans]
-            out["records"] = len(out["records"])  # the logs stay in the work directory
-            for t in trans:
-                log(f"  {t.label}: idle {t.idle_s:.3f} s (gap {t.gap_s:.3f} s - step {t.step_s:.3f} s)"
-                    + (f", detection {t.detection_s:.3f} s" if t.detection_s is not None else ""))  # fmt: skip
-            if out["error"]:
-                log(f"  {mode}: {out['error']}")
-            res[mode] = out
+            res[mode] = analyse(out, labels, mode)
     results["loadavg_end"] = os.getloadavg()
     return results
 
