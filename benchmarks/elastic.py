@@ -178,7 +178,7 @@ def measured_transitions(records: Sequence[dict[str, Any]], labels: Sequence[str
     """The transitions the logs show (the first ones of ``labels`` if the run stopped early) and why not all."""
     found = transitions(records, labels, partial=True)
     done = len(found) + sum(t.merged for t in found)  # a merged crash stands for its replace label too
-    why = None if done == len(labels) else f"only {done} of {len(labels)} transitions happened"
+    why = None if done == len(labels) else f"the logs show {done} of the {len(labels)} transitions"
     return found, why
 
 
