@@ -176,10 +176,23 @@ def run_elastic_job(args: argparse.Namespace, model: str, labels: Sequence[str],
 # --------------------------------------------------------------------------- analysis
 def measured_transitions(records: Sequence[dict[str, Any]], labels: Sequence[str]) -> tuple[list[Transition], str | None]:
     """The transitions the logs show (the first ones of ``labels`` if the run stopped early) and why not all."""
-    found = transitions(records, labels, partial=True)
+    try:
+        found, mismatch = transitions(records, labels, partial=True), None
+    except ValueError as e:  # sizes off the schedule from some point on: keep what came before it
+        mismatch = str(e)
+        found = next(f for k in range(len(labels) - 1, -1, -1) if (f := _fitting(records, labels[:k])) is not None)
     done = len(found) + sum(t.merged for t in found)  # a merged crash stands for its replace label too
     why = None if done == len(labels) else f"the logs show {done} of the {len(labels)} transitions"
+    if mismatch:
+        why = f"{why}; then {mismatch}"
     return found, why
+
+
+def _fitting(records: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[Transition] | None:
+    try:
+        return transitions(records, labels, partial=True)
+    except ValueError:
+        return None
 
 
 def restart_breakdown(run: dict[str, Any], trans: Sequence[Transition]) -> list[dict[str, float]]:
@@ -308,8 +321,11 @@ def header(results: dict[str, Any]) -> str:
     return (f"Idle time per transition (elastic_idle.py: on the survivors, end of the first step after - end of "
             f"the last step before - the normal step time after; checkpoint-restart: the old job's last step to "
             f"the new job's first), {a['repeats']} repetition(s), {a['steps']} steps between transitions, global "
-            f"batch {a['global_batch']}, {meta['cpu_count']} cores, load average {meta['loadavg_start'][0]:.1f} at "
-            f"the start and {results['loadavg_end'][0]:.1f} at the end ({meta['date']}, `make bench-elastic`)")
+            f"batch {a['global_batch']}, {meta['cpu_count']} cores, "
+            + (f"analysed again from the runs' logs ({meta['date']}, `--from-logs`)" if a.get("from_logs") else
+               f"load average {meta['loadavg_start'][0]:.1f} at the start and {results['loadavg_end'][0]:.1f} at the "
+               f"end ({meta['date']}, `make bench-elastic`)")
+            + (f". {a['note']}" if a.get("note") else ""))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- main
@@ -329,6 +345,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(RESULTS_DIR / "elastic.md"), help="table; raw results next to it (.json)")
     p.add_argument("--report", help="re-render the tables of an earlier run's .json")
     p.add_argument("--from-logs", action="store_true", help="analyse the logs in --work-dir again, run nothing")
+    p.add_argument("--note", help="a sentence for the table's header (e.g. the machine's load)")
     args = p.parse_args(argv)
     for m in args.models:
         if m not in MODELS:
