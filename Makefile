@@ -18,6 +18,7 @@
 #   make bench-monitoring  training throughput with GNS / gradient-variance monitoring vs none
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
 #                  link contention on two emulated hosts (root, ~7 min)
+#   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart (~20-30 min)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
@@ -116,7 +117,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-monitoring bench-adaptive-topology lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-monitoring bench-adaptive-topology bench-elastic lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -264,6 +265,12 @@ bench-monitoring: install
 # Static topology vs AdaptiveTopologyPolicy under link contention, two emulated hosts (root).
 bench-adaptive-topology: install
 	$(PY) benchmarks/adaptive_topology.py
+
+# Training idle time of elastic transitions (shrink, grow with pre-warmed joiners,
+# crash) beside checkpoint-restart of the same job, measured in one run
+# (benchmarks/elastic.py; table in benchmarks/results/elastic.md).
+bench-elastic: install
+	$(PY) benchmarks/elastic.py
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models
