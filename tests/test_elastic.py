@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 from conftest import describe, kill_tree, run_job, worker_env, worker_path
 
-from kungfu_tf.run.config_server import ConfigServer, make_cluster
+from kungfu_tf.run.config_server import ConfigClient, ConfigServer, make_cluster
 from kungfu_tf.run.peer_string import parse_peer_string
 from kungfu_tf.run.ports import find_free_ports
 
@@ -214,3 +214,87 @@ def test_with_the_launcher_a_crashed_worker_is_replaced_and_the_replacement_catc
         np.testing.assert_allclose([float(v) for v in values.split()], want, rtol=0, atol=1e-9, err_msg=report)
     assert finals[0][2] == finals[1][2], report
     assert "joiner finished at step 16" in out, report
+
+
+def _serve(members: list[str], job_id: str, max_size: int) -> tuple[ConfigServer, dict[str, str]]:
+    secret = secrets.token_hex(32)
+    server = ConfigServer(
+        secret=secret, job_id=job_id, cluster=make_cluster(1, [parse_peer_string(p) for p in members]),
+        elastic=True, min_size=1, max_size=max_size,
+    ).start()
+    base = worker_env(
+        KUNGFU_CONFIG_SERVER=server.address, KUNGFU_ELASTIC="1", KUNGFU_JOB_SECRET=secret, KUNGFU_JOB_ID=job_id,
+        KUNGFU_TIMEOUT="30", ELASTIC_TEST_LOG=os.environ.get("ELASTIC_TEST_LOG", ""),
+    )
+    return server, base
+
+
+def _start_worker(base: dict[str, str], args: list[object], peer: str, members: list[str] | None) -> subprocess.Popen:
+    env = {**base, "KUNGFU_SELF": peer}
+    if members is None:
+        env.update(KUNGFU_PEERS=peer, KUNGFU_CLUSTER_VERSION="0", KUNGFU_JOINER="1")
+    else:
+        env.update(KUNGFU_PEERS=",".join(members), KUNGFU_CLUSTER_VERSION="1",
+                   KUNGFU_RANK=str(members.index(peer)), KUNGFU_SIZE=str(len(members)))
+    return subprocess.Popen(
+        [sys.executable, worker_path("elastic_train.py"), *map(str, args)], env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+
+
+def _finish(procs: dict[str, subprocess.Popen], timeout: float) -> dict[str, tuple[int, str]]:
+    outputs = {}
+    deadline = time.monotonic() + timeout
+    for peer, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for p in procs.values():
+                kill_tree(p, grace=1)
+            dump = {k: p.communicate()[0][-4000:] for k, p in procs.items()}
+            pytest.fail(f"the job did not finish within {timeout} s:\n" + "\n".join(f"--- {k}\n{v}" for k, v in dump.items()))
+        outputs[peer] = (proc.returncode, out)
+    return outputs
+
+
+def test_resize_wait_with_joiners_admitted_in_separate_versions():
+    """One worker calls resize(3, wait=True) at step 2; joiner A is admitted alone (v2), joiner B only
+    later (v3: the test starts it after v2 was committed). A, synced at v2 while the member still waits,
+    must wait with it (not start the step's collectives), so that all three apply v3 and finish with
+    the reference weights."""
+    steps, grow_at = 6, 2
+    ports = find_free_ports("127.0.0.1", 3)
+    member, joiner_a, joiner_b = (f"127.0.0.1:{p}" for p in ports)
+    server, base = _serve([member], "elastic-two-joins", 3)
+    args = [steps, -1, -1, grow_at, -1, "none", "1:3"]
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs[member] = _start_worker(base, args, member, [member])
+        procs[joiner_a] = _start_worker(base, args, joiner_a, None)
+        client = ConfigClient(server.address, secret=base["KUNGFU_JOB_SECRET"], job_id=base["KUNGFU_JOB_ID"])
+        state = client.get_job_state()
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while state.cluster.version < 2 and time.monotonic() < deadline and procs[member].poll() is None:
+            state = client.wait_job_state(state.state_version, timeout=5.0)
+        client.close()
+        assert state.cluster.version == 2, f"joiner A was not admitted: {state}"
+        procs[joiner_b] = _start_worker(base, args, joiner_b, None)
+        outputs = _finish(procs, JOB_TIMEOUT)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p, grace=1)
+        server.stop()
+    report = "\n".join(f"--- {peer} exit {rc}\n{out[-6000:]}" for peer, (rc, out) in outputs.items())
+    want = reference(steps)
+    finals = []
+    for peer in (member, joiner_a, joiner_b):
+        rc, out = outputs[peer]
+        assert rc == 0, report
+        match = re.search(r"^final (\d+) (\d+) (.*)$", out, re.MULTILINE)
+        assert match and (int(match[1]), int(match[2])) == (steps, steps * BATCH), report
+        finals.append([float(v) for v in match[3].split()])
+        np.testing.assert_allclose(finals[-1], want, rtol=0, atol=1e-9, err_msg=report)
+    assert finals[0] == finals[1] == finals[2], report
+    assert f"resize(3) at step {grow_at}: changed True size 3" in outputs[member][1], report
+    assert re.search(rf"change v2->v3 size 3 step {grow_at} rank 1", outputs[joiner_a][1]), report

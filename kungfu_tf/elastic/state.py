@@ -231,6 +231,12 @@ class ElasticState:
             version -= 1  # the first version that admitted us: the members apply versions in order
         change = em.apply_version(version, em.cluster_at(version))
         log.info("kungfu elastic: joined at cluster version %d after %.2f s", version, time.monotonic() - started)
+        target = em.pending_wait()
+        if target:
+            # The members are inside resize(target, wait=True): wait with them
+            # (the same collectives), then all start the next step together.
+            log.info("kungfu elastic: the members wait for %d workers; waiting with them", target)
+            em.wait_for_size(target, em.timeout_seconds())
         return change
 
     # ----------------------------------------------------------- sync
