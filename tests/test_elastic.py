@@ -298,3 +298,36 @@ def test_resize_wait_with_joiners_admitted_in_separate_versions():
     assert finals[0] == finals[1] == finals[2], report
     assert f"resize(3) at step {grow_at}: changed True size 3" in outputs[member][1], report
     assert re.search(rf"change v2->v3 size 3 step {grow_at} rank 1", outputs[joiner_a][1]), report
+
+
+def test_a_joiner_left_without_any_holder_of_the_state_fails_clearly():
+    """The only member syncs (the job has state) and dies; a joiner admitted with it (v2) finds itself alone
+    once the member is reported lost (v3). It must fail naming the cause, not train from its warm-up weights."""
+    ports = find_free_ports("127.0.0.1", 2)
+    member, joiner = (f"127.0.0.1:{p}" for p in ports)
+    server, base = _serve([member], "elastic-state-lost", 2)
+    args = [6, -1, -1, -1, 0, "rank:0"]  # the member kills itself at step 0, right after its first sync
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs[member] = _start_worker(base, args, member, [member])
+        procs[joiner] = _start_worker(base, args, joiner, None)
+        procs[member].wait(timeout=JOB_TIMEOUT)
+        client = ConfigClient(server.address, secret=base["KUNGFU_JOB_SECRET"], job_id=base["KUNGFU_JOB_ID"])
+        state = client.request_size(2)  # the joiner is admitted with the dead member as soon as it is ready
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while state.cluster.version < 2 and time.monotonic() < deadline and procs[joiner].poll() is None:
+            state = client.wait_job_state(state.state_version, timeout=5.0)
+        assert state.cluster.version == 2, f"the joiner was not admitted: {state}"
+        client.report_lost(2, [member], "killed (the test plays the launcher)")
+        client.close()
+        outputs = _finish(procs, JOB_TIMEOUT)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p, grace=1)
+        server.stop()
+    report = "\n".join(f"--- {peer} exit {rc}\n{out[-6000:]}" for peer, (rc, out) in outputs.items())
+    assert outputs[member][0] == -signal.SIGKILL, report
+    rc, out = outputs[joiner]
+    assert rc == 1 and "final " not in out, report
+    assert f"ElasticError: no member of cluster v3 holds the training state: its members ({joiner})" in out, report
