@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 from conftest import describe, kill_tree, run_job, worker_env, worker_path
 
-from kungfu_tf.run.config_server import ConfigServer, make_cluster
+from kungfu_tf.run.config_server import ConfigClient, ConfigServer, make_cluster
 from kungfu_tf.run.peer_string import parse_peer_string
 from kungfu_tf.run.ports import find_free_ports
 
@@ -214,3 +214,134 @@ def test_with_the_launcher_a_crashed_worker_is_replaced_and_the_replacement_catc
         np.testing.assert_allclose([float(v) for v in values.split()], want, rtol=0, atol=1e-9, err_msg=report)
     assert finals[0][2] == finals[1][2], report
     assert "joiner finished at step 16" in out, report
+
+
+def _serve(members: list[str], job_id: str, max_size: int) -> tuple[ConfigServer, dict[str, str]]:
+    secret = secrets.token_hex(32)
+    server = ConfigServer(
+        secret=secret, job_id=job_id, cluster=make_cluster(1, [parse_peer_string(p) for p in members]),
+        elastic=True, min_size=1, max_size=max_size,
+    ).start()
+    base = worker_env(
+        KUNGFU_CONFIG_SERVER=server.address, KUNGFU_ELASTIC="1", KUNGFU_JOB_SECRET=secret, KUNGFU_JOB_ID=job_id,
+        KUNGFU_TIMEOUT="30", ELASTIC_TEST_LOG=os.environ.get("ELASTIC_TEST_LOG", ""),
+    )
+    return server, base
+
+
+def _start_worker(base: dict[str, str], args: list[object], peer: str, members: list[str] | None) -> subprocess.Popen:
+    env = {**base, "KUNGFU_SELF": peer}
+    if members is None:
+        env.update(KUNGFU_PEERS=peer, KUNGFU_CLUSTER_VERSION="0", KUNGFU_JOINER="1")
+    else:
+        env.update(KUNGFU_PEERS=",".join(members), KUNGFU_CLUSTER_VERSION="1",
+                   KUNGFU_RANK=str(members.index(peer)), KUNGFU_SIZE=str(len(members)))
+    return subprocess.Popen(
+        [sys.executable, worker_path("elastic_train.py"), *map(str, args)], env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+
+
+def _finish(procs: dict[str, subprocess.Popen], timeout: float) -> dict[str, tuple[int, str]]:
+    outputs = {}
+    deadline = time.monotonic() + timeout
+    for peer, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for p in procs.values():
+                kill_tree(p, grace=1)
+            dump = {k: p.communicate()[0][-4000:] for k, p in procs.items()}
+            pytest.fail(f"the job did not finish within {timeout} s:\n" + "\n".join(f"--- {k}\n{v}" for k, v in dump.items()))
+        outputs[peer] = (proc.returncode, out)
+    return outputs
+
+
+def test_resize_wait_with_joiners_admitted_in_separate_versions_and_a_member_finishing_first():
+    """One worker calls resize(3, wait=True) at step 2; joiner A is admitted alone (v2), joiner B only
+    later (v3: the test starts it after v2 was committed). A, synced at v2 while the member still waits,
+    must wait with it (not start the step's collectives), so that all three apply v3 and train together.
+
+    B is told to train one step less: it finishes (reporting itself finished before its goodbye) while
+    the others are in the next step's check; they see the job ending at once (no timeout, no restart)."""
+    steps, grow_at = 6, 2
+    ports = find_free_ports("127.0.0.1", 3)
+    member, joiner_a, joiner_b = (f"127.0.0.1:{p}" for p in ports)
+    server, base = _serve([member], "elastic-two-joins", 3)
+    args = [steps, -1, -1, grow_at, -1, "none", "1:3"]
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs[member] = _start_worker(base, args, member, [member])
+        procs[joiner_a] = _start_worker(base, args, joiner_a, None)
+        client = ConfigClient(server.address, secret=base["KUNGFU_JOB_SECRET"], job_id=base["KUNGFU_JOB_ID"])
+        state = client.get_job_state()
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while state.cluster.version < 2 and time.monotonic() < deadline and procs[member].poll() is None:
+            state = client.wait_job_state(state.state_version, timeout=5.0)
+        client.close()
+        assert state.cluster.version == 2, f"joiner A was not admitted: {state}"
+        procs[joiner_b] = _start_worker(base, [steps - 1, *args[1:]], joiner_b, None)
+        last = procs.pop(joiner_b)
+        out_b, _ = last.communicate(timeout=JOB_TIMEOUT)
+        outputs = {joiner_b: (last.returncode, out_b)}
+        b_done = time.monotonic()
+        outputs.update(_finish(procs, JOB_TIMEOUT))
+        procs[joiner_b] = last
+        elapsed = time.monotonic() - b_done
+        client = ConfigClient(server.address, secret=base["KUNGFU_JOB_SECRET"], job_id=base["KUNGFU_JOB_ID"])
+        finished = {f"{p.host}:{p.port}" for p in client.get_job_state().finished}
+        client.close()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p, grace=1)
+        server.stop()
+    report = "\n".join(f"--- {peer} exit {rc}\n{out[-6000:]}" for peer, (rc, out) in outputs.items())
+    rc, out = outputs[joiner_b]
+    match = re.search(r"^final (\d+) (\d+) (.*)$", out, re.MULTILINE)
+    assert rc == 0 and match and (int(match[1]), int(match[2])) == (steps - 1, (steps - 1) * BATCH), report
+    # B was synced at v3 and trained its steps in lockstep with the others.
+    np.testing.assert_allclose([float(v) for v in match[3].split()], reference(steps - 1), rtol=0, atol=1e-9,
+                               err_msg=report)
+    # Both reached 3 workers at the resize's step (v3; or v4 where a broken connection restarted it).
+    assert re.search(rf"change v\d+->v\d+ size 3 step {grow_at} rank 0", outputs[member][1]), report
+    assert re.search(rf"change v\d+->v\d+ size 3 step {grow_at} rank 1", outputs[joiner_a][1]), report
+    assert joiner_b in finished, report  # B reported itself (the test plays no launcher's part here)
+    for peer in (member, joiner_a):
+        rc, out = outputs[peer]
+        assert rc == 0 and re.search(rf"the job is ending: [0-9.:, ]*{joiner_b}[0-9.:, ]* finished training", out), report
+        assert f"detached at step {steps - 1}" in out, report
+    assert elapsed < 20, report  # below KUNGFU_TIMEOUT (30 s): nobody waited for a version that never comes
+
+
+def test_a_joiner_left_without_any_holder_of_the_state_fails_clearly():
+    """The only member syncs (the job has state) and dies; a joiner admitted with it (v2) finds itself alone
+    once the member is reported lost (v3). It must fail naming the cause, not train from its warm-up weights."""
+    ports = find_free_ports("127.0.0.1", 2)
+    member, joiner = (f"127.0.0.1:{p}" for p in ports)
+    server, base = _serve([member], "elastic-state-lost", 2)
+    args = [6, -1, -1, -1, 0, "rank:0"]  # the member kills itself at step 0, right after its first sync
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs[member] = _start_worker(base, args, member, [member])
+        procs[joiner] = _start_worker(base, args, joiner, None)
+        procs[member].wait(timeout=JOB_TIMEOUT)
+        client = ConfigClient(server.address, secret=base["KUNGFU_JOB_SECRET"], job_id=base["KUNGFU_JOB_ID"])
+        state = client.request_size(2)  # the joiner is admitted with the dead member as soon as it is ready
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while state.cluster.version < 2 and time.monotonic() < deadline and procs[joiner].poll() is None:
+            state = client.wait_job_state(state.state_version, timeout=5.0)
+        assert state.cluster.version == 2, f"the joiner was not admitted: {state}"
+        client.report_lost(2, [member], "killed (the test plays the launcher)")
+        client.close()
+        outputs = _finish(procs, JOB_TIMEOUT)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p, grace=1)
+        server.stop()
+    report = "\n".join(f"--- {peer} exit {rc}\n{out[-6000:]}" for peer, (rc, out) in outputs.items())
+    assert outputs[member][0] == -signal.SIGKILL, report
+    rc, out = outputs[joiner]
+    assert rc == 1 and "final " not in out, report
+    assert f"ElasticError: no member of cluster v3 holds the training state: its members ({joiner})" in out, report

@@ -30,6 +30,7 @@ Example (``kungfu-run --elastic -np 3 python train.py``)::
 
 from kungfu_tf.elastic.errors import (
     ElasticError,
+    JobEndedError,
     JoinerRejectedError,
     StateMismatchError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Change",
     "ElasticError",
     "ElasticState",
+    "JobEndedError",
     "JoinerRejectedError",
     "ResizeError",
     "StateMismatchError",

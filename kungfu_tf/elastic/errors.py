@@ -13,3 +13,11 @@ class StateMismatchError(ElasticError):
 
 class JoinerRejectedError(ElasticError):
     """The config service refused this joiner (its model differs from the job's)."""
+
+
+class JobEndedError(ElasticError):
+    """Members of this worker's cluster finished training (the job is ending) while this worker's step failed.
+
+    ``kungfu_tf.elastic.run`` catches it and returns None: a finished member's
+    goodbye is not a crash, and no new version will be committed without it.
+    """

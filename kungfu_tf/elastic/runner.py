@@ -12,7 +12,11 @@
    the next committed version, applies it (a worker not in it returns
    None), syncs the state and calls ``fn`` again, which resumes from
    ``state.step``. A worker whose ``state.check()`` finds it detached
-   returns None as well.
+   returns None as well, and so does one whose peers finished training
+   (JobState.finished: the job is ending, :class:`JobEndedError`).
+4. when ``fn`` returns, reports this member finished (ReportFinished)
+   before its runtime says goodbye, so that a peer still inside a step
+   sees the job ending rather than a crash.
 
 It fails clearly (:class:`~kungfu_tf.elastic.errors.ElasticError`) when the
 cluster fell below the job's ``--min-np`` or no version is committed within
@@ -44,7 +48,7 @@ from typing import Any, TypeVar
 import grpc
 import tensorflow as tf
 
-from kungfu_tf.elastic.errors import ElasticError
+from kungfu_tf.elastic.errors import ElasticError, JobEndedError
 from kungfu_tf.elastic.state import DetachedFromJob, ElasticState
 from kungfu_tf.ops import elastic_membership as em
 
@@ -105,11 +109,36 @@ def accepts_connections(peer: str, duration: float = 1.0, interval: float = 0.1)
         time.sleep(interval)
 
 
+def finished_peers(job_state, peers: tuple[str, ...], me: str) -> list[str]:
+    """The members among ``peers`` (other than ``me``) that ``job_state`` lists as finished."""
+    finished = {em.peer_of(p) for p in job_state.finished}
+    return [p for p in peers if p in finished and p != me]
+
+
+def _end_if_finished(job_state, version: int, peers: tuple[str, ...], me: str, error: BaseException) -> None:
+    done = finished_peers(job_state, peers, me)
+    if done:
+        raise JobEndedError(
+            f"the job is ending: {', '.join(done)} finished training (members of cluster version {version}), "
+            "so this worker stops here instead of waiting for a new version (none is committed once a member "
+            f"finished); its step failed with: {error_summary(error)[:200]}"
+        ) from error
+
+
 def recover(state: ElasticState, error: BaseException) -> em.Change:
-    """After a step failed on a lost peer: report it, wait for the next version, apply and sync it."""
+    """After a step failed on a lost peer: report it, wait for the next version, apply and sync it.
+
+    Raises:
+        JobEndedError: a member of this worker's cluster finished training
+            (JobState.finished): the job is ending, no version will come.
+        ElasticError: below --min-np, or nothing committed within the timeout.
+    """
     version, peers = em.current()
     me = em.self_peer()
-    newest = em.job_state()
+    # Asked now, not the watcher's copy: a peer that finished reported it
+    # (ReportFinished) right before the goodbye that failed this step.
+    newest = em.config_client().get_job_state()
+    _end_if_finished(newest, version, peers, me, error)
     newest_peers = em.peers_of(newest.cluster)
     suspects = [p for p in em.lost_peers() if p in newest_peers and p != me]
     # A broken connection alone does not prove a crash: report only peers
@@ -121,9 +150,21 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
     reason = error_summary(error)[:300]
     if lost:
         try:
-            em.config_client().report_lost(int(newest.cluster.version), lost, reason)
+            answer = em.config_client().report_lost(int(newest.cluster.version), lost, reason)
         except grpc.RpcError as e:  # e.g. a report about a version already replaced
             log.warning("kungfu elastic: ReportLost(%d, %s) failed: %s", newest.cluster.version, lost, e)
+        else:
+            _end_if_finished(answer, version, peers, me, error)  # it committed nothing: they finished
+
+    def next_version_or_end(timeout: float):
+        # A newer version, or a member that finished (then none will come).
+        found = em.watcher().wait_for(
+            lambda s: s.cluster.version > version or bool(finished_peers(s, peers, me)), timeout
+        )
+        if found is not None:
+            _end_if_finished(found, version, peers, me, error)
+        return found
+
     timeout = em.timeout_seconds()
     found = None
     if not lost:
@@ -131,12 +172,12 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
         # launcher's) may come; if none does, the failure lost nobody and
         # the members restart this version instead of waiting for a timeout.
         # (No grace when the peers that broke a connection are all alive.)
-        found = em.wait_newer_than(version, 0.0 if suspects else RESTART_GRACE_SECONDS)
+        found = next_version_or_end(0.0 if suspects else RESTART_GRACE_SECONDS)
         if found is None:
             log.warning("kungfu elastic: no peer lost at version %d; restarting it (%s)", version, reason)
             em.restart_version(version, peers)
     if found is None:
-        found = em.wait_newer_than(version, timeout)
+        found = next_version_or_end(timeout)
     if found is None:
         raise ElasticError(
             f"a peer was lost at cluster version {version} ({reason}; lost here: {lost or 'none'}) and no new "
@@ -151,6 +192,25 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
         ) from error
     log.info("kungfu elastic: recovering from version %d to %d (%s)", version, version + 1, reason)
     return em.apply_version(version + 1, new_peers)
+
+
+def _report_finished() -> None:
+    """Tells the config service this member finished (ReportFinished), before its runtime says goodbye.
+
+    Otherwise a peer still inside a collective may see the goodbye first and
+    report it lost; with it, that peer's recovery sees the job is ending.
+    The launcher reports it too when the process exits 0 (a repeat is a no-op).
+    """
+    if not em.is_elastic():
+        return
+    version, peers = em.current()
+    me = em.self_peer()
+    if me not in peers or version < 1:
+        return  # detached (or never joined): not a member
+    try:
+        em.config_client().report_finished(me)
+    except grpc.RpcError as e:
+        log.warning("kungfu elastic: ReportFinished(%s) failed: %s", me, e)
 
 
 def run(
@@ -195,7 +255,13 @@ def run(
                             state.join(warm_up)
                         elif not state._has_state:
                             state.sync()
-                    return fn(state, *args, **kwargs)
+                    result = fn(state, *args, **kwargs)
+                    _report_finished()
+                    return result
+                except JobEndedError as e:
+                    log.warning("kungfu elastic: %s", e)
+                    _report_finished()
+                    return None
                 except tf.errors.OpError as e:
                     if not (em.is_elastic() and is_peer_loss(e)):
                         raise

@@ -17,7 +17,9 @@ bytes.
   members that held state before, at the highest step; everyone else
   (joiners, survivors whose last step failed while it succeeded elsewhere)
   fetches the variables in slices from all sources in parallel, and the
-  Python state from the first; then all compare SHA-256 digests.
+  Python state from the first; then all compare SHA-256 digests. A cluster
+  where nobody holds state but a joiner is present (every holder was lost)
+  fails with an ElasticError instead of starting over.
 * ``join()``: what a joiner does (``kungfu_tf.elastic.run`` calls it): warm
   up, report ready with its model signature, wait to be admitted, apply
   that version and sync.
@@ -41,6 +43,7 @@ Example (a custom loop; ``kungfu-run --elastic -np 2 python train.py``)::
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -231,6 +234,12 @@ class ElasticState:
             version -= 1  # the first version that admitted us: the members apply versions in order
         change = em.apply_version(version, em.cluster_at(version))
         log.info("kungfu elastic: joined at cluster version %d after %.2f s", version, time.monotonic() - started)
+        target = em.pending_wait()
+        if target:
+            # The members are inside resize(target, wait=True): wait with them
+            # (the same collectives), then all start the next step together.
+            log.info("kungfu elastic: the members wait for %d workers; waiting with them", target)
+            em.wait_for_size(target, em.timeout_seconds())
         return change
 
     # ----------------------------------------------------------- sync
@@ -243,8 +252,11 @@ class ElasticState:
         version = int(config.cluster_version())
         rank, size = int(config.rank()), int(config.cluster_size())
         prefix = f"kungfu/elastic/sync/{version}"
+        started_as_joiner = os.environ.get(em.JOINER_ENV, "") == "1"
         info = np.array(
-            [self._values["step"], int(self._has_state), len(python_json), _signature_hash(signature)], np.int64
+            [self._values["step"], int(self._has_state), len(python_json), _signature_hash(signature),
+             int(started_as_joiner)],
+            np.int64,
         )
         rows = all_gather(tf.constant(info), name=f"{prefix}/info").numpy()
         differ = [r for r in range(size) if rows[r, 3] != rows[0, 3]]
@@ -257,6 +269,19 @@ class ElasticState:
         if holders:
             top = max(int(rows[r, 0]) for r in holders)
             sources = [r for r in holders if int(rows[r, 0]) == top]
+        elif any(rows[r, 4] for r in range(size)):
+            # Joiners are admitted only after the job's first sync (they need
+            # its signature): the job had state, and every worker holding it
+            # was lost. Starting over from a joiner's warm-up weights would
+            # silently throw the training away.
+            peers = em.current()[1] if em.is_elastic() else tuple(f"rank {r}" for r in range(size))
+            joiners = [peers[r] for r in range(size) if rows[r, 4]]
+            raise ElasticError(
+                f"no member of cluster v{version} holds the training state: its members "
+                f"({', '.join(peers)}) are joiners that were never synced ({', '.join(joiners)}) or workers "
+                "that never held it, and every worker that held it was lost; the job cannot go on "
+                "(restart it, from a checkpoint if you saved one)"
+            )
         else:
             top, sources = int(rows[0, 0]), [0]  # the job's start: rank 0's state for everyone
         receivers = [r for r in range(size) if r not in sources]

@@ -42,6 +42,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -164,6 +165,13 @@ class _MembershipState:
         # Inside resize(): the version it may commit (current + 1) drops members
         # on purpose; it is not a crash. 0 outside resize().
         self.own_commit = 0
+        # Inside a resize(wait=True) loop: the size it waits for (0 outside).
+        # Every applied version agrees on it (max), so that joiners admitted
+        # while the members wait learn it and wait with them (see apply_version).
+        self.wait_target = 0
+        # The wait target this worker learned from the members when it applied
+        # a version outside a wait loop (a joiner): join() then waits with them.
+        self.pending_wait = 0
 
     def ensure_current(self) -> None:
         with self.lock:
@@ -367,10 +375,66 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
         listeners = list(_state.listeners)
     if _state.watcher is not None:
         _state.watcher.recheck()  # a later version may already have dropped one of the new peers
+    if not change.detached:
+        _agree_wait_target(version)
     if notify and not change.detached:
         for listener in listeners:
             listener(change)
     return change
+
+
+def _agree_wait_target(version: int) -> None:
+    """The members of ``version`` agree (all_reduce(max) on STAR) on the size a resize(wait=True) waits for.
+
+    Members inside ``resize(n, wait=True)`` contribute ``n``, everyone else 0
+    (a resize is collective: all old members are inside it or none is). A
+    joiner admitted while the members wait learns ``n`` here and, after its
+    sync, runs the same wait loop (:func:`wait_for_size`): otherwise it would
+    start training while the members run the wait loop's collectives, and
+    both would wait for each other until the timeout.
+    """
+    mine = np.array([_state.wait_target], dtype=np.int64)
+    agreed = int(all_reduce(tf.constant(mine), op="max", name=f"kungfu/elastic/wait/{version}", topology="STAR").numpy()[0])
+    with _state.lock:
+        _state.pending_wait = agreed if _state.wait_target == 0 else 0
+
+
+def pending_wait() -> int:
+    """The size the members wait for (``resize(n, wait=True)``) as learned by the last applied version; 0: none."""
+    return _state.pending_wait
+
+
+def wait_for_size(n: int, timeout: float) -> bool:
+    """Applies committed versions in order until the cluster has ``n`` workers; whether any was applied.
+
+    Every member calls it together (``resize(n, wait=True)``; a joiner
+    admitted meanwhile joins in, see :func:`pending_wait`): each waits
+    locally until it has seen a newer version, then all agree on the newest
+    every member has seen and apply the next one (:func:`adopt_next`).
+
+    Raises:
+        TimeoutError: the cluster did not reach ``n`` workers within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    changed = False
+    with _state.lock:
+        _state.wait_target, _state.pending_wait = n, 0
+    try:
+        while len(current()[1]) != n:
+            version, _ = current()
+            wait_newer_than(version, max(deadline - time.monotonic(), 0.0))
+            if adopt_next() is not None:
+                changed = True
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"resize(wait=True): the cluster did not reach {n} workers within {timeout:g} s "
+                    f"(it has {len(current()[1])}; joiners must warm up and report ready)"
+                )
+    finally:
+        with _state.lock:
+            _state.wait_target = 0
+    return changed
 
 
 def lost_peers() -> list[str]:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import logging
 import operator
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -177,24 +176,11 @@ def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
             f"resize: the config service refused target size {n}"
             + (f" ({detail})" if detail else f" (see the log of {peers[0]})")
         )
-    changed = _adopt_pending()
     if not wait:
-        return changed, False
-    deadline = time.monotonic() + timeout
-    while len(em.current()[1]) != n:
-        version, _ = em.current()
-        # Wait locally until this worker has seen a newer version (or the
-        # deadline); then every member agrees on what all have seen.
-        em.wait_newer_than(version, max(deadline - time.monotonic(), 0.0))
-        if _adopt_pending():
-            changed = True
-            continue
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"resize(wait=True): the cluster did not reach {n} workers within {timeout:g} s "
-                f"(it has {len(em.current()[1])}; joiners must warm up and report ready)"
-            )
-    return changed, False
+        return _adopt_pending(), False
+    # Every version applied while waiting (the first included) tells its
+    # joiners that the members wait, so they wait with them.
+    return em.wait_for_size(n, timeout), False
 
 
 def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: bool, timeout: float) -> tuple[bool, bool]:
