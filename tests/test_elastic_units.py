@@ -248,3 +248,24 @@ def test_a_restart_commits_the_same_members_and_keeps_a_growth_under_way(monkeyp
         finally:
             em.config_client().close()
             em._state.client = None
+
+
+def test_a_sync_without_receivers_reads_the_variables_only_when_asked(monkeypatch):
+    """One worker is its own source: nothing is transferred, so the variables are read only with verify_all_syncs."""
+    import tensorflow as tf
+
+    from kungfu_tf.elastic import state as state_module
+
+    reads = []
+    real = state_module.st.variable_bytes
+
+    def counting(variables):
+        reads.append(len(variables))
+        return real(variables)
+
+    monkeypatch.setattr(state_module.st, "variable_bytes", counting)
+    variables = [tf.Variable([1.0, 2.0]), tf.Variable(3, dtype=tf.int64)]
+    state_module.ElasticState(variables).sync()
+    assert reads == []
+    state_module.ElasticState(variables, verify_all_syncs=True).sync()
+    assert reads == [2]
