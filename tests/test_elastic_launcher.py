@@ -37,15 +37,28 @@ SECRET = "0123456789abcdef" * 4
 PEER = r"127\.0\.0\.1:\d+"
 
 
-def launcher(*args: str) -> list[str]:
+# kungfu-run with another SIGTERM -> SIGKILL grace than GRACE_SECONDS (5 s), to keep tests short.
+LAUNCHER_WITH_GRACE = (
+    "import sys; from kungfu_tf.run.grpc_fork_safety import disable_grpc_fork_handlers; "
+    "disable_grpc_fork_handlers(); from kungfu_tf.run.elastic_supervisor import ElasticSupervisor; "
+    "ElasticSupervisor.__init__.__kwdefaults__['grace'] = {grace}; "
+    "from kungfu_tf.run.launcher import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def launcher(*args: str, grace: float | None = None) -> list[str]:
+    if grace is not None:
+        return [sys.executable, "-c", LAUNCHER_WITH_GRACE.format(grace=float(grace)), *args]
     return [sys.executable, "-m", "kungfu_tf.run", *args]
 
 
-def run_elastic(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def run_elastic(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None, grace: float | None = None
+) -> tuple[int, str, str]:
     """Run ``kungfu-run ARGS`` (ending in the fake worker's MODE ARG) to completion."""
     *launcher_args, mode, arg = args
     proc = subprocess.Popen(
-        launcher(*launcher_args, sys.executable, FAKE, mode, arg),
+        launcher(*launcher_args, sys.executable, FAKE, mode, arg, grace=grace),
         cwd=REPO_ROOT,
         env=env or worker_env(),
         stdin=subprocess.DEVNULL,
@@ -271,6 +284,28 @@ def test_joiner_stuck_at_starting_is_withdrawn_after_the_join_timeout():
     )
     assert "[0] saw 3 joiners come and go; 0 joiners now" in out.splitlines()
     assert time.monotonic() - start < 30
+
+
+def test_sigkill_after_sigterm_is_per_worker():
+    """Stopping one worker (a withdrawn joiner that ignores SIGTERM) SIGKILLs
+    that worker after the grace, and only it: the members, which run on well
+    past the grace, are untouched (seen: one withdrawn joiner took every
+    member down with it, "cluster fell to 1 worker, below --min-np 2")."""
+    rc, out, err = run_elastic(
+        "-np", "2", "--elastic", "--min-np", "2", "--max-np", "3", "--join-timeout", "1", "stuck-deaf", "2",
+        grace=1,
+    )
+    assert rc == 0, err
+    members = re.findall(rf"^\[\d\] member ({PEER})", out, re.MULTILINE)
+    joiners = re.findall(rf"started joiner \[\d\] ({PEER})", err)
+    killed = re.findall(rf"worker \[\d\] ({PEER}) still running 1s after SIGTERM, sending SIGKILL", err)
+    assert len(members) == 2 and len(joiners) >= 2, err
+    # The first withdrawn joiner, after its own grace (a later one may be
+    # stopped before it could ignore SIGTERM).
+    assert killed[0] == joiners[0] and set(killed) <= set(joiners), err
+    for rank in (0, 1):
+        assert f"[{rank}] saw 2 joiners come and go" in out, out
+    assert "below --min-np" not in err and "killed by" not in err
 
 
 def test_joiner_whose_launcher_never_starts_it_is_withdrawn():

@@ -119,6 +119,10 @@ class _LocalWorker:
     joiner: bool
     stopped_by_launcher: bool = False
     returncode: int | None = None
+    # When a worker asked to stop gets SIGKILL if it is still running:
+    # each its own grace, so that stopping one (a withdrawn joiner) never
+    # kills the others.
+    kill_at: float | None = None
 
 
 class ElasticSupervisor:
@@ -148,7 +152,6 @@ class ElasticSupervisor:
         self._pending_signals: list[int] = []
         self._status: int | None = None
         self._stopping = False
-        self._kill_at: float | None = None
         # A member finished (here or, as the job state says, elsewhere).
         self._finishing = False
         self._said_waiting = False
@@ -402,13 +405,7 @@ class ElasticSupervisor:
                         self._stop_worker(w, signal.SIGTERM)
                 if not running:
                     self._say_waiting()
-            if running and self._kill_at is not None and time.monotonic() >= self._kill_at:
-                self._console.message(
-                    f"{len(running)} worker(s) still running {self._grace:g}s after SIGTERM, sending SIGKILL"
-                )
-                for w in running:
-                    w.process.signal_group(signal.SIGKILL)
-                self._kill_at = None
+            self._kill_overdue(running)
             time.sleep(POLL_INTERVAL)
         return self._status if self._status is not None else 0
 
@@ -475,15 +472,27 @@ class ElasticSupervisor:
 
     def _stop_all(self, sig: int) -> None:
         self._stopping = True
-        self._kill_at = None
         for w in self._running():
             self._stop_worker(w, sig)
 
     def _stop_worker(self, worker: _LocalWorker, sig: int) -> None:
+        """Send ``sig`` to ``worker``; SIGKILL follows ``grace`` seconds later (this worker only)."""
         worker.stopped_by_launcher = True
         worker.process.signal_group(sig)
-        if self._kill_at is None:
-            self._kill_at = time.monotonic() + self._grace
+        if worker.kill_at is None:
+            worker.kill_at = time.monotonic() + self._grace
+
+    def _kill_overdue(self, running: list[_LocalWorker]) -> None:
+        """SIGKILL the workers still running ``grace`` seconds after they were asked to stop."""
+        now = time.monotonic()
+        for w in running:
+            if w.kill_at is not None and now >= w.kill_at:
+                self._console.message(
+                    f"worker [{w.process.peer.rank}] {w.peer} still running {self._grace:g}s after SIGTERM, "
+                    "sending SIGKILL"
+                )
+                w.process.signal_group(signal.SIGKILL)
+                w.kill_at = None
 
     def _fail(self, message: str) -> None:
         self._console.message(f"error: {message}")

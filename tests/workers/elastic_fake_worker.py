@@ -32,6 +32,8 @@ MODE (what the initial members do):
                joiners never report READY (a warm-up that hangs); rank 0
                exits 0 once N joiners came and went and no further joiner
                came for 1 s.
+  stuck-deaf N as stuck, but the joiners also ignore SIGTERM (only the
+               launcher's SIGKILL, after its grace, stops them).
 """
 
 import os
@@ -39,6 +41,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+if sys.argv[1:2] == ["stuck-deaf"] and os.environ.get("KUNGFU_JOINER") == "1":
+    # Before the slow imports below: the launcher may stop it any time.
+    signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
 
 from kungfu_tf.run.config_server import ConfigClient, cluster_peers, peer_string
 from kungfu_tf.run.worker_env import read_worker_env
@@ -81,7 +87,7 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-if env.joiner and mode == "stuck":
+if env.joiner and mode in ("stuck", "stuck-deaf"):
     print("warming up for ever", flush=True)
     time.sleep(60)
     sys.exit(3)
@@ -167,7 +173,7 @@ elif mode == "finish-apart":
     print(f"saw {', '.join(map(peer_string, state.finished))} finished at v{state.cluster.version}", flush=True)
     time.sleep(float(pause))
     client.get_job_state()
-elif mode == "stuck":
+elif mode in ("stuck", "stuck-deaf"):
     if env.rank == 0:
         client.set_signature(SIGNATURE)
         client.request_size(env.size + 1)
