@@ -141,7 +141,7 @@ def test_a_peer_loss_is_recognised_eagerly_and_inside_a_tf_function():
 class FakeMembership:
     """What elastic.runner.recover reads from the membership module, scripted."""
 
-    def __init__(self, monkeypatch, *, lost, committed, min_size=1, alive=()):
+    def __init__(self, monkeypatch, *, lost, committed, min_size=1, alive=(), finished=()):
         from kungfu_tf.proto import config_pb2
         from kungfu_tf.run.config_server import make_cluster
         from kungfu_tf.run.peer_string import parse_peer_string
@@ -154,9 +154,19 @@ class FakeMembership:
         def state(version, peers):
             s = config_pb2.JobState(min_size=min_size)
             s.cluster.CopyFrom(make_cluster(version, [parse_peer_string(p) for p in peers]))
+            s.finished.extend(parse_peer_string(p) for p in finished)
             return s
 
-        client = type("Client", (), {"report_lost": lambda _, v, p, r: self.reports.append((v, list(p)))})()
+        def report_lost(_, version, peers, reason):
+            self.reports.append((version, list(peers)))
+            return state(3, self.peers)
+
+        def wait_for(_, predicate, timeout):
+            newest = state(4, self.committed[4]) if 4 in self.committed else state(3, self.peers)
+            return newest if predicate(newest) else None
+
+        client = type("Client", (), {"report_lost": report_lost, "get_job_state": lambda _: state(3, self.peers)})()
+        monkeypatch.setattr(em, "watcher", lambda: type("Watcher", (), {"wait_for": wait_for})())
         monkeypatch.setattr(em, "current", lambda: (3, self.peers))
         monkeypatch.setattr(em, "self_peer", lambda: "h:1")
         monkeypatch.setattr(em, "job_state", lambda: state(3, self.peers))
@@ -210,6 +220,16 @@ def test_recovery_does_not_report_a_live_peer_and_restarts_the_version_instead(m
     with pytest.raises(elastic.ElasticError, match="no new cluster version"):
         runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "handshake: broken pipe"))
     assert fake.reports == [] and fake.restarts == [(3, ("h:1", "h:2", "h:3"))]
+
+
+def test_recovery_ends_at_once_when_a_member_finished(monkeypatch):
+    """A finished member's goodbye is not a crash: no report, no restart, no waiting; the job is ending."""
+    from kungfu_tf.elastic import runner
+
+    fake = FakeMembership(monkeypatch, lost=[], committed={}, finished=("h:3",))
+    with pytest.raises(elastic.JobEndedError, match="the job is ending: h:3 finished training .*left the cluster"):
+        runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "rank 2 left the cluster"))
+    assert fake.reports == [] and fake.restarts == [] and fake.applied == []
 
 
 def test_a_peer_that_listens_accepts_connections_and_a_closed_port_does_not():
