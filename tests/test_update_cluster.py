@@ -60,8 +60,10 @@ def test_shrink_grow_interrupt(tmp_path):
         joiner = subprocess.Popen(
             [sys.executable, worker_path("update_cluster.py"), str(tmp_path), "joiner"],
             cwd=REPO_ROOT,
+            # A one-worker cluster of itself at version 0, as a joiner
+            # starts; not KUNGFU_JOINER=1, which needs an elastic job's
+            # config service (this test drives update_cluster directly).
             env=worker_env(
-                KUNGFU_JOINER="1",
                 KUNGFU_SELF=me,
                 KUNGFU_PEERS=me,
                 KUNGFU_CLUSTER_VERSION="0",
@@ -87,6 +89,7 @@ def test_shrink_grow_interrupt(tmp_path):
     # Rank 2 left after the first check (6 results); ranks 0 and 1 checked
     # start (6) + 3 switches x 7 + a refused older version + the interrupt
     # (rank 0: 3 more).
+    assert rc == 0, info + joined
     counts = assert_job_ok(rc, out, err, 3)
     assert counts == {0: 6 + 21 + 1 + 3, 1: 6 + 21 + 1, 2: 6}, info
     assert joiner.returncode == 0, joined
