@@ -61,7 +61,9 @@ def test_shrink_grow_interrupt(tmp_path):
             [sys.executable, worker_path("update_cluster.py"), str(tmp_path), "joiner"],
             cwd=REPO_ROOT,
             env=worker_env(
-                KUNGFU_JOINER="1",
+                # A one-worker cluster of itself at version 0, as a joiner
+                # starts; without KUNGFU_JOINER, which needs an elastic job
+                # (a config service) that this native-level test has none of.
                 KUNGFU_SELF=me,
                 KUNGFU_PEERS=me,
                 KUNGFU_CLUSTER_VERSION="0",
