@@ -61,9 +61,7 @@ def test_shrink_grow_interrupt(tmp_path):
             [sys.executable, worker_path("update_cluster.py"), str(tmp_path), "joiner"],
             cwd=REPO_ROOT,
             env=worker_env(
-                # A one-worker cluster of itself at version 0, as a joiner
-                # starts; without KUNGFU_JOINER, which needs an elastic job
-                # (a config service) that this native-level test has none of.
+                KUNGFU_JOINER="1",
                 KUNGFU_SELF=me,
                 KUNGFU_PEERS=me,
                 KUNGFU_CLUSTER_VERSION="0",
