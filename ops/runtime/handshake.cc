@@ -205,12 +205,14 @@ class Deadline {
       if (!arm()) return fail(err, "timed out waiting for " + what);
       ssize_t n = ::recv(fd_, p, len, 0);
       if (n == 0) {
+        hung_up_ = true;
         return fail(err, "connection closed by peer while reading " + what);
       }
       if (n < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
           continue;  // arm() reports the timeout once the deadline passes.
         }
+        hung_up_ = errno == ECONNRESET;
         return fail(err, "reading " + what + ": " + strerror(errno));
       }
       p += n;
@@ -256,6 +258,10 @@ class Deadline {
     return ok;
   }
 
+  // The last read failed because the peer closed or reset the connection
+  // (not a timeout, not bad data).
+  bool hung_up() const { return hung_up_; }
+
  private:
   bool arm() {
     double left = std::chrono::duration<double>(end_ - Clock::now()).count();
@@ -268,6 +274,7 @@ class Deadline {
 
   int fd_;
   Clock::time_point end_;
+  bool hung_up_ = false;
 };
 
 }  // namespace
@@ -340,8 +347,9 @@ bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentit
 
 bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
                       const std::string &self_id, SessionKey *session_key, std::string *err,
-                      double timeout_seconds, VersionSkew *skew) {
+                      double timeout_seconds, VersionSkew *skew, bool *cut_before_hello) {
   if (skew) *skew = VersionSkew::kNone;
+  if (cut_before_hello) *cut_before_hello = false;
   if (secret.empty()) {
     return fail(err, "refusing to authenticate with an empty secret");
   }
@@ -356,15 +364,23 @@ bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentit
   TimeoutGuard restore(fd);
   Deadline io(fd, timeout_seconds);
 
+  // A hang-up before the server's hello is whole is reported as such.
+  auto cut = [&] {
+    if (cut_before_hello) *cut_before_hello = io.hung_up();
+    return false;
+  };
   char magic[kMagicLen];
-  if (!io.recv(magic, kMagicLen, "server magic", err)) return false;
+  if (!io.recv(magic, kMagicLen, "server magic", err)) return cut();
   if (std::memcmp(magic, kServerMagic, kMagicLen) != 0) {
     return fail(err, "bad server magic (peer is not a kungfu server or speaks another protocol version)");
   }
   Nonce server_nonce;
-  if (!io.recv(server_nonce.data(), kNonceLen, "server nonce", err)) return false;
+  if (!io.recv(server_nonce.data(), kNonceLen, "server nonce", err)) return cut();
   HandshakeIdentity server_claims;
-  if (!io.recv_identity("server", &server_claims, err)) return false;
+  if (!io.recv_identity("server", &server_claims, err)) return cut();
+  // Known before our hello goes out: a server at another version that hangs
+  // up on it (its transport is being replaced) is still that skew.
+  const VersionSkew server_skew = skew_of(server_claims, self);
 
   Nonce client_nonce;
   if (!random_bytes(client_nonce.data(), client_nonce.size())) {
@@ -379,11 +395,14 @@ bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentit
   std::string id_len(kU32, '\0');
   put_be32(reinterpret_cast<uint8_t *>(&id_len[0]), static_cast<uint32_t>(self_id.size()));
   msg += id_len + self_id + std::string(reinterpret_cast<const char *>(mac.data()), mac.size());
-  if (!io.send(msg.data(), msg.size(), "client hello", err)) return false;
+  if (!io.send(msg.data(), msg.size(), "client hello", err)) {
+    if (skew) *skew = server_skew;
+    return false;
+  }
 
   // Sent our hello even so: the server then names the mismatch in its own log.
-  if (skew_of(server_claims, self) != VersionSkew::kNone) {
-    if (skew) *skew = skew_of(server_claims, self);
+  if (server_skew != VersionSkew::kNone) {
+    if (skew) *skew = server_skew;
     return fail(err, "the server is at cluster version " + std::to_string(server_claims.cluster_version) +
                          ", this worker at " + std::to_string(self.cluster_version));
   }

@@ -79,9 +79,13 @@ bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentit
 // the server knows the secret and belongs to the same job and cluster version
 // (mutual). On success sets *session_key (if not null) to the same key as the
 // server's. *skew (if not null) is set when the server claims our job id at
-// another cluster version.
+// another cluster version, even if the connection broke after its hello.
+// *cut_before_hello (if not null) is set when the server hung up (end of
+// stream, reset) before its hello arrived: what a worker does whose
+// transport is being replaced in a cluster change, so the caller may retry.
 bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
                       const std::string &self_id, SessionKey *session_key, std::string *err,
-                      double timeout_seconds = kHandshakeTimeoutSeconds, VersionSkew *skew = nullptr);
+                      double timeout_seconds = kHandshakeTimeoutSeconds, VersionSkew *skew = nullptr,
+                      bool *cut_before_hello = nullptr);
 
 }  // namespace kungfu

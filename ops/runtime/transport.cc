@@ -588,8 +588,10 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
       std::string err;
       SessionKey key;
       VersionSkew skew = VersionSkew::kNone;
+      bool cut_before_hello = false;
       const HandshakeIdentity us = identity(connects_two_hosts(fd.get()));
-      if (client_handshake(fd.get(), opt_.secret, us, self.str(), &key, &err, kHandshakeTimeoutSeconds, &skew)) {
+      if (client_handshake(fd.get(), opt_.secret, us, self.str(), &key, &err, kHandshakeTimeoutSeconds, &skew,
+                           &cut_before_hello)) {
         if (us.authenticate_frames) {
           *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
           note_authenticated_connection();
@@ -602,10 +604,15 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
         return Unavailable(opt_.cluster.describe(dst) + " has left cluster version " +
                            std::to_string(opt_.cluster.version()) + " (" + err + ")");
       }
-      if (skew != VersionSkew::kPeerBehind) {
+      // A peer that has not switched to our version yet answers at its old
+      // one; one in the middle of its switch may instead hang up before its
+      // hello (its old transport, stopping, closes what it accepted last).
+      // Both are retried. A process that is gone then refuses the next
+      // connect (reported above), and strangers are judged by the server.
+      if (skew != VersionSkew::kPeerBehind && !cut_before_hello) {
         return Unavailable("handshake with " + opt_.cluster.describe(dst) + " failed: " + err);
       }
-      last_error = err;  // it has not switched to our version yet
+      last_error = err;
       max_backoff_ms = 20;
     }
     if (std::chrono::steady_clock::now() > deadline) break;

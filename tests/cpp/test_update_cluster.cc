@@ -5,13 +5,18 @@
 // old-version frames must never reach the new version, and twenty quick
 // changes must keep the ports bound and leak neither sockets nor threads.
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
+#include "handshake.h"
 #include "test_util.h"
 
 using namespace kungfu;
@@ -370,6 +375,135 @@ void test_dead_member_refuses_fast() {
   for (const auto &lost : {lost0, lost1}) CHECK(lost.empty() || (lost.size() == 1 && lost[0] == peers[2]));
 }
 
+// Peers switch at staggered times and each starts the new version's first
+// all-reduce right after its own switch, so its connections reach peers
+// that are in the middle of their swap: accepted by the old transport and
+// closed when it stops, or answered at the old version. Every such
+// handshake must be retried, never fail the op (KUNGFU_SWAP_ROUNDS: rounds).
+void test_staggered_swaps_never_fail_the_first_op() {
+  auto peers = kftest::local_peers(3);
+  Runtimes rts = make_runtimes(peers, 10);  // a failed round's peers wait this long
+  CHECK(all_reduce_is_right(rts, {0, 1, 2}, "warm-up", 10));
+  const char *env_rounds = std::getenv("KUNGFU_SWAP_ROUNDS");
+  const int rounds = env_rounds ? std::atoi(env_rounds) : 60;
+  int failed_rounds = 0;
+  std::string first_error;
+  for (int v = 1; v <= rounds; ++v) {
+    const Cluster c = cluster_of(peers, {0, 1, 2}, static_cast<uint32_t>(v));
+    std::vector<Status> results(3);
+    std::vector<std::vector<float>> in(3, std::vector<float>(16));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 3; ++i) {
+      threads.emplace_back([&, i] {
+        // 0..1.5 ms apart, a different member first in each round.
+        std::this_thread::sleep_for(std::chrono::microseconds(((v + i) % 3) * 500 + (v * 37 + i * 101) % 300));
+        Status s = rts[i]->update_cluster(c);
+        if (s.ok()) {
+          for (auto &x : in[i]) x = static_cast<float>(i + 1);
+          Buffer b{in[i].data(), in[i].data(), TensorDesc{DType::kFloat32, {16}, 16}, nullptr};
+          s = wait_for([&](DoneCallback done) { rts[i]->all_reduce("first", b, ReduceOp::kSum, done); });
+        }
+        results[i] = s;
+      });
+    }
+    for (auto &t : threads) t.join();
+    bool ok = true;
+    for (int i = 0; i < 3; ++i) {
+      if (!results[i].ok()) {
+        ok = false;
+        if (first_error.empty()) first_error = results[i].ToString();
+      } else if (in[i][0] != 6.0f || in[i][15] != 6.0f) {
+        ok = false;
+        if (first_error.empty()) first_error = "wrong sum " + std::to_string(in[i][0]);
+      }
+    }
+    if (!ok) {
+      ++failed_rounds;
+      // A failed round leaves peers with broken links at this version; the
+      // next version starts clean, so the loop goes on and counts.
+    }
+  }
+  std::printf("  staggered swaps: %d of %d rounds failed%s%s\n", failed_rounds, rounds,
+              first_error.empty() ? "" : "; first error: ", first_error.c_str());
+  CHECK(failed_rounds == 0);
+  for (auto &rt : rts) CHECK(rt->rejected_connections() == 0);
+}
+
+// How a worker whose transport is being replaced (update_cluster) treats a
+// connection its old transport accepted just before: stopped before its
+// hello (the client reads EOF), or right after a hello at the old version
+// (the client's own hello meets a closed socket: EPIPE).
+enum class SwappingServer { kClosesBeforeHello, kClosesAfterOldHello };
+
+// Plays `peer` while it swaps: for `how_long` answers every same-host
+// connection to its port like a transport that is being stopped, then frees
+// the port (the real runtime takes it). The same-host socket name is the
+// transport's (transport.cc: unix_address).
+void play_swapping_peer(const PeerID &peer, SwappingServer how, std::chrono::milliseconds how_long,
+                        std::atomic<int> *answered) {
+  Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "kungfu-tf-" + std::to_string(peer.port);
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const socklen_t len = static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + 1 + name.size());
+  CHECK(::bind(listener.get(), reinterpret_cast<struct sockaddr *>(&addr), len) == 0);
+  CHECK(::listen(listener.get(), 16) == 0);
+  HandshakeIdentity old_version;
+  old_version.job_id = kftest::kTestJobId;
+  old_version.cluster_version = 0;
+  auto end = std::chrono::steady_clock::now() + how_long;
+  while (std::chrono::steady_clock::now() < end) {
+    struct pollfd p = {listener.get(), POLLIN, 0};
+    if (::poll(&p, 1, 5) <= 0) continue;
+    Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!conn.valid()) continue;
+    ++*answered;
+    if (how == SwappingServer::kClosesAfterOldHello) {
+      // The client's hello can no longer arrive (EPIPE on its side), as
+      // when the old transport shuts the connection down right after its hello.
+      ::shutdown(conn.get(), SHUT_RD);
+      std::string err;
+      server_handshake(conn.get(), "test-secret", old_version, nullptr, nullptr, &err, 1.0);
+    }
+  }
+}
+
+// A connection that a peer in the middle of its swap closes during the
+// handshake (either way above) is retried like one to a peer that has not
+// switched yet: the op waits for the peer instead of failing, and nothing
+// counts as lost or rejected.
+void test_handshake_cut_by_a_swapping_peer_is_retried() {
+  for (SwappingServer how : {SwappingServer::kClosesBeforeHello, SwappingServer::kClosesAfterOldHello}) {
+    auto peers = kftest::local_peers(2);
+    std::vector<std::vector<float>> in = {std::vector<float>(8, 1.0f), std::vector<float>(8, 2.0f)};
+    std::atomic<int> answered{0};
+    // Rank 0 is the swapping peer: rank 1 sends to it first (the root of AUTO's tree).
+    std::thread swapping([&] { play_swapping_peer(peers[0], how, std::chrono::milliseconds(200), &answered); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its port is bound
+    Runtimes rts(2);
+    RuntimeOptions o = kftest::options(peers, 1, TopologyKind::kAuto, 5);
+    o.cluster = Cluster(1, peers);  // version 1: the swapping peer answers at version 0
+    CHECK_OK(Runtime::create(o, &rts[1]));
+    auto p = std::make_shared<std::promise<Status>>();
+    auto f = p->get_future();
+    Buffer b{in[1].data(), in[1].data(), TensorDesc{DType::kFloat32, {8}, 8}, nullptr};
+    rts[1]->all_reduce("first", b, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
+    swapping.join();
+    CHECK(answered.load() >= 2);  // retried, not given up at the first cut
+    o.self_rank = 0;
+    CHECK_OK(Runtime::create(o, &rts[0]));
+    Buffer c{in[0].data(), in[0].data(), TensorDesc{DType::kFloat32, {8}, 8}, nullptr};
+    Status s0 = wait_for([&](DoneCallback done) { rts[0]->all_reduce("first", c, ReduceOp::kSum, done); });
+    Status s = f.get();
+    if (!s.ok()) std::fprintf(stderr, "  first op of rank 1: %s\n", s.ToString().c_str());
+    CHECK_OK(s);
+    CHECK(s0.ok() || !s.ok());  // rank 0 fails only with rank 1
+    CHECK(in[0][0] == 3.0f && in[1][7] == 3.0f);
+    CHECK(rts[1]->lost_peers().empty() && rts[1]->rejected_connections() == 0);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -384,5 +518,7 @@ int main() {
       {"bad updates are refused", test_bad_updates_are_refused},
       {"interrupt", test_interrupt_fails_pending_and_new_ops},
       {"twenty quick changes", test_twenty_quick_changes},
+      {"staggered swaps never fail the first op", test_staggered_swaps_never_fail_the_first_op},
+      {"handshake cut by a swapping peer is retried", test_handshake_cut_by_a_swapping_peer_is_retried},
   });
 }
