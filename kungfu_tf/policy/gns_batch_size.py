@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.context import PolicyContext
+from kungfu_tf.policy.periodic_policy import PeriodicPolicy
 
 UNITS = ("step", "epoch")
 
 
-class GNSBatchSizePolicy(BasePolicy):
+class GNSBatchSizePolicy(PeriodicPolicy):
     """Scales the global batch by ``r`` when the smoothed GNS has grown by ``r >= threshold``.
 
     The gradient noise scale B_simple = tr(Σ)/|G|² estimates the batch size
@@ -89,22 +89,6 @@ class GNSBatchSizePolicy(BasePolicy):
         self._reference_batch = state.get("reference_batch")
         requested = state.get("requested")
         self._requested = None if requested is None else (int(requested[0]), float(requested[1]))
-
-    def runs_at(self, hook: str, step: int, epoch: int) -> bool:
-        # Only the checks: the runner then skips every other step's phase.
-        if hook == "after_step":
-            return self.unit == "step" and (step + 1) % self.every == 0
-        if hook == "after_epoch":
-            return self.unit == "epoch" and (epoch + 1) % self.every == 0
-        return True
-
-    def after_step(self, ctx: PolicyContext) -> None:
-        if self.runs_at("after_step", ctx.step, ctx.epoch):
-            self.check(ctx)
-
-    def after_epoch(self, ctx: PolicyContext) -> None:
-        if self.runs_at("after_epoch", ctx.step, ctx.epoch):
-            self.check(ctx)
 
     def check(self, ctx: PolicyContext) -> None:
         """One decision: request a larger batch if the GNS grew enough."""

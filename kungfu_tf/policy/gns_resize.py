@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.context import PolicyContext
+from kungfu_tf.policy.periodic_policy import PeriodicPolicy
 
 UNITS = ("step", "epoch")
 
 
-class GNSResizePolicy(BasePolicy):
+class GNSResizePolicy(PeriodicPolicy):
     """Scales the number of workers with the growth of the gradient noise scale (KungFu §3.2, Listing 1).
 
     The GNS estimates the largest useful global batch; with a fixed per-worker
@@ -77,21 +77,6 @@ class GNSResizePolicy(BasePolicy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reference = state.get("reference")
-
-    def runs_at(self, hook: str, step: int, epoch: int) -> bool:
-        if hook == "after_step":
-            return self.unit == "step" and (step + 1) % self.every == 0
-        if hook == "after_epoch":
-            return self.unit == "epoch" and (epoch + 1) % self.every == 0
-        return True
-
-    def after_step(self, ctx: PolicyContext) -> None:
-        if self.runs_at("after_step", ctx.step, ctx.epoch):
-            self.check(ctx)
-
-    def after_epoch(self, ctx: PolicyContext) -> None:
-        if self.runs_at("after_epoch", ctx.step, ctx.epoch):
-            self.check(ctx)
 
     def decide(self, gns: float, size: int) -> int | None:
         """Listing 1's rule: the new cluster size for ``gns`` at ``size`` workers, or None; updates the reference.
