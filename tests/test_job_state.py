@@ -503,7 +503,7 @@ def test_wait_answers_at_once_when_already_newer():
     jobs = elastic("h:1")
     start = time.monotonic()
     assert jobs.wait(0, 10).state_version == 1
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 5.0  # not its 10 s timeout
 
 
 def test_wait_wakes_on_a_change_and_returns_at_the_timeout():
@@ -522,18 +522,18 @@ def test_wait_wakes_on_a_change_and_returns_at_the_timeout():
     jobs.request_size(3)
     waiter.join(5)
     assert got["state"].target_size == 3 and got["state"].state_version == 2
-    assert got["at"] - changed_at < 1.0
+    assert got["at"] - changed_at < 5.0  # woken, not its 10 s timeout
 
     start = time.monotonic()
     state = jobs.wait(2, 0.3)
-    assert 0.25 <= time.monotonic() - start < 2.0 and state.state_version == 2
+    assert 0.25 <= time.monotonic() - start < 10.0 and state.state_version == 2
 
 
 def test_wait_is_capped(monkeypatch):
     monkeypatch.setattr(job_state, "MAX_WAIT_SECONDS", 0.2)
     start = time.monotonic()
     elastic("h:1").wait(1, 3600)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 30.0  # capped at 0.2 s, not 3600 s
 
 
 @pytest.mark.parametrize("timeout", [-1, math.nan, "1", True])

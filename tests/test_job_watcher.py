@@ -32,7 +32,7 @@ def test_latest_wait_for_and_callbacks_follow_every_change(server, client):
         changed_at = time.monotonic()
         client.request_size(3)
         state = watcher.wait_for(lambda s: s.target_size == 3, timeout=5)
-        assert time.monotonic() - changed_at < 1.0
+        assert time.monotonic() - changed_at < 10.0  # woken, not the 30 s poll timeout
         client.report_lost(1, ["h:2"], "killed")
         state = watcher.wait_for(lambda s: s.cluster.version == 2, timeout=5)
         assert [f"{w.host}:{w.port}" for w in state.cluster.workers] == ["h:1"]
@@ -48,7 +48,7 @@ def test_stop_cancels_the_poll_in_flight(client):
     time.sleep(0.2)  # the poll is waiting on the server
     start = time.monotonic()
     watcher.stop()
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 10.0  # cancelled, not the 60 s poll
     with pytest.raises(JobWatcherError, match="stopped"):
         watcher.wait_for(lambda s: False, timeout=1)
     watcher.stop()  # idempotent
