@@ -358,7 +358,8 @@ def test_sigterm_stops_every_worker(tmp_path):
         kill_tree(proc)
     assert rc == 128 + signal.SIGTERM, err
     assert "kungfu-run: received SIGTERM, stopping workers" in err
-    assert time.monotonic() - start < 5
+    assert "sending SIGKILL" not in err  # the workers ended on SIGTERM, within the grace
+    assert time.monotonic() - start < 20
     # Stopping is not a membership change.
     assert [line for line in events(err) if line.startswith("cluster v")] == [
         "cluster v1: 2 workers (min 1, max 2, target 2)"]
