@@ -113,21 +113,29 @@ inline kungfu::RuntimeOptions options(const std::vector<kungfu::PeerID> &peers, 
   return o;
 }
 
-// n runtimes in this process.
+// n runtimes in this process. A port that free_port() found free can be
+// taken before its runtime binds it (an ephemeral port of some connection,
+// or the same port picked twice): then the whole cluster is made again on
+// fresh ports, a few times, before giving up.
 inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(int n, kungfu::TopologyKind topo,
                                                                    double timeout = 20, size_t chunk = 1 << 20) {
-  std::vector<kungfu::PeerID> peers = local_peers(n);
-  std::vector<std::unique_ptr<kungfu::Runtime>> rts(n);
-  for (int r = 0; r < n; ++r) {
-    kungfu::RuntimeOptions o = options(peers, r, topo, timeout);
-    o.chunk_bytes = chunk;
-    kungfu::Status s = kungfu::Runtime::create(o, &rts[r]);
-    if (!s.ok()) {
-      std::fprintf(stderr, "cannot create runtime: %s\n", s.ToString().c_str());
+  constexpr int kAttempts = 5;
+  for (int attempt = 1;; ++attempt) {
+    std::vector<kungfu::PeerID> peers = local_peers(n);
+    std::vector<std::unique_ptr<kungfu::Runtime>> rts(n);
+    kungfu::Status failed;
+    for (int r = 0; r < n && failed.ok(); ++r) {
+      kungfu::RuntimeOptions o = options(peers, r, topo, timeout);
+      o.chunk_bytes = chunk;
+      failed = kungfu::Runtime::create(o, &rts[r]);
+    }
+    if (failed.ok()) return rts;
+    const bool port_taken = failed.ToString().find("Address already in use") != std::string::npos;
+    if (!port_taken || attempt == kAttempts) {
+      std::fprintf(stderr, "cannot create runtime (attempt %d): %s\n", attempt, failed.ToString().c_str());
       std::exit(2);
     }
   }
-  return rts;
 }
 
 // Runs an async operation and waits for its status.
