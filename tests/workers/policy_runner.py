@@ -393,16 +393,20 @@ def scenario_tensorboard_errors(log_dir: str) -> None:
 
         failing._summary.scalars = full
 
+    trained = []
+
     def steps():
-        for _ in range(3):
+        for i in range(3):
             with failing.step():
-                pass
+                trained.append(i)  # the step's work; the failure comes after it, in the runner
 
     fragments = ["log_dir=", "tb_failing", "No space left on device"]
     if RANK == 0:
         expect(OSError, fragments, steps, "TensorBoard write fails")
     else:
         expect(PeerPolicyError, ["rank 0", *fragments], steps, "TensorBoard write fails on rank 0")
+    # The write failed at the end of a step whose work had run, not before any step.
+    assert trained and trained == list(range(len(trained))), trained
 
 
 def scenario_errors(log_dir: str) -> None:
