@@ -50,11 +50,18 @@ class LaunchOptions:
     config_server: str | None = None
     discovery_script: Path | None = None
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    ray_address: str | None = None
+    ray_cpus_per_worker: float = 1.0
 
     @property
     def elastic(self) -> bool:
         """The cluster may change while the job runs (``--elastic`` or ``--min-np``)."""
         return self.replace_crashed or self.min_np is not None
+
+    @property
+    def on_ray(self) -> bool:
+        """Workers run as Ray actors (``--ray ADDRESS``)."""
+        return self.ray_address is not None
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -166,6 +173,25 @@ def _build_parser() -> argparse.ArgumentParser:
         "was placed, and place another; three such failures in a row end the "
         f"tries (needs --elastic; default {DEFAULT_JOIN_TIMEOUT:g})",
     )
+    ray = parser.add_argument_group(
+        "Ray",
+        "Run every worker as a subprocess of its own Ray actor (one placement group "
+        "each) on a Ray cluster; this launcher serves the config service. Needs "
+        "Ray Core: pip install kungfu_tf[ray].",
+    )
+    ray.add_argument(
+        "--ray",
+        dest="ray_address",
+        metavar="ADDRESS",
+        help="the Ray cluster's head (GCS) HOST:PORT, or auto; with --elastic, "
+        "joiners ask Ray's autoscaler for room",
+    )
+    ray.add_argument(
+        "--ray-cpus-per-worker",
+        type=float,
+        metavar="C",
+        help="CPUs of each worker's placement group (needs --ray; default 1)",
+    )
     parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
@@ -184,50 +210,95 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
     """
     parser = _build_parser()
     ns = parser.parse_args(argv)
+    try:
+        return options_from_namespace(ns)
+    except LaunchError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits; keeps type checkers happy
+
+
+def parse_args_or_raise(argv: Sequence[str]) -> LaunchOptions:
+    """As :func:`parse_args`, but a bad value raises instead of exiting (for Python callers).
+
+    Raises:
+        LaunchError: naming the option and its value.
+    """
+    return options_from_namespace(_build_parser().parse_args(argv))
+
+
+def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
+    """Check the parsed options.
+
+    Raises:
+        LaunchError: naming the option and its value.
+    """
     command = list(ns.command)
     # REMAINDER keeps a separating "--"; it is not part of the program.
     if command and command[0] == "--":
         command = command[1:]
-    try:
-        if not command:
-            raise LaunchError("missing PROGRAM to run")
-        if ns.np < 1:
-            raise LaunchError(f"-np must be at least 1, got {ns.np}")
-        if not 1 <= ns.timeout <= MAX_TIMEOUT_SECONDS:
-            raise LaunchError(
-                f"--timeout must be 1..{MAX_TIMEOUT_SECONDS} seconds, got {ns.timeout}"
-            )
-        _check_elastic_options(ns)
-        return LaunchOptions(
-            np=ns.np,
-            hosts=parse_hosts(ns.hosts) if ns.hosts is not None else None,
-            self_host=ns.self_host,
-            port_range=(
-                parse_port_range(ns.port_range) if ns.port_range is not None else None
-            ),
-            topology=normalize_topology(ns.topology),
-            timeout=ns.timeout,
-            logdir=ns.logdir,
-            quiet=ns.quiet,
-            command=program_command(command),
-            replace_crashed=ns.elastic,
-            min_np=ns.min_np,
-            max_np=ns.max_np,
-            config_server=(
-                parse_config_server(ns.config_server)
-                if ns.config_server is not None
-                else None
-            ),
-            discovery_script=ns.host_discovery_script,
-            join_timeout=(
-                ns.join_timeout
-                if ns.join_timeout is not None
-                else DEFAULT_JOIN_TIMEOUT
-            ),
+    if not command:
+        raise LaunchError("missing PROGRAM to run")
+    if ns.np < 1:
+        raise LaunchError(f"-np must be at least 1, got {ns.np}")
+    if not 1 <= ns.timeout <= MAX_TIMEOUT_SECONDS:
+        raise LaunchError(
+            f"--timeout must be 1..{MAX_TIMEOUT_SECONDS} seconds, got {ns.timeout}"
         )
-    except LaunchError as e:
-        parser.error(str(e))
-        raise  # unreachable: parser.error exits; keeps type checkers happy
+    _check_elastic_options(ns)
+    _check_ray_options(ns)
+    return LaunchOptions(
+        np=ns.np,
+        hosts=parse_hosts(ns.hosts) if ns.hosts is not None else None,
+        self_host=ns.self_host,
+        port_range=(
+            parse_port_range(ns.port_range) if ns.port_range is not None else None
+        ),
+        topology=normalize_topology(ns.topology),
+        timeout=ns.timeout,
+        logdir=ns.logdir,
+        quiet=ns.quiet,
+        command=program_command(command),
+        replace_crashed=ns.elastic,
+        min_np=ns.min_np,
+        max_np=ns.max_np,
+        config_server=(
+            parse_config_server(ns.config_server)
+            if ns.config_server is not None
+            else None
+        ),
+        discovery_script=ns.host_discovery_script,
+        join_timeout=(
+            ns.join_timeout
+            if ns.join_timeout is not None
+            else DEFAULT_JOIN_TIMEOUT
+        ),
+        ray_address=ns.ray_address,
+        ray_cpus_per_worker=(
+            ns.ray_cpus_per_worker if ns.ray_cpus_per_worker is not None else 1.0
+        ),
+    )
+
+
+def _check_ray_options(ns: argparse.Namespace) -> None:
+    """``--ray`` places the workers itself: the options that place them locally do not apply."""
+    if ns.ray_address is None:
+        if ns.ray_cpus_per_worker is not None:
+            raise LaunchError(f"--ray-cpus-per-worker {ns.ray_cpus_per_worker:g} needs --ray")
+        return
+    if not ns.ray_address.strip():
+        raise LaunchError("--ray needs the Ray cluster's address HOST:PORT (or auto), got ''")
+    for value, option in (
+        (ns.hosts, "-H"),
+        (ns.self_host, "--self"),
+        (ns.port_range, "--port-range"),
+        (ns.config_server, "--config-server"),
+        (ns.host_discovery_script, "--host-discovery-script"),
+    ):
+        if value is not None:
+            raise LaunchError(f"{option} {value} does not apply with --ray {ns.ray_address} (Ray places the workers)")
+    cpus = ns.ray_cpus_per_worker
+    if cpus is not None and (not math.isfinite(cpus) or cpus <= 0):
+        raise LaunchError(f"--ray-cpus-per-worker must be a number of CPUs > 0, got {cpus:g}")
 
 
 def _check_elastic_options(ns: argparse.Namespace) -> None:

@@ -56,11 +56,7 @@ from kungfu_tf.run.elastic_plan import ElasticPlan
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.job_state import job_finished
 from kungfu_tf.run.job_watcher import JobWatcher
-from kungfu_tf.run.joiner_scheduler import (
-    JoinerScheduler,
-    SupervisorHooks,
-    joiner_peers,
-)
+from kungfu_tf.run.joiner_scheduler import SupervisorHooks, joiner_peers
 from kungfu_tf.run.membership_change import describe_change, workers_text
 from kungfu_tf.run.output import Console
 from kungfu_tf.run.placement import Peer
@@ -72,11 +68,12 @@ from kungfu_tf.run.supervisor import (
     POLL_INTERVAL,
 )
 from kungfu_tf.run.worker_env import build_worker_env
-from kungfu_tf.run.worker_process import (
-    WorkerProcess,
-    describe_exit,
-    exit_cause,
-    exit_status,
+from kungfu_tf.run.worker_process import describe_exit, exit_cause, exit_status
+from kungfu_tf.run.worker_provider import (
+    JoinerPlanner,
+    LocalProcesses,
+    WorkerHandle,
+    WorkerProvider,
 )
 
 # Bound on one config-service call (but a long poll).
@@ -112,9 +109,9 @@ class _Interrupted(Exception):
 
 @dataclass
 class _LocalWorker:
-    """A process this launcher started, and what it was started as."""
+    """A worker this launcher started, and what it was started as."""
 
-    process: WorkerProcess
+    process: WorkerHandle
     peer: str
     joiner: bool
     stopped_by_launcher: bool = False
@@ -132,11 +129,23 @@ class ElasticSupervisor:
 
         plan = build_elastic_plan(parse_args(argv), os.environ)
         status = ElasticSupervisor(plan, Console(), os.environ).run()
+
+    ``provider`` says where workers run (default: this launcher's child
+    processes; kungfu_tf/run/worker_provider.py).
     """
 
-    def __init__(self, plan: ElasticPlan, console: Console, base_env: Mapping[str, str], *, grace: float = GRACE_SECONDS):
+    def __init__(
+        self,
+        plan: ElasticPlan,
+        console: Console,
+        base_env: Mapping[str, str],
+        *,
+        grace: float = GRACE_SECONDS,
+        provider: WorkerProvider | None = None,
+    ):
         """Prepare to run ``plan``; workers inherit ``base_env``."""
         self._plan = plan
+        self._provider: WorkerProvider = provider if provider is not None else LocalProcesses()
         self._console = console
         self._base_env = base_env
         self._grace = grace
@@ -145,7 +154,7 @@ class ElasticSupervisor:
         self._watcher: JobWatcher | None = None
         self._probe_at = 0.0
         self._probe_failing_since: float | None = None
-        self._scheduler: JoinerScheduler | None = None  # the serving launcher's
+        self._scheduler: JoinerPlanner | None = None  # the serving launcher's
         self._workers: list[_LocalWorker] = []
         self._started: set[str] = set()
         self._next_label = 0
@@ -230,7 +239,7 @@ class ElasticSupervisor:
             self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
             state = self._client.get_job_state()
             hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
-            self._scheduler = JoinerScheduler(plan, self._client, self._console, hooks)
+            self._scheduler = self._provider.joiner_planner(plan, self._client, self._console, hooks)
             initial = list(plan.initial_peers)
             self._next_label = len(initial)
         else:
@@ -244,14 +253,14 @@ class ElasticSupervisor:
                 ) from None
             initial = [Peer(rank, w.host, w.port) for rank, w in enumerate(first.workers)]
             self._next_label = len(initial)
-            if state.cluster.version != 1 and any(p.host == plan.self_host for p in initial):
+            if state.cluster.version != 1 and any(self._runs_here(p.host) for p in initial):
                 # Too late: the others moved on without this host's members
                 # (they are replaced, or the job goes on without them).
                 self._console.message(
                     f"the job is at cluster version {state.cluster.version} already: not starting the "
                     f"members of version 1 placed on {plan.self_host}"
                 )
-                initial = [p for p in initial if p.host != plan.self_host]
+                initial = [p for p in initial if not self._runs_here(p.host)]
         # Changes before this launcher connected are not its to print.
         self._printed_version = state.cluster.version
         self._printed_workers = cluster_peers(state.cluster)
@@ -311,7 +320,7 @@ class ElasticSupervisor:
         logs: list[BinaryIO | None] = []
         try:
             for peer in initial:
-                if peer.host == self._plan.self_host:
+                if self._runs_here(peer.host):
                     logs.append(self._open_log(f"rank-{peer.rank}.log"))
         except LaunchError:
             for log in logs:
@@ -334,14 +343,14 @@ class ElasticSupervisor:
             config_server=plan.config_address,
             joiner=joiner,
         )
-        process = WorkerProcess(peer, plan.command, env, self._console, echo=not plan.quiet, log=log)
+        process = self._provider.start_worker(peer, plan.command, env, self._console, echo=not plan.quiet, log=log)
         worker = _LocalWorker(process, peer.address, joiner)
         self._workers.append(worker)
         self._started.add(peer.address)
         return worker
 
     def _spawn_initial(self, initial: list[Peer], version: int, logs: list[BinaryIO | None]) -> None:
-        local = [p for p in initial if p.host == self._plan.self_host]
+        local = [p for p in initial if self._runs_here(p.host)]
         try:
             for i, peer in enumerate(local):
                 self._spawn(peer, initial, version, logs[i], joiner=False)
@@ -361,7 +370,7 @@ class ElasticSupervisor:
             return
         for j in state.joiners:
             address = peer_string(j.peer)
-            if j.state != Joiner.STARTING or j.peer.host != self._plan.self_host or address in self._started:
+            if j.state != Joiner.STARTING or not self._runs_here(j.peer.host) or address in self._started:
                 continue
             label = self._next_label
             self._next_label += 1
@@ -429,7 +438,7 @@ class ElasticSupervisor:
         Only the serving launcher of a job with members on other hosts
         waits (JOB_END_LINGER_SECONDS); the others end at once.
         """
-        if self._server is None or all(parse_peer_string(m).host == self._plan.self_host for m in self._ever_members):
+        if self._server is None or all(self._runs_here(parse_peer_string(m).host) for m in self._ever_members):
             return True
         now = time.monotonic()
         if self._serve_until is None:
@@ -451,6 +460,10 @@ class ElasticSupervisor:
             f"no worker left on {self._plan.self_host}; waiting for {len(others)} "
             f"member{'s' if len(others) > 1 else ''} elsewhere to finish: {shown}"
         )
+
+    def _runs_here(self, host: str) -> bool:
+        """Whether this launcher starts the workers placed on ``host``."""
+        return self._provider.runs_here(host, self._plan.self_host)
 
     def _running(self) -> list[_LocalWorker]:
         return [w for w in self._workers if w.returncode is None]
@@ -614,16 +627,22 @@ class ElasticSupervisor:
             if rc is None:
                 continue
             w.returncode = rc
-            if self._stopping or w.stopped_by_launcher:
-                continue
-            if rc != 0:
-                self._exit_causes[w.peer] = exit_cause(rc)
-            if self._service_lost:
-                if rc != 0 and self._status is None:
-                    self._console.message(f"worker {w.peer} {describe_exit(rc)}")
-                    self._status = exit_status(rc)
-                continue
-            self._judge_exit(w, rc)
+            self._take_exit(w, rc)
+            # Only once its exit is judged (a member that shrank away has
+            # left the cluster by now): what held the worker can go.
+            self._provider.release(w.process)
+
+    def _take_exit(self, w: _LocalWorker, rc: int) -> None:
+        if self._stopping or w.stopped_by_launcher:
+            return
+        if rc != 0:
+            self._exit_causes[w.peer] = self._cause(w, rc)
+        if self._service_lost:
+            if rc != 0 and self._status is None:
+                self._console.message(f"worker {w.peer} {describe_exit(rc)}")
+                self._status = exit_status(rc)
+            return
+        self._judge_exit(w, rc)
 
     def _judge_exit(self, w: _LocalWorker, rc: int) -> None:
         state = self._fresh_state()
@@ -638,7 +657,7 @@ class ElasticSupervisor:
             if self._finishing and self._status is None:
                 # The job ends well only if every member exits 0.
                 self._status = exit_status(rc)
-            self._report_lost(w.peer, exit_cause(rc))
+            self._report_lost(w.peer, self._cause(w, rc))
         elif w.peer in joiners or (w.joiner and w.peer not in self._ever_members):
             self._joiner_end.setdefault(w.peer, "exited before it was admitted" if rc == 0 else exit_cause(rc))
             if rc != 0 and self._joiner_end[w.peer] != "rejected":
@@ -647,6 +666,11 @@ class ElasticSupervisor:
         elif rc != 0:
             # Already removed (its peers reported it first); nothing to do.
             self._console.message(f"worker [{label}] {w.peer} (no longer a member) {describe_exit(rc)}")
+
+    @staticmethod
+    def _cause(w: _LocalWorker, rc: int) -> str:
+        """Why a worker died: what its provider knows (a Ray actor's death), else its exit."""
+        return getattr(w.process, "exit_reason", None) or exit_cause(rc)
 
     def _report_lost(self, peer: str, cause: str) -> None:
         assert self._client is not None
@@ -709,6 +733,7 @@ class ElasticSupervisor:
             self._watcher.stop()
         if self._scheduler is not None:
             self._scheduler.stop()
+        self._provider.close()
         if self._client is not None:
             self._client.close()
         if self._server is not None:

@@ -27,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
     console = Console()
+    if options.on_ray:
+        return _run_on_ray(options, console)
     if options.elastic:
         return _run_elastic(options, console)
     try:
@@ -75,3 +77,12 @@ def _run_elastic(options: LaunchOptions, console: Console) -> int:
         console.message(f"error: {e}")
         return 2
     return ElasticSupervisor(plan, console, base_env).run()
+
+
+def _run_on_ray(options: LaunchOptions, console: Console) -> int:
+    """``--ray ADDRESS``: every worker is a subprocess of its own Ray actor."""
+    # Workers get the environment as the user set it (not Ray's additions).
+    base_env = dict(os.environ)
+    from kungfu_tf.run.ray_launch import run_on_ray
+
+    return run_on_ray(options, console, base_env)

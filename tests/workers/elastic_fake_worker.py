@@ -34,6 +34,12 @@ MODE (what the initial members do):
                came for 1 s.
   stuck-deaf N as stuck, but the joiners also ignore SIGTERM (only the
                launcher's SIGKILL, after its grace, stops them).
+  lose-grow-shrink N
+               (N initial members) every worker, joiners too, waits until a
+               member was lost and replaced (v3 with N workers); the first
+               member then asks for N+1 and, once v4 has them, commits the
+               first N (v5): the one left out prints "detached"; all exit 0.
+Every worker also prints whether Ray is imported in it ("ray imported: False").
 """
 
 import os
@@ -58,6 +64,7 @@ client = ConfigClient(env.config_server, secret=env.secret, job_id=os.environ["K
 me = env.self_address
 mode, arg = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
 print(f"{'joiner' if env.joiner else 'member'} {me} v{env.cluster_version} elastic={env.elastic}", flush=True)
+print(f"ray imported: {'ray' in sys.modules}", flush=True)
 
 
 def members(state):
@@ -82,6 +89,23 @@ def cluster_peers_of(joiner):
     return f"{joiner.peer.host}:{joiner.peer.port}"
 
 
+def lose_grow_shrink(n):
+    wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) >= n)
+    state = client.get_job_state()
+    if members(state)[0] == me and state.cluster.version == 3:
+        client.request_size(n + 1)
+    # A worker admitted at v4 may read v5 first (the shrink follows at once).
+    state = wait_until(lambda s: s.cluster.version >= 5 or (s.cluster.version == 4 and len(members(s)) == n + 1))
+    if members(state)[0] == me and state.cluster.version == 4:
+        cluster = client.get_cluster()
+        del cluster.workers[n:]
+        cluster.version += 1
+        client.put_cluster(cluster)
+    state = wait_until(lambda s: s.cluster.version >= 5)
+    print("detached" if me not in members(state) else f"member of v{state.cluster.version}", flush=True)
+    sys.exit(0)
+
+
 def die():
     print("killing myself", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -100,6 +124,8 @@ if env.joiner:
     print(f"admitted at v{state.cluster.version} as rank {members(state).index(me)} of {len(members(state))}", flush=True)
     if mode == "grow":
         wait_until(lambda s: len(members(s)) >= int(arg))
+    if mode == "lose-grow-shrink":
+        lose_grow_shrink(int(arg))
     sys.exit(0)
 
 if mode == "grow":
@@ -108,6 +134,10 @@ if mode == "grow":
         client.request_size(int(arg))
     state = wait_until(lambda s: len(members(s)) >= int(arg))
     print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
+elif mode == "lose-grow-shrink":
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+    lose_grow_shrink(int(arg))
 elif mode == "crash":
     if env.rank == 0:
         client.set_signature(SIGNATURE)
