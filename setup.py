@@ -46,6 +46,10 @@ OBJ_DIR = os.path.join("build", "obj")
 PROTO_DIR = "proto"
 PROTO_OUT = os.path.join("kungfu_tf", "proto")
 
+# The optional extra `ray` (kungfu-run --ray): the version pinned in
+# constraints.txt, which `make install` installs (requirements.txt).
+RAY_REQUIREMENT = "ray==2.60.0"
+
 CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread", "-Wall", "-Wextra"]
 LDFLAGS = ["-shared", "-pthread"]
 
@@ -424,6 +428,9 @@ setup(
         runtime_requirement("grpcio"),
         runtime_requirement("protobuf"),
     ],
+    # `pip install kungfu_tf[ray]`: `kungfu-run --ray ADDRESS` (Ray Core
+    # only; the version CI tests, see constraints.txt).
+    extras_require={"ray": [RAY_REQUIREMENT]},
     entry_points={
         "console_scripts": [
             "kungfu-run = kungfu_tf.run.launcher:main",

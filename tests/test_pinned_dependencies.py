@@ -64,3 +64,11 @@ def test_makefile_installs_under_the_constraints():
         ["make", "-n", "-B", ".venv/.kungfu-deps.stamp"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     ).stdout
     assert re.search(r"pip install -r requirements\.txt -c constraints\.txt$", dry_run, re.MULTILINE), dry_run
+
+
+def test_the_ray_extra_is_the_pinned_ray():
+    """`pip install kungfu_tf[ray]` gets the Ray that `make install` installs and CI tests."""
+    extra = re.search(r'^RAY_REQUIREMENT = "ray==([^"]+)"$', (REPO_ROOT / "setup.py").read_text(), re.MULTILINE)
+    assert extra, "setup.py has no RAY_REQUIREMENT = \"ray==VERSION\""
+    assert extra.group(1) == pins()["ray"], f"setup.py's extra ray=={extra.group(1)} is not the pin ray=={pins()['ray']}"
+    assert "ray" in [Requirement(r).name for r in requirement_lines("requirements.txt")]

@@ -56,7 +56,14 @@ def ray_launch(
     Raises:
         ValueError: a bad argument, naming it and its value.
     """
-    argv = ["-np", str(np), "--ray", address, "--ray-cpus-per-worker", repr(float(cpus_per_worker))]
+    argv = [
+        "-np",
+        str(np),
+        "--ray",
+        address,
+        "--ray-cpus-per-worker",
+        repr(float(cpus_per_worker)),
+    ]
     argv += ["--timeout", str(timeout), "--topology", topology]
     if elastic:
         argv += ["--elastic", "--join-timeout", repr(float(join_timeout))]
@@ -69,7 +76,9 @@ def ray_launch(
     if quiet:
         argv.append("--quiet")
     if not command or isinstance(command, str):
-        raise ValueError(f"ray_launch: command must be a non-empty list of strings, got {command!r}")
+        raise ValueError(
+            f"ray_launch: command must be a non-empty list of strings, got {command!r}"
+        )
     try:
         options = parse_args_or_raise([*argv, "--", *command])
     except LaunchError as e:
@@ -77,7 +86,9 @@ def ray_launch(
     return run_on_ray(options, Console(), dict(os.environ))
 
 
-def run_on_ray(options: LaunchOptions, console: Console, base_env: Mapping[str, str]) -> int:
+def run_on_ray(
+    options: LaunchOptions, console: Console, base_env: Mapping[str, str]
+) -> int:
     """Run the job of ``options`` (``options.on_ray``) and return its status (2: it could not start)."""
     from kungfu_tf.run.elastic_plan import ElasticPlan
     from kungfu_tf.run.elastic_supervisor import ElasticSupervisor
@@ -91,13 +102,17 @@ def run_on_ray(options: LaunchOptions, console: Console, base_env: Mapping[str, 
         ray = import_ray()
         connect(ray, options.ray_address)
         provider = RayActors(ray, console, cpus_per_worker=options.ray_cpus_per_worker)
-        console.event(f"connected to the Ray cluster at {options.ray_address}: {_resources_text(ray)}")
+        console.event(
+            f"connected to the Ray cluster at {options.ray_address}: {_resources_text(ray)}"
+        )
         peers = provider.start_initial(options.np, timeout=options.timeout)
         if options.logdir is not None:
             try:
                 options.logdir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise LaunchError(f"cannot create --logdir {options.logdir}: {e.strerror}") from None
+                raise LaunchError(
+                    f"cannot create --logdir {options.logdir}: {e.strerror}"
+                ) from None
         config_host = ray.util.get_node_ip_address()
         plan = ElasticPlan(
             serves=True,
@@ -107,7 +122,9 @@ def run_on_ray(options: LaunchOptions, console: Console, base_env: Mapping[str, 
             initial_peers=peers,
             hosts=[],
             port_range=None,
-            min_np=options.min_np if options.min_np is not None else (1 if options.replace_crashed else options.np),
+            min_np=options.min_np
+            if options.min_np is not None
+            else (1 if options.replace_crashed else options.np),
             max_np=options.max_np if options.max_np is not None else options.np,
             replace_crashed=options.replace_crashed,
             discovery_script=None,
@@ -129,7 +146,9 @@ def run_on_ray(options: LaunchOptions, console: Console, base_env: Mapping[str, 
         elif _ray_connected():
             _shutdown_ray()
         return 2
-    placed = ", ".join(f"{p.address} on node {provider.slot_of(p.address).node_id[:12]}" for p in peers)
+    placed = ", ".join(
+        f"{p.address} on node {provider.slot_of(p.address).node_id}" for p in peers
+    )
     console.event(f"Ray placed {len(peers)} worker(s): {placed}")
     return ElasticSupervisor(plan, console, base_env, provider=provider).run()
 

@@ -80,7 +80,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError as e:
-        raise LaunchError(f"--ray needs Ray Core, which is not installed here ({e}): {RAY_INSTALL_HINT}") from None
+        raise LaunchError(
+            f"--ray needs Ray Core, which is not installed here ({e}): {RAY_INSTALL_HINT}"
+        ) from None
     return ray
 
 
@@ -95,9 +97,13 @@ def connect(ray: Any, address: str) -> None:
     if address != "auto":
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise LaunchError(f"bad --ray {address!r}: expected HOST:PORT of the Ray cluster's head (GCS), or auto")
+            raise LaunchError(
+                f"bad --ray {address!r}: expected HOST:PORT of the Ray cluster's head (GCS), or auto"
+            )
         try:
-            with socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_SECONDS):
+            with socket.create_connection(
+                (host, int(port)), timeout=REACH_TIMEOUT_SECONDS
+            ):
                 pass
         except OSError as e:
             raise LaunchError(
@@ -105,9 +111,16 @@ def connect(ray: Any, address: str) -> None:
                 "(is `ray start --head` running there? the address is the head's GCS HOST:PORT)"
             ) from None
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=False)
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            logging_level="WARNING",
+            configure_logging=False,
+        )
     except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
-        raise LaunchError(f"cannot connect to the Ray cluster at --ray {address}: {type(e).__name__}: {e}") from None
+        raise LaunchError(
+            f"cannot connect to the Ray cluster at --ray {address}: {type(e).__name__}: {e}"
+        ) from None
 
 
 @dataclass
@@ -162,7 +175,9 @@ class RayActors:
         actor = self._actor_class.options(
             num_cpus=self._cpus,
             max_restarts=0,
-            scheduling_strategy=self._strategy(placement_group=group, placement_group_bundle_index=0),
+            scheduling_strategy=self._strategy(
+                placement_group=group, placement_group_bundle_index=0
+            ),
         ).remote()
         slot = _Slot(actor, group, actor.address.remote(), time.monotonic())
         self._slots.append(slot)
@@ -174,14 +189,18 @@ class RayActors:
         waiting = [s for s in slots if not s.address]
         if not waiting:
             return []
-        ready, _ = self._ray.wait([s.address_ref for s in waiting], num_returns=len(waiting), timeout=0)
+        ready, _ = self._ray.wait(
+            [s.address_ref for s in waiting], num_returns=len(waiting), timeout=0
+        )
         placed = []
         for s in waiting:
             if s.address_ref in ready:
                 try:
                     node_id, host, port = self._ray.get(s.address_ref)
                 except self._ray.exceptions.RayError as e:
-                    self._console.message(f"a Ray actor for a worker died before it was placed: {_short(e)}")
+                    self._console.message(
+                        f"a Ray actor for a worker died before it was placed: {_short(e)}"
+                    )
                     self.drop(s)
                     continue
                 s.node_id, s.address = node_id, f"{host}:{port}"
@@ -202,7 +221,11 @@ class RayActors:
 
     def drop_unstarted(self, wanted: set[str]) -> None:
         """Drop placed slots whose worker never started and whose address is no longer wanted."""
-        for s in [s for s in self._slots if s.address and not s.started and s.address not in wanted]:
+        for s in [
+            s
+            for s in self._slots
+            if s.address and not s.started and s.address not in wanted
+        ]:
             self.drop(s)
 
     def start_initial(self, np: int, timeout: float) -> list[Peer]:
@@ -215,7 +238,9 @@ class RayActors:
         deadline = time.monotonic() + timeout
         while any(not s.address for s in slots):
             if any(s not in self._slots for s in slots):
-                raise LaunchError("a Ray actor for an initial worker died before it was placed")
+                raise LaunchError(
+                    "a Ray actor for an initial worker died before it was placed"
+                )
             if time.monotonic() >= deadline:
                 placed = sum(1 for s in slots if s.address)
                 raise LaunchError(
@@ -241,12 +266,17 @@ class RayActors:
         try:
             request_resources(bundles=[self.bundle] * self._requested)
         except Exception as e:  # noqa: BLE001 - best effort: a cluster without autoscaler
-            self._console.message(f"cannot ask the Ray autoscaler for {self._requested} bundles: {_short(e)}")
+            self._console.message(
+                f"cannot ask the Ray autoscaler for {self._requested} bundles: {_short(e)}"
+            )
 
     def _free(self, slot: _Slot) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for action in (lambda: self._ray.kill(slot.actor), lambda: remove_placement_group(slot.group)):
+        for action in (
+            lambda: self._ray.kill(slot.actor),
+            lambda: remove_placement_group(slot.group),
+        ):
             try:
                 action()
             except Exception:  # noqa: BLE001, S110 - its node may be gone already: nothing left to free
@@ -263,7 +293,11 @@ class RayActors:
         return True
 
     def joiner_planner(
-        self, plan: ElasticPlan, client: ConfigClient, console: Console, hooks: SupervisorHooks
+        self,
+        plan: ElasticPlan,
+        client: ConfigClient,
+        console: Console,
+        hooks: SupervisorHooks,
     ) -> RayJoinerPlanner:
         """Joiners in new slots, added once Ray placed them."""
         return RayJoinerPlanner(plan, client, console, hooks, self)
@@ -284,10 +318,13 @@ class RayActors:
             if slot is None:
                 raise OSError(f"no Ray actor was placed at {peer.address}")
             try:
-                self._ray.get(slot.actor.start.remote(list(command), dict(env)), timeout=ACTOR_CALL_TIMEOUT)
+                self._ray.get(
+                    slot.actor.start.remote(list(command), dict(env)),
+                    timeout=ACTOR_CALL_TIMEOUT,
+                )
             except self._ray.exceptions.RayTaskError as e:
                 cause = e.as_instanceof_cause()
-                raise OSError(f"on Ray node {slot.node_id[:12]}: {cause}") from None
+                raise OSError(f"on Ray node {slot.node_id}: {cause}") from None
             except self._ray.exceptions.RayError as e:
                 raise OSError(f"its Ray actor failed: {_short(e)}") from None
         except OSError:
@@ -329,7 +366,16 @@ class RayWorker:
     :class:`OutputRelay`, so it is printed and logged as a local worker's.
     """
 
-    def __init__(self, ray: Any, slot: _Slot, peer: Peer, console: Console, *, echo: bool, log: BinaryIO | None):
+    def __init__(
+        self,
+        ray: Any,
+        slot: _Slot,
+        peer: Peer,
+        console: Console,
+        *,
+        echo: bool,
+        log: BinaryIO | None,
+    ):
         """Relay ``slot``'s worker as ``peer``."""
         self.peer = peer
         self.exit_reason: str | None = None
@@ -342,7 +388,12 @@ class RayWorker:
         out_r, self._out_w = os.pipe()
         err_r, self._err_w = os.pipe()
         self._relay = OutputRelay(
-            peer.rank, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"), console, echo=echo, log=log
+            peer.rank,
+            os.fdopen(out_r, "rb"),
+            os.fdopen(err_r, "rb"),
+            console,
+            echo=echo,
+            log=log,
         )
 
     @property
@@ -373,7 +424,7 @@ class RayWorker:
         except self._ray.exceptions.RayError as e:
             self.exit_reason = "its Ray actor or node died"
             self._console.message(
-                f"worker [{self.peer.rank}] {self.peer.address} on Ray node {self._slot.node_id[:12]}: "
+                f"worker [{self.peer.rank}] {self.peer.address} on Ray node {self._slot.node_id}: "
                 f"{self.exit_reason} ({_short(e)})"
             )
             chunks, returncode = [], ACTOR_DIED_RETURNCODE
@@ -404,7 +455,9 @@ class RayWorker:
         while (rc := self.poll()) is None:
             waited = time.monotonic() - start
             if timeout is not None and waited >= timeout:
-                raise TimeoutError(f"worker {self.peer.address} still running after {timeout:g} s")
+                raise TimeoutError(
+                    f"worker {self.peer.address} still running after {timeout:g} s"
+                )
             if not killed and waited >= WAIT_BEFORE_ACTOR_KILL:
                 killed = True
                 try:
@@ -449,7 +502,12 @@ class RayJoinerPlanner(JoinerScheduler):
     """
 
     def __init__(
-        self, plan: ElasticPlan, client: ConfigClient, console: Console, hooks: SupervisorHooks, provider: RayActors
+        self,
+        plan: ElasticPlan,
+        client: ConfigClient,
+        console: Console,
+        hooks: SupervisorHooks,
+        provider: RayActors,
     ):
         """Place joiners with ``provider``'s slots."""
         super().__init__(plan, client, console, hooks)
@@ -480,14 +538,16 @@ class RayJoinerPlanner(JoinerScheduler):
             try:
                 self._hooks.observe(self._client.add_joiner(slot.address))
             except grpc.RpcError as e:
-                self._console.message(f"cannot add joiner {slot.address}: {rpc_error_text(e)}")
+                self._console.message(
+                    f"cannot add joiner {slot.address}: {rpc_error_text(e)}"
+                )
                 provider.drop(slot)
                 continue
             have += 1
             self._placed.add(slot.address)
             self._placed_at[slot.address] = time.monotonic()
             self._console.event(
-                f"placed joiner {slot.address} on Ray node {slot.node_id[:12]} (target {workers_text(target)})"
+                f"placed joiner {slot.address} on Ray node {slot.node_id} (target {workers_text(target)})"
             )
         unplaced = provider.unplaced()
         missing = target - have - len(unplaced)
@@ -498,12 +558,14 @@ class RayJoinerPlanner(JoinerScheduler):
                 f"asked Ray for {workers_text(missing)} more (bundle {provider.bundle} each; target {workers_text(target)})"
             )
         elif missing < 0:
-            for slot in unplaced[::-1][: -missing]:
+            for slot in unplaced[::-1][:-missing]:
                 provider.drop(slot)
             surplus = have - target
             if surplus > 0:
                 withdrawable = joiner_peers(state, Joiner.STARTING, Joiner.READY)
-                for peer in reversed(withdrawable[max(0, len(withdrawable) - surplus) :]):
+                for peer in reversed(
+                    withdrawable[max(0, len(withdrawable) - surplus) :]
+                ):
                     self._placed.discard(peer)
                     self._placed_at.pop(peer, None)
                     self._hooks.remove_joiner(peer)
@@ -521,7 +583,9 @@ class RayJoinerPlanner(JoinerScheduler):
                 self._failures += 1
                 if self._failures >= MAX_JOINER_FAILURES and not self.gave_up:
                     self.gave_up = True
-                    self._console.message(f"giving up on starting joiners: {self._failures} in a row were not admitted")
+                    self._console.message(
+                        f"giving up on starting joiners: {self._failures} in a row were not admitted"
+                    )
 
 
 def _short(error: BaseException) -> str:
