@@ -33,9 +33,9 @@ from conftest import REPO_ROOT, kill_tree, worker_env, worker_path
 # An optional extra of the package, but `make install` installs it: CI tests it.
 from ray.cluster_utils import AutoscalingCluster, Cluster
 
+from kungfu_tf.run import ray_launch
 from kungfu_tf.run.cli import parse_args_or_raise
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.ray_launch import ray_launch
 
 FAKE = worker_path("elastic_fake_worker.py")
 VENV_BIN = str(Path(sys.executable).parent)
@@ -168,6 +168,15 @@ def test_ray_launch_names_bad_arguments():
         ValueError, match="command must be a non-empty list of strings, got 'prog'"
     ):
         ray_launch("prog", address="h:1", np=1)
+
+
+def test_ray_launch_names_an_unreachable_cluster(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    assert ray_launch([sys.executable, FAKE, "grow", "1"], address=f"127.0.0.1:{port}", np=1) == 2
+    err = capsys.readouterr().err
+    assert f"error: cannot reach the Ray cluster at --ray 127.0.0.1:{port}: Connection refused" in err, err
 
 
 def test_unreachable_ray_cluster_is_named_quickly():

@@ -83,6 +83,6 @@ def _run_on_ray(options: LaunchOptions, console: Console) -> int:
     """``--ray ADDRESS``: every worker is a subprocess of its own Ray actor."""
     # Workers get the environment as the user set it (not Ray's additions).
     base_env = dict(os.environ)
-    from kungfu_tf.run.ray_launch import run_on_ray
+    from kungfu_tf.run.ray_job import run_on_ray
 
     return run_on_ray(options, console, base_env)

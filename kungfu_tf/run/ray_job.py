@@ -49,7 +49,7 @@ def ray_launch(
 
     Example::
 
-        from kungfu_tf.run.ray_launch import ray_launch
+        from kungfu_tf.run import ray_launch
 
         status = ray_launch(["python", "train.py"], address="10.0.0.1:6379", np=2, elastic=True, max_np=8)
 
