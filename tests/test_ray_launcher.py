@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -238,7 +239,8 @@ def test_removed_node_is_replaced_and_the_job_grows_and_shrinks():
     placed on the third node (v3). Rank 0 then asks for 3 workers: no CPU is
     free, the launcher asks Ray for one more bundle and the test adds a node
     (v4); rank 0 commits the first two (v5): the third detaches, its actor
-    and placement group go.
+    and placement group go. Then, on the same cluster, a job of fixed size
+    fails when a worker dies, and SIGTERM stops a running job's workers.
     """
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
@@ -320,6 +322,24 @@ def test_removed_node_is_replaced_and_the_job_grows_and_shrinks():
             len(re.findall(r"^\[\d\] ray imported: False$", out, re.MULTILINE)) == 4
         ), out
         assert "ray imported: True" not in out
+
+        # The same cluster: a job of fixed size fails when a worker dies ...
+        job = Job(["--ray", cluster.address, "-np", "2", sys.executable, FAKE, "die", "1@1"])
+        status = job.follow(lambda line: None, timeout=60)
+        assert status == 1, job.output
+        assert "error: cluster fell to 1 worker, below --min-np 2" in job.output, job.output
+        # ... and SIGTERM stops every worker through its actor.
+        job = Job(["--ray", cluster.address, "-np", "2", sys.executable, FAKE, "die", "5@99"])
+
+        def stop_when_both_run(line: str) -> None:
+            if sum(x.endswith("ray imported: False") for x in job.lines) == 2 and line.endswith("False"):
+                job.proc.send_signal(signal.SIGTERM)
+
+        status = job.follow(stop_when_both_run, timeout=60)
+        assert status == 128 + signal.SIGTERM, job.output
+        assert "received SIGTERM, stopping workers" in job.output
+        worker_left = wait_gone(re.escape(FAKE), 10)
+        assert not worker_left, worker_left
     finally:
         cluster.shutdown()
     left = wait_gone(RAY_PROCESS, 15)
