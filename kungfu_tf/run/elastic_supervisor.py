@@ -653,7 +653,7 @@ class ElasticSupervisor:
             if rc == 0:
                 self._report_finished(w.peer)
                 return
-            self._console.message(f"worker [{label}] {w.peer} {describe_exit(rc)}")
+            self._console.message(f"worker [{label}] {w.peer} {self._exit_text(w, rc)}")
             if self._finishing and self._status is None:
                 # The job ends well only if every member exits 0.
                 self._status = exit_status(rc)
@@ -661,16 +661,22 @@ class ElasticSupervisor:
         elif w.peer in joiners or (w.joiner and w.peer not in self._ever_members):
             self._joiner_end.setdefault(w.peer, "exited before it was admitted" if rc == 0 else exit_cause(rc))
             if rc != 0 and self._joiner_end[w.peer] != "rejected":
-                self._console.message(f"joiner [{label}] {w.peer} {describe_exit(rc)}")
+                self._console.message(f"joiner [{label}] {w.peer} {self._exit_text(w, rc)}")
             self._remove_joiner(w.peer)
         elif rc != 0:
             # Already removed (its peers reported it first); nothing to do.
-            self._console.message(f"worker [{label}] {w.peer} (no longer a member) {describe_exit(rc)}")
+            self._console.message(f"worker [{label}] {w.peer} (no longer a member) {self._exit_text(w, rc)}")
 
     @staticmethod
     def _cause(w: _LocalWorker, rc: int) -> str:
         """Why a worker died: what its provider knows (a Ray actor's death), else its exit."""
         return getattr(w.process, "exit_reason", None) or exit_cause(rc)
+
+    @staticmethod
+    def _exit_text(w: _LocalWorker, rc: int) -> str:
+        """``failed with exit code N``, ``killed by signal S``, or what its provider knows."""
+        reason = getattr(w.process, "exit_reason", None)
+        return reason if reason else describe_exit(rc)
 
     def _report_lost(self, peer: str, cause: str) -> None:
         assert self._client is not None

@@ -339,6 +339,10 @@ class RayActors:
         slot = self.slot_of(worker.peer.address)
         if slot is not None:
             self.drop(slot)
+            self._console.event(
+                f"released the Ray actor and placement group of {slot.address} "
+                f"(asking Ray for {len(self._slots)} bundle(s) now)"
+            )
 
     def close(self) -> None:
         """Kill every actor, remove every placement group, withdraw the request, leave Ray."""
@@ -424,8 +428,8 @@ class RayWorker:
         except self._ray.exceptions.RayError as e:
             self.exit_reason = "its Ray actor or node died"
             self._console.message(
-                f"worker [{self.peer.rank}] {self.peer.address} on Ray node {self._slot.node_id}: "
-                f"{self.exit_reason} ({_short(e)})"
+                f"the Ray actor of worker [{self.peer.rank}] {self.peer.address} on node {self._slot.node_id} "
+                f"died: {_short(e)}"
             )
             chunks, returncode = [], ACTOR_DIED_RETURNCODE
         for stream, line in chunks:
