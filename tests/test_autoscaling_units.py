@@ -477,3 +477,37 @@ def test_provisioning_stops_at_the_upper_bound():
     assert [new for _, new, _ in ctx.requests] == [2, 3]
     assert sizes[-1] == 3 and policy.settled_size == 3
     assert any("settled at 3 workers (at the upper bound 3)" in line for line in ctx.lines)
+
+
+# --- with the real PolicyRunner (one process) ----------------------------------------------------------------
+
+
+def test_with_the_real_runner_in_one_process(fake_clock):
+    """The policy reads the runner's throughput metric, agrees with the real all_reduce, settles at the only
+    allowed size (max_size=1) without a resize request and stops running; no batch_size: a ValueError."""
+    from kungfu_tf.policy import PolicyRunner
+
+    policy = AutoscalingPolicy(interval=3, warmup_steps=1, max_size=1)
+    runner = PolicyRunner([policy], batch_size=8, verbose=False)
+    ran = []
+    with runner.training():
+        for step in range(10):
+            with runner.step():
+                fake_clock["now"] += 1.0
+            ran.append(policy.runs_at("after_step", step + 1, 0))
+    assert policy.settled and policy.settled_size == 1
+    assert runner.history == []  # no resize asked
+    assert 0 < policy.search.throughputs[1] < math.inf
+    assert ran.index(False) == 4  # first seen at step 0, warm-up step 1, measured 2..4: decided after step 4
+    assert policy.decisions == 1
+    assert any("autoscaling: settled at 1 workers" in line for line in runner.log_lines)
+
+    no_batch = PolicyRunner([AutoscalingPolicy()], verbose=False)
+    with pytest.raises(ValueError, match=r"AutoscalingPolicy needs ctx.metrics\['throughput'\].*batch_size="):
+        no_batch.before_train()
+
+
+def test_outside_an_elastic_job_only_the_current_size_is_measured():
+    policy = AutoscalingPolicy(interval=3)
+    sizes, ctx = simulate(policy, lambda n: 100.0 * n, start=2, bounds=None, steps=20)  # ctx.size_bounds is None
+    assert policy.settled_size == 2 and ctx.requests == [] and set(sizes) == {2}

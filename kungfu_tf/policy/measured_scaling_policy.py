@@ -40,11 +40,25 @@ def log_line(ctx: PolicyContext, text: str) -> None:
         print(f"[kungfu_tf.policy] {text}", flush=True)
 
 
+_UNKNOWN = object()
+
+
 def size_bounds(ctx: PolicyContext, min_size: int, max_size: int | None) -> tuple[int, int | None]:
-    """The policy's ``[min_size, max_size]`` within the job's ``(--min-np, --max-np)`` (``ctx.size_bounds``)."""
+    """The policy's ``[min_size, max_size]`` within the job's ``(--min-np, --max-np)`` (``ctx.size_bounds``).
+
+    ``ctx.size_bounds`` None means the job is not elastic: the only size is the current one.
+
+    Example:
+        >>> class Ctx:
+        ...     size, size_bounds = 2, (1, 4)
+        >>> size_bounds(Ctx(), 2, 8)
+        (2, 4)
+    """
+    job = getattr(ctx, "size_bounds", _UNKNOWN)
+    if job is None:
+        return ctx.size, ctx.size
     lo, hi = min_size, max_size
-    job = getattr(ctx, "size_bounds", None)
-    if job is not None:
+    if job is not _UNKNOWN:
         job_lo, job_hi = job
         if job_lo:
             lo = max(lo, int(job_lo))
