@@ -122,7 +122,7 @@ def efficiency_passes(rates, threshold):
 
 def test_from_one_finds_the_plateau_and_settles_there():
     plateau = {1: 100.0, 2: 195.0, 3: 200.0, 4: 198.0}
-    policy = AutoscalingPolicy(interval=5, efficiency_threshold=0.5, warmup_steps=2)
+    policy = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.5, warmup_steps=2)
     sizes, ctx = simulate(policy, plateau.get, start=1, bounds=(1, 4))
     assert policy.settled and policy.settled_size == 2 and sizes[-1] == 2
     # visited 1 -> 2 -> 3, then back to 2 (the condition 2->3 failed; no unmeasured size below 3)
@@ -140,7 +140,7 @@ def test_from_one_finds_the_plateau_and_settles_there():
 
 def test_from_the_upper_bound_searches_down():
     plateau = {1: 100.0, 2: 195.0, 3: 200.0, 4: 198.0}
-    policy = AutoscalingPolicy(interval=5, efficiency_threshold=0.5, max_size=4)
+    policy = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.5, max_size=4)
     sizes, ctx = simulate(policy, plateau.get, start=4, bounds=(1, 8))
     # 4 -> 3 (first move is -K) -> 2 (3->4 failed) -> 1 (2->3 failed); 1->2 passes: settle at 2
     assert [new for _, new, _ in ctx.requests] == [3, 2, 1, 2]
@@ -149,7 +149,7 @@ def test_from_the_upper_bound_searches_down():
 
 def test_stops_going_down_as_soon_as_the_condition_passes():
     linear_to_3 = {1: 100.0, 2: 200.0, 3: 300.0, 4: 310.0, 5: 305.0}
-    policy = AutoscalingPolicy(interval=4, efficiency_threshold=0.3)
+    policy = AutoscalingPolicy(scale_every=4, efficiency_threshold=0.3)
     sizes, ctx = simulate(policy, linear_to_3.get, start=5, bounds=(1, 5))
     # 5 -> 4 (4->5 fails) -> 3: 3->4 fails -> 2: 2->3 passes: settle at 3 (size 1 never measured)
     assert [new for _, new, _ in ctx.requests] == [4, 3, 2, 3]
@@ -159,13 +159,13 @@ def test_stops_going_down_as_soon_as_the_condition_passes():
 
 def test_steps_of_k_workers_and_bounds():
     rates = {n: 100.0 * min(n, 3) for n in range(1, 9)}
-    policy = AutoscalingPolicy(scale_by=2, interval=4, efficiency_threshold=0.2, max_size=6)
+    policy = AutoscalingPolicy(scale_by=2, scale_every=4, efficiency_threshold=0.2, max_size=6)
     sizes, ctx = simulate(policy, rates.get, start=1, bounds=(1, 8))
     # grid 1, 3, 5 (+ the bound 6): 1->3 passes, 3->5 fails (s = 0): settle at 3
     assert [new for _, new, _ in ctx.requests] == [3, 5, 3]
     assert sizes[-1] == 3
     # the job's --max-np (size_bounds) caps the policy's max_size
-    capped = AutoscalingPolicy(scale_by=2, interval=4, efficiency_threshold=0.2, max_size=6)
+    capped = AutoscalingPolicy(scale_by=2, scale_every=4, efficiency_threshold=0.2, max_size=6)
     _, ctx2 = simulate(capped, lambda n: 100.0 * n, start=1, bounds=(1, 4))
     assert [new for _, new, _ in ctx2.requests] == [3, 4]
     assert capped.settled_size == 4
@@ -182,11 +182,11 @@ def test_random_curves_against_the_reference(seed):
     threshold = float(rng.uniform(0.05, 0.9))
     passes = efficiency_passes(rates, threshold)
 
-    up = AutoscalingPolicy(interval=3, efficiency_threshold=threshold, warmup_steps=1)
+    up = AutoscalingPolicy(scale_every=3, efficiency_threshold=threshold, warmup_steps=1)
     sizes, _ = simulate(up, rates.get, start=1, bounds=(1, top), steps=40 * top)
     assert up.settled and sizes[-1] == first_failure_from(1, top, passes)
 
-    down = AutoscalingPolicy(interval=3, efficiency_threshold=threshold, warmup_steps=1)
+    down = AutoscalingPolicy(scale_every=3, efficiency_threshold=threshold, warmup_steps=1)
     sizes, _ = simulate(down, rates.get, start=top, bounds=(1, top), steps=40 * top)
     expected = next((n for n in range(top, 1, -1) if passes(n - 1, n)), 1)
     assert down.settled and sizes[-1] == expected
@@ -194,7 +194,7 @@ def test_random_curves_against_the_reference(seed):
 
 def test_warmup_and_pending_growth_steps_are_not_counted():
     rates = {1: 100.0, 2: 150.0, 3: 160.0}
-    policy = AutoscalingPolicy(interval=5, efficiency_threshold=0.3, warmup_steps=2)
+    policy = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.3, warmup_steps=2)
     # the first 3 steps at each size (the step the size is first seen + warmup_steps) and the steps
     # waiting for joiners report an absurd throughput: the recorded means must not see it
     _, ctx = simulate(policy, rates.get, start=1, bounds=(1, 3), grow_delay=7, warmup_value=1e9)
@@ -205,7 +205,7 @@ def test_warmup_and_pending_growth_steps_are_not_counted():
 
 def test_unreachable_growth_times_out_and_settles():
     rates = {n: 100.0 * n for n in range(1, 5)}
-    policy = AutoscalingPolicy(interval=4, efficiency_threshold=0.5, grow_timeout_steps=20)
+    policy = AutoscalingPolicy(scale_every=4, efficiency_threshold=0.5, grow_timeout_steps=20)
     sizes, ctx = simulate(policy, rates.get, start=1, bounds=(1, 4), reachable=lambda n: n <= 2)
     asked_3 = next(step for step, new, _ in ctx.requests if new == 3)
     settle = next((step, new) for step, new, _ in ctx.requests if step > asked_3)
@@ -217,13 +217,13 @@ def test_unreachable_growth_times_out_and_settles():
 def test_a_joiner_continues_the_same_search():
     """The state_dict (through JSON, as ElasticState carries it) taken mid-search gives the same result."""
     rates = {1: 100.0, 2: 190.0, 3: 270.0, 4: 280.0}
-    reference = AutoscalingPolicy(interval=5, efficiency_threshold=0.3)
+    reference = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.3)
     ref_sizes, ref_ctx = simulate(reference, rates.get, start=1, bounds=(1, 4), steps=200)
 
-    first = AutoscalingPolicy(interval=5, efficiency_threshold=0.3)
+    first = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.3)
     _, ctx = simulate(first, rates.get, start=1, bounds=(1, 4), steps=30)
     assert not first.settled and first.search.throughputs
-    joiner = AutoscalingPolicy(interval=5, efficiency_threshold=0.3)
+    joiner = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.3)
     joiner.load_state_dict(json.loads(json.dumps(first.state_dict())))
     assert joiner.state_dict() == first.state_dict()
     ctx.requests.clear()
@@ -281,7 +281,7 @@ def test_a_higher_price_picks_a_smaller_size(fake_clock):
     prices = [0.0, 5.0, 30.0, 60.0, 120.0, 1000.0]
     chosen = []
     for price in prices:
-        policy = AutoscalingPolicy(interval=5, utility=utility, price_per_worker_hour=price, total_samples=10**7)
+        policy = AutoscalingPolicy(scale_every=5, utility=utility, price_per_worker_hour=price, total_samples=10**7)
         sizes, _ = simulate(policy, RATES.get, start=1, bounds=(1, 6), clock=fake_clock)
         assert policy.settled
         assert sizes[-1] == linear_reference(50.0, 3600.0, price), price
@@ -292,7 +292,7 @@ def test_a_higher_price_picks_a_smaller_size(fake_clock):
 
 def test_the_utility_condition_overrides_the_throughput_condition(fake_clock):
     # efficiency 3->4 is 0.46 (> S = 0.1), but at this price the 4th worker costs more than it gains
-    policy = AutoscalingPolicy(interval=5, efficiency_threshold=0.1, utility=LinearUtility(50.0, 3600.0),
+    policy = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.1, utility=LinearUtility(50.0, 3600.0),
                                price_per_worker_hour=30.0, total_samples=10**7)  # fmt: skip
     sizes, ctx = simulate(policy, RATES.get, start=1, bounds=(1, 6), clock=fake_clock)
     assert sizes[-1] == linear_reference(50.0, 3600.0, 30.0) == 3
@@ -303,7 +303,7 @@ def test_utility_cost_uses_elapsed_and_remaining_time(fake_clock):
     """A concave utility: the margins depend on T_p and the remaining samples; compared with a direct
     computation from the policy's recorded decision inputs."""
     utility = ConcaveUtility(value=100.0, deadline=20000.0, power=2)
-    policy = AutoscalingPolicy(interval=5, utility=utility, price_per_worker_hour=10.0, total_samples=2_000_000)
+    policy = AutoscalingPolicy(scale_every=5, utility=utility, price_per_worker_hour=10.0, total_samples=2_000_000)
     _, ctx = simulate(policy, RATES.get, start=1, bounds=(1, 6), clock=fake_clock, steps=60)
     first = ctx.reductions[0][0]  # the step of the first decision
     cond = policy.condition(ctx, elapsed=123.0, size=1)
@@ -317,7 +317,7 @@ def test_utility_cost_uses_elapsed_and_remaining_time(fake_clock):
 
 def test_step_utility_gets_t0_from_the_first_measurement(fake_clock):
     steps = StepUtility(steps=[(40000.0, 100.0)], late_value=0.0)
-    policy = AutoscalingPolicy(interval=5, utility=steps, price_per_worker_hour=1.0, total_samples=10**7)
+    policy = AutoscalingPolicy(scale_every=5, utility=steps, price_per_worker_hour=1.0, total_samples=10**7)
     simulate(policy, RATES.get, start=1, bounds=(1, 6), clock=fake_clock, steps=20)
     # T0: the time so far at the first decision + the remaining samples at R_1
     assert policy.initial_time is not None
@@ -382,7 +382,7 @@ def test_check_utility_rejects_bad_functions():
         ({"efficiency_threshold": 1.5}, r"efficiency_threshold must be in \[0, 1\], got 1.5"),
         ({"efficiency_threshold": -0.1}, r"efficiency_threshold must be in \[0, 1\], got -0.1"),
         ({"scale_by": 0}, r"scale_by must be a positive int, got 0"),
-        ({"interval": -3}, r"interval must be a positive int, got -3"),
+        ({"scale_every": -3}, r"scale_every must be a positive int, got -3"),
         ({"warmup_steps": -1}, r"warmup_steps must be an int >= 0, got -1"),
         ({"grow_timeout_steps": 0}, r"grow_timeout_steps must be a positive int, got 0"),
         ({"min_size": 5, "max_size": 3}, r"min_size=5 > max_size=3"),
@@ -415,14 +415,14 @@ def test_bad_utility_and_provisioning_arguments():
         LinearUtility(1.0, 0)
     with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got 1.2"):
         ResourceProvisioningPolicy(alpha=1.2)
-    with pytest.raises(ValueError, match=r"interval must be a positive int, got 0"):
-        ResourceProvisioningPolicy(interval=0)
+    with pytest.raises(ValueError, match=r"every must be a positive int, got 0"):
+        ResourceProvisioningPolicy(every=0)
     with pytest.raises(ValueError, match=r"max_size must be a positive int or None, got 0"):
         ResourceProvisioningPolicy(max_size=0)
 
 
 def test_throughput_metric_missing():
-    policy = AutoscalingPolicy(interval=3)
+    policy = AutoscalingPolicy(scale_every=3)
     with pytest.raises(ValueError, match=r"needs ctx.metrics\['throughput'\].*batch_size="):
         policy.before_train(FakeContext(2, batch_size=None))
     ctx = FakeContext(2)
@@ -458,7 +458,7 @@ def test_scaling_search_grid_and_efficiency():
 
 def test_provisioning_keeps_workers_while_throughput_grows_enough():
     rates = {1: 100.0, 2: 190.0, 3: 260.0, 4: 270.0, 5: 275.0}
-    policy = ResourceProvisioningPolicy(interval=5, alpha=0.33)
+    policy = ResourceProvisioningPolicy(every=5, alpha=0.33)
     sizes, ctx = simulate(policy, rates.get, start=1, bounds=(1, 5))
     # reference: the first n whose added worker does not bring R_{n+1} > (1 + alpha/n) R_n
     ratios = np.array([rates[n + 1] / rates[n] for n in range(1, 5)])
@@ -472,7 +472,7 @@ def test_provisioning_keeps_workers_while_throughput_grows_enough():
 
 
 def test_provisioning_stops_at_the_upper_bound():
-    policy = ResourceProvisioningPolicy(interval=4, alpha=0.33, max_size=3)
+    policy = ResourceProvisioningPolicy(every=4, alpha=0.33, max_size=3)
     sizes, ctx = simulate(policy, lambda n: 100.0 * n, start=1, bounds=(1, 8))
     assert [new for _, new, _ in ctx.requests] == [2, 3]
     assert sizes[-1] == 3 and policy.settled_size == 3
@@ -487,7 +487,7 @@ def test_with_the_real_runner_in_one_process(fake_clock):
     allowed size (max_size=1) without a resize request and stops running; no batch_size: a ValueError."""
     from kungfu_tf.policy import PolicyRunner
 
-    policy = AutoscalingPolicy(interval=3, warmup_steps=1, max_size=1)
+    policy = AutoscalingPolicy(scale_every=3, warmup_steps=1, max_size=1)
     runner = PolicyRunner([policy], batch_size=8, verbose=False)
     ran = []
     with runner.training():
@@ -508,6 +508,6 @@ def test_with_the_real_runner_in_one_process(fake_clock):
 
 
 def test_outside_an_elastic_job_only_the_current_size_is_measured():
-    policy = AutoscalingPolicy(interval=3)
+    policy = AutoscalingPolicy(scale_every=3)
     sizes, ctx = simulate(policy, lambda n: 100.0 * n, start=2, bounds=None, steps=20)  # ctx.size_bounds is None
     assert policy.settled_size == 2 and ctx.requests == [] and set(sizes) == {2}

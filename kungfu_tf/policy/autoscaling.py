@@ -2,7 +2,7 @@
 
 Example (inside ``kungfu-run --elastic -np 1 --min-np 1 --max-np 4``):
     >>> from kungfu_tf.policy import AutoscalingPolicy, LinearUtility, PolicyRunner
-    >>> by_throughput = AutoscalingPolicy(scale_by=1, interval=10, efficiency_threshold=0.3)
+    >>> by_throughput = AutoscalingPolicy(scale_by=1, scale_every=10, efficiency_threshold=0.3)
     >>> by_value = AutoscalingPolicy(utility=LinearUtility(value=50.0, deadline=3600.0),
     ...                              price_per_worker_hour=2.0, total_samples=500_000)
     >>> runner = PolicyRunner([by_throughput], batch_size=64)  # doctest: +SKIP
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 class AutoscalingPolicy(MeasuredScalingPolicy):
     """Or et al.'s scaling schedule (§4.1) with their two scaling conditions (§4.2).
 
-    Each cluster size is measured for ``interval`` steps (N; the
+    Each cluster size is measured for ``scale_every`` steps (N; the
     ``warmup_steps`` after each size change are skipped): ``R_k``, the
     aggregate throughput at ``k`` workers, is the mean of the runner's
     ``ctx.metrics["throughput"]`` (global batch / step time) over those steps
@@ -77,7 +77,7 @@ class AutoscalingPolicy(MeasuredScalingPolicy):
 
     Args:
         scale_by: K, workers added or removed per move.
-        interval: N, steps measured per size.
+        scale_every: N, steps measured per size.
         efficiency_threshold: S in [0, 1] (Or et al. evaluate with 0.1).
         min_size, max_size: the sizes the policy may choose.
         warmup_steps: steps skipped after a size change (after the first step
@@ -102,7 +102,7 @@ class AutoscalingPolicy(MeasuredScalingPolicy):
         self,
         *,
         scale_by: int = 1,
-        interval: int = 10,
+        scale_every: int = 10,
         efficiency_threshold: float = 0.1,
         min_size: int = 1,
         max_size: int | None = None,
@@ -113,14 +113,14 @@ class AutoscalingPolicy(MeasuredScalingPolicy):
         total_samples: int | None = None,
         utility_horizon: float = DEFAULT_HORIZON,
     ):
-        super().__init__(interval, warmup_steps, grow_timeout_steps, min_size, max_size)
+        super().__init__("scale_every", scale_every, warmup_steps, grow_timeout_steps, min_size, max_size)
         self.search = ScalingSearch(scale_by)  # validates scale_by
         if isinstance(efficiency_threshold, bool) or not isinstance(efficiency_threshold, (int, float)) or not (
             0.0 <= float(efficiency_threshold) <= 1.0
         ):
             raise ValueError(f"AutoscalingPolicy: efficiency_threshold must be in [0, 1], got {efficiency_threshold!r}")
         self.scale_by = scale_by
-        self.interval = interval
+        self.scale_every = scale_every
         self.efficiency_threshold = float(efficiency_threshold)
         self.utility = None if utility is None else check_utility(utility, utility_horizon)
         if utility is None and (price_per_worker_hour is not None or total_samples is not None):
@@ -151,7 +151,7 @@ class AutoscalingPolicy(MeasuredScalingPolicy):
     def config(self) -> dict[str, Any]:
         return {
             "scale_by": self.scale_by,
-            "interval": self.interval,
+            "scale_every": self.scale_every,
             "efficiency_threshold": self.efficiency_threshold,
             "min_size": self.min_size,
             "max_size": self.max_size,
@@ -182,7 +182,7 @@ class AutoscalingPolicy(MeasuredScalingPolicy):
         self.worker_seconds += size * max(elapsed - self.last_elapsed, 0.0)
         self.last_elapsed = elapsed
         self.search.record(size, throughput)
-        log_line(ctx, f"autoscaling: R_{size} = {throughput:.4g} samples/s (mean over {self.interval} steps and "
+        log_line(ctx, f"autoscaling: R_{size} = {throughput:.4g} samples/s (mean over {self.scale_every} steps and "
                       f"{size} workers, {elapsed:.1f} s since the start)")
         rates = self.search.throughputs
         cond = self.condition(ctx, elapsed, size)

@@ -9,7 +9,7 @@ job pays nothing per step.
 
 Example:
     >>> from kungfu_tf.policy import ResourceProvisioningPolicy
-    >>> ResourceProvisioningPolicy(interval=50).runs_at("after_step", 0, 0)
+    >>> ResourceProvisioningPolicy(every=50).runs_at("after_step", 0, 0)
     True
 """
 
@@ -78,9 +78,10 @@ class MeasuredScalingPolicy(BasePolicy):
 
     prefix = "scaling"  # the metrics' and log lines' prefix
 
-    def __init__(self, interval: int, warmup_steps: int, grow_timeout_steps: int, min_size: int, max_size: int | None):
+    def __init__(self, every_name: str, every: int, warmup_steps: int, grow_timeout_steps: int, min_size: int,
+                 max_size: int | None):  # fmt: skip
         owner = type(self).__name__
-        self.measurement = SizeMeasurement(interval, warmup_steps, grow_timeout_steps, owner=owner)
+        self.measurement = SizeMeasurement(every, warmup_steps, grow_timeout_steps, owner=owner, steps_name=every_name)
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size <= 0:
             raise ValueError(f"{owner}: min_size must be a positive int, got {min_size!r}")
         if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size <= 0):

@@ -2,7 +2,7 @@
 
 Example:
     >>> from kungfu_tf.policy import ResourceProvisioningPolicy
-    >>> p = ResourceProvisioningPolicy(interval=400, alpha=0.33)
+    >>> p = ResourceProvisioningPolicy(every=400, alpha=0.33)
     >>> p.keeps(size_before=4, throughput_before=100.0, throughput_after=109.0)  # needs > 1 + 0.33/4 = 1.0825x
     True
     >>> p.keeps(size_before=6, throughput_before=100.0, throughput_after=105.0)  # needs > 1.055x
@@ -21,13 +21,13 @@ if TYPE_CHECKING:
 
 
 class ResourceProvisioningPolicy(MeasuredScalingPolicy):
-    """Adds one worker every ``interval`` steps while the throughput grows enough; then removes the last and stops.
+    """Adds one worker every ``every`` steps while the throughput grows enough; then removes the last and stops.
 
     KungFu's policy: "adds one worker every K steps. It then evaluates the
     average total accumulated throughput and, if the new throughput is not
     1 + α(1/size) times higher, it removes the worker and stops scaling"
     (α = 0.33, K = 400 in the paper). Here: each size is measured for
-    ``interval`` steps (K; the ``warmup_steps`` after each size change are
+    ``every`` steps (K; the ``warmup_steps`` after each size change are
     skipped, and a growth's waiting steps are not counted), its throughput
     being the mean of ``ctx.metrics["throughput"]`` over those steps and all
     workers. After ``n + 1`` workers were measured, the new worker is kept
@@ -42,7 +42,7 @@ class ResourceProvisioningPolicy(MeasuredScalingPolicy):
     ``ctx.metrics``.
 
     Args:
-        interval: K, steps measured per size (>= 1).
+        every: K, steps measured per size (>= 1).
         alpha: the fraction of the ideal gain required, in [0, 1].
         max_size: the largest size the policy asks for (None: the job's --max-np).
         warmup_steps, grow_timeout_steps: as for :class:`~kungfu_tf.policy.AutoscalingPolicy`.
@@ -53,23 +53,23 @@ class ResourceProvisioningPolicy(MeasuredScalingPolicy):
     def __init__(
         self,
         *,
-        interval: int = 400,
+        every: int = 400,
         alpha: float = 0.33,
         max_size: int | None = None,
         warmup_steps: int = 2,
         grow_timeout_steps: int = 1000,
     ):
-        super().__init__(interval, warmup_steps, grow_timeout_steps, 1, max_size)
+        super().__init__("every", every, warmup_steps, grow_timeout_steps, 1, max_size)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or not 0 <= alpha <= 1:
             raise ValueError(f"ResourceProvisioningPolicy: alpha must be in [0, 1], got {alpha!r}")
-        self.interval = interval
+        self.every = every
         self.alpha = float(alpha)
         self.throughputs: dict[int, float] = {}
         self.reference: int | None = None  # the size measured before the current one
 
     def config(self) -> dict[str, Any]:
         return {
-            "interval": self.interval,
+            "every": self.every,
             "alpha": self.alpha,
             "max_size": self.max_size,
             "warmup_steps": self.measurement.warmup_steps,
@@ -82,7 +82,7 @@ class ResourceProvisioningPolicy(MeasuredScalingPolicy):
 
     def on_measured(self, ctx: PolicyContext, size: int, throughput: float, elapsed: float) -> None:
         self.throughputs[size] = throughput
-        log_line(ctx, f"provisioning: R_{size} = {throughput:.4g} samples/s (mean over {self.interval} steps)")
+        log_line(ctx, f"provisioning: R_{size} = {throughput:.4g} samples/s (mean over {self.every} steps)")
         before = self.reference
         if before is not None and size == before + 1:
             r_before = self.throughputs[before]

@@ -47,8 +47,9 @@ class SizeMeasurement:
     full: agree on :meth:`take` and decide).
     """
 
-    def __init__(self, steps: int, warmup_steps: int, grow_timeout_steps: int, owner: str = "SizeMeasurement"):
-        self.steps = positive_int(owner, "interval", steps)
+    def __init__(self, steps: int, warmup_steps: int, grow_timeout_steps: int, owner: str = "SizeMeasurement",
+                 steps_name: str = "steps"):  # fmt: skip
+        self.steps = positive_int(owner, steps_name, steps)
         self.warmup_steps = positive_int(owner, "warmup_steps", warmup_steps, minimum=0)
         self.grow_timeout_steps = positive_int(owner, "grow_timeout_steps", grow_timeout_steps)
         self.size: int | None = None
