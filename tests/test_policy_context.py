@@ -1,7 +1,7 @@
 """PolicyContext's cluster view and decision log in one process: peers, self_peer, size_bounds,
 resize(workers=...) passed to kungfu_tf.ops.resize, ctx.log and policy metrics in TensorBoard.
 
-The multi-worker behaviour (a real eviction) is in tests/test_straggler_policy.py.
+The multi-worker behaviour (a real eviction) is in tests/test_straggler_policy.py (StragglerPolicy).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from kungfu_tf.policy.hysteresis import Hysteresis
 from kungfu_tf.policy.learning_rate_rule import LR_RULES, scaled_learning_rate
 from kungfu_tf.policy.policy_state import PolicyState
 from kungfu_tf.policy.runner import Decision, PolicyRunner
+from kungfu_tf.policy.straggler import StragglerPolicy
 
 __all__ = [
     "LR_RULES",
@@ -33,5 +34,6 @@ __all__ = [
     "PolicyDisagreementError",
     "PolicyRunner",
     "PolicyState",
+    "StragglerPolicy",
     "scaled_learning_rate",
 ]
