@@ -22,6 +22,7 @@ from kungfu_tf.policy.policy_state import PolicyState
 from kungfu_tf.policy.resource_provisioning import ResourceProvisioningPolicy
 from kungfu_tf.policy.runner import Decision, PolicyRunner
 from kungfu_tf.policy.scaling_search import ScalingSearch
+from kungfu_tf.policy.straggler import StragglerPolicy
 from kungfu_tf.policy.utility import (
     ConcaveUtility,
     LinearUtility,
@@ -48,6 +49,7 @@ __all__ = [
     "ResourceProvisioningPolicy",
     "ScalingSearch",
     "StepUtility",
+    "StragglerPolicy",
     "check_utility",
     "scaled_learning_rate",
 ]
