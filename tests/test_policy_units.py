@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from kungfu_tf.data import adaptive_batch
+from kungfu_tf.ops import membership
 from kungfu_tf.policy import (
     BasePolicy,
     GNSBatchSizePolicy,
@@ -455,6 +456,10 @@ def test_policy_hook_state_is_saved_and_restored_by_monitored_training_session(t
 
         def after_step(self, ctx):
             self.seen += 1
+            self.peers = (ctx.peers, ctx.self_peer)  # the cluster view works in a v1 session's hooks too
+
+        def config(self):
+            return {}
 
         def state_dict(self):
             return {"seen": self.seen}
@@ -481,6 +486,8 @@ def test_policy_hook_state_is_saved_and_restored_by_monitored_training_session(t
     assert lrs == [pytest.approx(0.2)] and resumed.runner.history == []
     # Saved with step 2: the policy's state from step 1's after_step (written in the next run).
     assert resumed.runner.policies[1].seen == 1 + 1
+    me = membership.self_peer()
+    assert resumed.runner.policies[1].peers == ((me,), me)
 
 
 def test_policy_callback_state_in_a_keras_checkpoint(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +42,13 @@ class PolicyContext:
     jobs, ``kungfu-run --elastic``).
 
     ``metrics`` is one dict shared by the policies of a phase, in order: a
-    policy may add values for the ones after it.
+    policy may add values for the ones after it. Numbers a policy adds under
+    "<policy>/<name>" (a "/" in the key) are written as TensorBoard scalars
+    ``policy/<policy>/<name>`` at the end of the phase (lists: one per index).
+
+    Cluster: ``peers`` (members "host:port" in rank order), ``self_peer``,
+    ``size_bounds`` (the elastic job's --min-np/--max-np). ``log(text)`` adds
+    a line to the decision log.
     """
 
     def __init__(self, runner: PolicyRunner):
@@ -139,8 +146,8 @@ class PolicyContext:
         """Asks for a new all-reduce topology (STAR, RING, BINARY_TREE, BINARY_TREE_STAR, CLIQUE, AUTO; any case)."""
         self._request("topology", topology_name(name), reason)
 
-    def resize(self, new_size: int, reason: str = "") -> None:
-        """Asks for ``new_size`` workers (a positive int; KungFu Tab. 2 ``resize``).
+    def resize(self, new_size: int | None = None, reason: str = "", *, workers: Sequence[str] | None = None) -> None:
+        """Asks for ``new_size`` workers (a positive int; KungFu Tab. 2 ``resize``), or for exactly ``workers``.
 
         Applied after the phase like the other requests (every worker must ask
         for the same), through :func:`kungfu_tf.ops.resize`: a shrink takes
@@ -148,16 +155,90 @@ class PolicyContext:
         the launcher's joiners are ready (asynchronous; the job's ``--max-np``
         bounds it). The global batch follows the cluster: each worker keeps
         its ``local_batch_size``. Only in an elastic job.
+
+        ``workers`` (instead of ``new_size``): the current members
+        ("host:port", see :attr:`peers`) to keep, in their new rank order; the
+        others detach (e.g. evicting a straggler). Give exactly one of the two.
+
+        Example:
+            >>> ctx.resize(ctx.size + 1, reason="a replacement")                 # doctest: +SKIP
+            >>> ctx.resize(workers=[p for p in ctx.peers if p != slow], reason="evict")  # doctest: +SKIP
         """
+        if (new_size is None) == (workers is None):
+            raise ValueError(
+                f"resize: give exactly one of new_size and workers, got new_size={new_size!r}, workers={workers!r}"
+            )
+        if workers is not None:
+            self._request("size", self._checked_workers(workers), reason)
+            return
         if isinstance(new_size, (bool, np.bool_, float, np.floating)):
             raise TypeError(f"resize: new_size must be an int, got {new_size!r}")
         try:
-            value = operator.index(new_size)
+            value = operator.index(new_size)  # type: ignore[arg-type]
         except TypeError:
             raise TypeError(f"resize: new_size must be an int, got {new_size!r}") from None
         if value <= 0:
             raise ValueError(f"resize: new_size must be positive, got {value}")
         self._request("size", value, reason)
+
+    def _checked_workers(self, workers: Sequence[str]) -> list[str]:
+        if isinstance(workers, (str, bytes)) or not isinstance(workers, Sequence):
+            raise TypeError(f"resize: workers must be a list of 'host:port' strings, got {workers!r}")
+        members = self.peers
+        out: list[str] = []
+        for i, w in enumerate(workers):
+            if not isinstance(w, str):
+                raise TypeError(f"resize: workers[{i}] must be a 'host:port' string, got {type(w).__name__} {w!r}")
+            if w in out:
+                raise ValueError(f"resize: workers[{i}] {w!r} appears more than once in {list(workers)!r}")
+            if w not in members:
+                raise ValueError(
+                    f"resize: workers[{i}] {w!r} is not a member of the cluster ({', '.join(members)}); "
+                    "a resize to a list can only keep or evict members (grow with resize(new_size))"
+                )
+            out.append(w)
+        if not out:
+            raise ValueError("resize: workers must name at least one worker, got an empty list")
+        return out
+
+    # --- cluster and decision log ---------------------------------------------
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """The current members as "host:port", in rank order (``peers[ctx.rank] == ctx.self_peer``).
+
+        Outside ``kungfu-run`` a one-worker job has its own address. Keys that
+        must survive membership changes (ranks move when workers join or
+        leave) should use peers, not ranks.
+        """
+        return self._runner.peers
+
+    @property
+    def self_peer(self) -> str:
+        """This worker's "host:port"."""
+        return self._runner.self_peer
+
+    @property
+    def size_bounds(self) -> tuple[int, int] | None:
+        """The job's ``(--min-np, --max-np)`` in an elastic job (``kungfu-run --elastic``), else None.
+
+        A max of 0 means no upper bound (``kungfu-run`` always sets one).
+        """
+        return self._runner.size_bounds
+
+    def log(self, text: str) -> None:
+        """Adds ``text`` to the decision log without asking for a change.
+
+        Like the runner's :class:`~kungfu_tf.policy.Decision` lines: kept in
+        ``runner.log_lines`` (every worker), printed by rank 0 when the runner
+        is verbose and written to TensorBoard text ``policy/decisions``. For
+        decisions *not* to change anything and the statistics behind a decision.
+
+        Example:
+            >>> ctx.log("worker 127.0.0.1:41001 at 0.62 of the median: asking for a replacement")  # doctest: +SKIP
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"log: text must be a str, got {type(text).__name__} {text!r}")
+        self._runner.log_line(text, self._policy)
 
     # --- communication (Tab. 2), eager, for values measured per worker ------
     def all_reduce(self, value: Any, op: str = "mean", name: str | None = None) -> Any:

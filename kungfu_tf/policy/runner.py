@@ -38,7 +38,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from kungfu_tf.ops import adapt, config, monitor
+from kungfu_tf.ops import adapt, config, membership, monitor
 from kungfu_tf.policy.agreement import CHANGES, FAILED, IDLE, Agreement
 from kungfu_tf.policy.base_policy import HOOKS, BasePolicy, overrides
 from kungfu_tf.policy.context import PolicyContext
@@ -130,6 +130,12 @@ class PolicyRunner:
     batch / step_time), ``worker_throughput`` (per worker: local batch /
     its compute time, with a monitor), ``batch_size``, ``learning_rate``,
     ``cluster_size``, ``topology``, ``link_rates`` (bytes/s to each peer).
+    Policies add their own under "<policy>/<name>"; numbers (and lists, per
+    index) among them are written as TensorBoard scalars after the phase.
+
+    The decision log: ``history`` (the applied and refused
+    :class:`Decision` records) and ``log_lines`` (their text and the policies'
+    ``ctx.log`` lines, in order).
 
     Raises:
         ValueError: at construction or ``before_train``: a bad argument, an
@@ -174,6 +180,10 @@ class PolicyRunner:
         self.log_every = log_every
         self.verbose = verbose
         self.history: list[Decision] = []
+        # The decision log as text, in order: every Decision and every ctx.log line.
+        self.log_lines: list[str] = []
+        self._peers: tuple[str, ...] | None = None  # read when first asked for after each refresh_cluster()
+        self._self_peer: str | None = None
         self.detached = False  # a resize took this worker out of the cluster: stop training
         self.context = PolicyContext(self)
         self.epoch = 0
@@ -354,12 +364,21 @@ class PolicyRunner:
         a worker that joins (or a survivor behind the others) then continues
         with the members' counters, batch size and policy references.
 
+        The batch size travels per worker (``local_batch_size``), not as the
+        global batch: the members give their state while still sized for
+        the old cluster (they refresh at their next phase), and the joiner,
+        already in the new one, multiplies it by the new size; so both hold
+        the same state_dict (the sync compares them).
+
         Example:
             >>> from kungfu_tf.policy import PolicyRunner
-            >>> PolicyRunner([], batch_size=8).state_dict()["counters"]["batch_size"]
+            >>> PolicyRunner([], batch_size=8).state_dict()["local_batch_size"]
             8
         """
-        return {"counters": self.state_counters(), "policies": [p.state_dict() for p in self.policies]}
+        counters = self.state_counters()
+        del counters["batch_size"]  # depends on the cluster size: see local_batch_size
+        local = 0 if self.batch_size is None else self.batch_size // self.size
+        return {"counters": counters, "local_batch_size": local, "policies": [p.state_dict() for p in self.policies]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Adopts another worker's :meth:`state_dict` (of a runner with the same policies), for this cluster.
@@ -382,8 +401,9 @@ class PolicyRunner:
             policy.load_state_dict(entry)
         self._policies_ran = True
         self.refresh_cluster()
-        if self.batch_size is not None and counters["batch_size"] > 0:
-            self.batch_size = counters["batch_size"]
+        local = int(state.get("local_batch_size", 0))
+        if self.batch_size is not None and local > 0:
+            self.batch_size = local * self.size
             if self._started:
                 self.access.assign_local_batch_size(self.batch_size // self.size)
         self._save_state()
@@ -489,7 +509,20 @@ class PolicyRunner:
                 break
             finally:
                 ctx._hook = None
+        self._write_policy_metrics()
         self._settle(failure)
+
+    def _write_policy_metrics(self) -> None:
+        """Rank 0 writes the numbers the policies put under "<policy>/<name>" as TensorBoard scalars."""
+        if self._summary is None:
+            return
+        values = {k: v for k, v in self.context.metrics.items() if "/" in k}
+        if not values:
+            return
+        try:
+            self._summary.scalars(self.hook_step, values)
+        except Exception as e:  # noqa: BLE001 -- reported at the next logging round, on every worker
+            self._write_failed(e)
 
     def _settle(self, failure: tuple[str, BaseException] | None) -> None:
         ctx = self.context
@@ -554,7 +587,10 @@ class PolicyRunner:
                 raise PolicyDisagreementError(f"workers differ on topology: set_topology({new_t!r}) was refused")
             self.topology = self._read_topology()
             self._decide(Decision(step, "topology", old_t, new_t, by["topology"], reasons.get("topology", "")))
-        if "size" in requests and requests["size"] != self.size:
+        if "size" in requests and isinstance(requests["size"], list):
+            if tuple(requests["size"]) != self.peers:
+                self._resize_to(step, requests["size"], by["size"], reasons.get("size", ""))
+        elif "size" in requests and requests["size"] != self.size:
             self._resize(step, requests["size"], by["size"], reasons.get("size", ""))
         self.context.metrics.update(self._parameters())
 
@@ -575,6 +611,64 @@ class PolicyRunner:
         if changed:
             self.refresh_cluster()
 
+    def _resize_to(self, step: int, workers: list[str], by: str, reason: str) -> None:
+        """``resize(workers=...)``: keeps exactly these members (evicts the others), at once."""
+        from kungfu_tf.ops.resize import resize
+
+        old = list(self.peers)
+        with tf.init_scope():
+            changed, detached = (bool(t.numpy()) if hasattr(t, "numpy") else bool(t) for t in resize(workers=workers))
+        # Not applied: another membership change won the race for the version (applied at the next check).
+        refused = "" if changed or detached else "lost a race with another membership change; ask again"
+        self._decide(Decision(step, "workers", old, list(workers), by, reason, refused))
+        if detached:
+            self.detached = True
+            return
+        if changed:
+            self.refresh_cluster()
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """The members "host:port" in rank order, as of the last :meth:`refresh_cluster`."""
+        if self._peers is None:
+            self._peers = tuple(_run_now(membership.cluster_peers))
+        return self._peers
+
+    @peers.setter
+    def peers(self, value: Sequence[str]) -> None:
+        self._peers = tuple(value)
+
+    @property
+    def self_peer(self) -> str:
+        """This worker's "host:port"."""
+        if self._self_peer is None:
+            self._self_peer = _run_now(membership.self_peer)
+        return self._self_peer
+
+    @property
+    def size_bounds(self) -> tuple[int, int] | None:
+        """The elastic job's ``(--min-np, --max-np)`` (max 0: unbounded), None outside an elastic job."""
+        from kungfu_tf.ops import elastic_membership as em
+
+        if not em.is_elastic():
+            return None
+        state = em.job_state()
+        return int(state.min_size), int(state.max_size)
+
+    def log_line(self, text: str, by: str = "") -> None:
+        """Adds ``step N: text [by]`` to the decision log (see :meth:`PolicyContext.log`)."""
+        self._write_log_line(self.steps_done, f"step {self.steps_done}: {text}" + (f" [{by}]" if by else ""))
+
+    def _write_log_line(self, step: int, line: str) -> None:
+        self.log_lines.append(line)
+        if self.verbose and self.rank == 0:
+            print(f"[kungfu_tf.policy] {line}", flush=True)
+        if self._summary is not None:
+            try:
+                self._summary.text(step, "decisions", line)
+            except Exception as e:  # noqa: BLE001 -- reported at the next logging round, on every worker
+                self._write_failed(e)
+
     def refresh_cluster(self) -> None:
         """Reads rank and size again (after an elastic resize); the global batch follows the cluster.
 
@@ -587,16 +681,11 @@ class PolicyRunner:
         if size != self.size and self.batch_size is not None:
             self.batch_size = self.batch_size // self.size * size
         self.rank, self.size = rank, size
+        self._peers = None
 
     def _decide(self, decision: Decision) -> None:
         self.history.append(decision)
-        if self.verbose and self.rank == 0:
-            print(f"[kungfu_tf.policy] {decision}", flush=True)
-        if self._summary is not None:
-            try:
-                self._summary.text(decision.step, "decisions", str(decision))
-            except Exception as e:  # noqa: BLE001 -- reported at the next logging round, on every worker
-                self._write_failed(e)
+        self._write_log_line(decision.step, str(decision))
 
     def _read_metrics(self) -> None:
         self.context.metrics = self._step_metrics(self._last_elapsed)
@@ -641,6 +730,18 @@ class PolicyRunner:
         with tf.init_scope():
             metrics["link_rates"] = [float(r) for r in monitor.comm_rates().numpy()]
         return metrics
+
+
+def _run_now(op: Any) -> Any:
+    """A membership op's value (a str or a list of str) now, eagerly or, in a v1 graph, in its own session."""
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            return op()
+    with tf.Graph().as_default() as graph:
+        value = op()
+    with tf.compat.v1.Session(graph=graph) as session:
+        out = session.run(value)
+    return out.decode() if isinstance(out, bytes) else [p.decode() for p in out]
 
 
 def _config_of(policy: BasePolicy, index: int) -> Any:

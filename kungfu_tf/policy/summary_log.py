@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.ops.config import TOPOLOGIES
@@ -69,6 +70,9 @@ class SummaryLog:
 
     @staticmethod
     def _scalar(tag: str, value: object, step: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        # numpy numbers too (a policy's statistics often are np.float64/np.float32); bools are not scalars
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return
+        if not math.isfinite(value):
             return
         tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step, metadata=_SCALAR)
