@@ -119,6 +119,16 @@ def test_open_mpi_map_by_node_is_detected_from_local_ranks():
         detect_external_launch(ompi_env(1, 4, 0, 2, nodes=2, KUNGFU_HOSTS="a:2,b:2"))
 
 
+def test_open_mpi_map_by_node_policy_is_rejected_on_every_rank():
+    # Rank 0 lands on the first host under either mapping; the policy variable
+    # (which mpirun --map-by node exports) still tells.
+    env = ompi_env(0, 4, 0, 2, nodes=2, KUNGFU_HOSTS="a:2,b:2", OMPI_MCA_rmaps_base_mapping_policy="node")
+    with pytest.raises(ExternalLaunchError, match=r"OMPI_MCA_rmaps_base_mapping_policy='node'.*drop --map-by node"):
+        detect_external_launch(env)
+    one_node = ompi_env(1, 2, OMPI_MCA_rmaps_base_mapping_policy="node")
+    assert detect_external_launch(one_node).rank == 1, "on one node every mapping fills it in rank order"
+
+
 @pytest.mark.parametrize(
     ("extra", "pattern"),
     [

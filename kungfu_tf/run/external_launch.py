@@ -274,6 +274,14 @@ def from_open_mpi(environ: Mapping[str, str]) -> ExternalLaunch:
     local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
     local_rank = _below(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", local_size)
     hosts = _ompi_hosts(environ, size)
+    policy = environ.get("OMPI_MCA_rmaps_base_mapping_policy", "")
+    if len(hosts) > 1 and policy.split(":")[0].lower() in ("node", "seq", "dist"):
+        # mpirun --map-by node/seq/dist: ranks do not fill each node in turn.
+        raise ExternalLaunchError(
+            f"OMPI_MCA_rmaps_base_mapping_policy={policy!r}: across nodes only mpirun's default mapping "
+            f"(by slot, or by core/socket: consecutive ranks on one node) is supported, as {HOSTS_ENV} "
+            f"assumes; drop --map-by {policy.split(':')[0]}"
+        )
     mapping = f"by-slot mapping of {HOSTS_ENV}={environ[HOSTS_ENV]!r}" if environ.get(HOSTS_ENV) else "one node"
     _check_by_slot(hosts, rank, local_rank, local_size, "Open MPI", mapping)
     jobid_text = str(_int(environ, "OMPI_MCA_ess_base_jobid", 0))
