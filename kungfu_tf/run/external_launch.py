@@ -171,11 +171,11 @@ def derived_port_base(job_key: str) -> int:
     return PORT_WINDOW_FIRST + (digest % PORT_WINDOWS) * PORT_WINDOW_WIDTH
 
 
-def _port_base(environ: Mapping[str, str], job_key: str, job_variables: str, max_local_size: int) -> tuple[int, str]:
+def _port_base(environ: Mapping[str, str], job_id: str, max_local_size: int) -> tuple[int, str]:
     """(base, where it came from); the base's window must hold ``max_local_size`` ports."""
     text = environ.get(PORT_BASE_ENV)
     if text is None:
-        base, source = derived_port_base(job_key), f"derived from {job_variables}"
+        base, source = derived_port_base(job_id), f"derived from the job id {job_id!r}"
     else:
         if not _DECIMAL.fullmatch(text) or not 1 <= int(text) <= 65535:
             raise ExternalLaunchError(f"{PORT_BASE_ENV} must be a port number in 1..65535, got {text!r}")
@@ -286,10 +286,9 @@ def from_open_mpi(environ: Mapping[str, str]) -> ExternalLaunch:
     _check_by_slot(hosts, rank, local_rank, local_size, "Open MPI", mapping)
     jobid_text = str(_int(environ, "OMPI_MCA_ess_base_jobid", 0))
     job_id = _job_id(environ, f"ompi-{jobid_text}")
-    base, source = _port_base(environ, job_id, f"OMPI_MCA_ess_base_jobid={jobid_text}",
-                              max(h.slots for h in hosts))
+    base, source = _port_base(environ, job_id, max(h.slots for h in hosts))
     secret = _given_secret(environ)
-    if secret is None:
+    if secret is None and size > 1:
         transports = environ.get("OMPI_MCA_orte_precondition_transports", "")
         if not _OMPI_TRANSPORTS.fullmatch(transports):
             raise ExternalLaunchError(
@@ -298,7 +297,7 @@ def from_open_mpi(environ: Mapping[str, str]) -> ExternalLaunch:
                 f"{SECRET_ENV} to every rank (mpirun -x {SECRET_ENV})"
             )
         secret = derive_job_secret(transports, job_id)
-    return ExternalLaunch("Open MPI", rank, local_rank, _peers(hosts, base), job_id, source, secret)
+    return ExternalLaunch("Open MPI", rank, local_rank, _peers(hosts, base), job_id, source, secret or "")
 
 
 def _check_block_distribution(environ: Mapping[str, str]) -> None:
@@ -342,7 +341,7 @@ def from_slurm(environ: Mapping[str, str]) -> ExternalLaunch:
     job_text = str(_int(environ, "SLURM_JOB_ID", 0))
     step_text = str(_int(environ, "SLURM_STEP_ID", 0, default=0))
     job_id = _job_id(environ, f"slurm-{job_text}.{step_text}")
-    base, source = _port_base(environ, job_id, f"SLURM_JOB_ID={job_text}, SLURM_STEP_ID={step_text}", max(tasks))
+    base, source = _port_base(environ, job_id, max(tasks))
     secret = _given_secret(environ)
     if secret is None and size > 1:
         raise ExternalLaunchError(
