@@ -36,15 +36,23 @@ def skip_exit_collection() -> None:
 def library() -> ModuleType:
     """The generated op wrappers of libkungfu_tf.so (``kungfu_all_reduce``, ...).
 
+    A process that ``mpirun`` or ``srun`` started (no ``KUNGFU_PEERS``)
+    first gets the ``KUNGFU_*`` variables derived from the launcher's
+    (:mod:`kungfu_tf.run.external_launch`), which the runtime reads when
+    the library loads.
+
     Raises:
         WorkerEnvError: if a ``KUNGFU_*`` variable the runtime will read is
-            malformed; checked here, before any op runs, so the worker stops
-            at start-up with the variable's name rather than at its first op.
+            malformed, or a launcher's variable they are derived from is;
+            checked here, before any op runs, so the worker stops at
+            start-up with the variable's name rather than at its first op.
     """
     import tensorflow as tf
 
+    from kungfu_tf.run.external_launch import apply_external_launch
     from kungfu_tf.run.worker_env import read_worker_env
 
+    apply_external_launch(os.environ)
     read_worker_env(os.environ)
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from kungfu_tf._native import library
+from kungfu_tf.run.external_launch import apply_external_launch
 from kungfu_tf.run.worker_env import read_worker_env
 
 # The runtime's all-reduce topologies (ops/runtime/topology.h), in its spelling.
@@ -62,6 +63,9 @@ def _from_env(op: Callable[[], tf.Tensor]) -> int:
     # The launcher's environment: what the runtime reads at start, so right
     # only until the cluster first changes (membership.update_cluster), so
     # current_int uses it to validate the environment, not for the value.
+    # Under mpirun/srun the KUNGFU_* variables are derived first, as the
+    # library does when it loads.
+    apply_external_launch(os.environ)
     env = read_worker_env(os.environ)
     local = env.local_peers
     return {
