@@ -124,7 +124,7 @@ install: sysdeps $(INSTALL_STAMP) $(SO)
 # libssl-dev: OpenSSL's libcrypto (headers, libcrypto.a for libkungfu_tf.so,
 # libcrypto.so for the C++ tests). Required: the build fails without it.
 # Then, best effort only (root + apt-get): iproute2 for the multi-host tests
-# (network namespaces, `ip netns`); Open MPI (mpirun, mpicc) for the
+# (network namespaces, `ip netns`); Open MPI (mpirun, mpicc) for the mpirun launch tests and the
 # benchmark's MPI_Allreduce anchor and its test; clang (libFuzzer) for
 # `make fuzz` and the fuzz smoke run of `make cpp-test`.
 sysdeps:

@@ -335,7 +335,8 @@ def test_removed_node_is_replaced_and_the_job_grows_and_shrinks():
         job = Job(["--ray", cluster.address, "-np", "2", sys.executable, FAKE, "die", "1@1"])
         status = job.follow(lambda line: None, timeout=60)
         assert status == 1, job.output
-        assert "error: cluster fell to 1 worker, below --min-np 2" in job.output, job.output
+        assert "error: cluster fell to 1 worker, below the job's minimum of 2 workers" in job.output, job.output
+        assert "unless --elastic or a lower --min-np is given" in job.output, job.output
         # ... and SIGTERM stops every worker through its actor.
         job = Job(["--ray", cluster.address, "-np", "2", sys.executable, FAKE, "die", "5@99"])
 

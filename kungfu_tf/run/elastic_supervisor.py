@@ -559,7 +559,17 @@ class ElasticSupervisor:
         # Once members finish, their peers may take their goodbyes for
         # losses: the exit codes decide then, not the cluster's size.
         if size < state.min_size and not self._stopping and not self._finishing:
-            self._fail(f"cluster fell to {workers_text(size)}, below --min-np {state.min_size} ({self._last_change})")
+            self._fail(self._below_minimum(size, state.min_size))
+
+    def _below_minimum(self, size: int, min_size: int) -> str:
+        if self._plan.replace_crashed or self._plan.min_np != self._plan.max_np:
+            return f"cluster fell to {workers_text(size)}, below --min-np {min_size} ({self._last_change})"
+        # A job that may not shrink (a --ray job without --elastic or --min-np,
+        # or --min-np equal to -np): say what would have let it go on.
+        return (
+            f"cluster fell to {workers_text(size)}, below the job's minimum of {workers_text(min_size)} "
+            f"({self._last_change}); every worker is needed unless --elastic or a lower --min-np is given"
+        )
 
     def _cluster_at(self, version: int) -> config_pb2.Cluster | None:
         assert self._client is not None
