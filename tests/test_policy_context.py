@@ -184,3 +184,22 @@ def test_a_joiner_keeps_the_per_worker_batch_and_ends_with_the_members_state_dic
     joiner.load_state_dict(state)
     assert (joiner.size, joiner.batch_size, int(joiner.local_batch_size.numpy())) == (3, 24, 8)
     assert joiner.state_dict() == members.state_dict()
+
+
+def test_a_membership_change_is_seen_before_the_next_step_is_counted(monkeypatch):
+    """Every worker must count the first step after a join with the new cluster's global batch (the elastic
+    sync compares the runners' state_dicts): the runner follows applied versions, not only its next phase."""
+    import kungfu_tf.policy.runner as runner_module
+
+    listeners = []
+    monkeypatch.setattr(em, "is_elastic", lambda: True)
+    monkeypatch.setattr(em, "add_apply_listener", lambda f: listeners.append(f) or (lambda: None))
+    runner = PolicyRunner([], batch_size=8, verbose=False)
+    run_steps(runner, 1)
+    assert runner.samples == 8 and len(listeners) == 1
+    monkeypatch.setattr(runner_module, "config", types.SimpleNamespace(
+        current_int=lambda op: op(), rank=lambda: 0, cluster_size=lambda: 3))  # fmt: skip
+    listeners[0](types.SimpleNamespace(detached=False))  # a version with 2 joiners applied at the step boundary
+    with runner.step():
+        pass
+    assert (runner.size, runner.batch_size, runner.samples) == (3, 24, 8 + 24)
