@@ -485,6 +485,8 @@ class PolicyRunner:
     def _run(self, hook: str, force_round: bool = False) -> None:
         if not self._started:
             raise RuntimeError(f"PolicyRunner.{hook}() before before_train()")
+        if self.detached:
+            return  # a resize took this worker out of the job: no more hooks, no rounds with the old peers
         used = self._due(hook)
         if self._write_failure is not None and force_round:
             failure, self._write_failure = self._write_failure, None
