@@ -259,3 +259,27 @@ def test_a_worker_detached_by_a_resize_stops_a_v1_monitored_session(monkeypatch)
                 sess.run(step)
                 ran += 1
     assert hook.runner.detached and calls == [0, 1] and ran == 2
+
+
+def test_asking_for_the_current_size_cancels_a_pending_growth(monkeypatch):
+    """A policy that settles while its growth is pending asks for the current size: the runner must pass
+    it to kungfu_tf.ops.resize (which lowers the job's target), or joiners arriving later grow the
+    cluster past the settled size. Before the fix the runner dropped a request equal to the size."""
+    resize_module = sys.modules["kungfu_tf.ops.resize"]
+    calls = []
+
+    def fake_resize(new_size=None, *, workers=None, wait=False, timeout=None):
+        calls.append(new_size)
+        return tf.constant(False), tf.constant(False)  # a growth stays pending; a cancel changes nothing
+
+    monkeypatch.setattr(resize_module, "resize", fake_resize)
+    asks = {0: 3, 2: 1, 4: 1}  # step -> size asked; this one-worker runner has size 1
+    runner = PolicyRunner([Scripted(lambda ctx: ctx.resize(asks[ctx.step]) if ctx.step in asks else None)],
+                          verbose=False)
+    run_steps(runner, 6)
+    # Step 0 asks to grow (pending), step 2 cancels it, step 4 asks for the size it has: nothing to do.
+    assert calls == [3, 1]
+    grow, cancel = runner.history
+    assert (grow.old, grow.new, grow.refused) == (1, 3, "pending: joiners are warming up")
+    assert (cancel.old, cancel.new, cancel.refused) == (1, 1, "")
+    assert cancel.reason.endswith("cancels the pending growth to 3")

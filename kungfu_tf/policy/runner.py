@@ -183,6 +183,7 @@ class PolicyRunner:
         # The decision log as text, in order: every Decision and every ctx.log line.
         self.log_lines: list[str] = []
         self._peers: tuple[str, ...] | None = None  # read when first asked for after each refresh_cluster()
+        self._asked_size: int | None = None  # a growth asked for and not reached yet
         self._self_peer: str | None = None
         self.detached = False  # a resize took this worker out of the cluster: stop training
         self.context = PolicyContext(self)
@@ -596,7 +597,9 @@ class PolicyRunner:
         if "size" in requests and isinstance(requests["size"], list):
             if tuple(requests["size"]) != self.peers:
                 self._resize_to(step, requests["size"], by["size"], reasons.get("size", ""))
-        elif "size" in requests and requests["size"] != self.size:
+        elif "size" in requests and (requests["size"] != self.size or self._asked_size not in (None, self.size)):
+            # A request for the current size while a growth is pending cancels
+            # the growth (kungfu_tf.ops.resize lowers the job's target size).
             self._resize(step, requests["size"], by["size"], reasons.get("size", ""))
         self.context.metrics.update(self._parameters())
 
@@ -609,7 +612,13 @@ class PolicyRunner:
             changed, detached = (bool(t.numpy()) if hasattr(t, "numpy") else bool(t) for t in resize(new_size))
         # A growth waits for the launcher's joiners: the cluster changes at a later
         # step boundary (the elastic check), where refresh_cluster() picks it up.
-        pending = "" if changed or detached else "pending: joiners are warming up"
+        if new_size == old:
+            pending = ""
+            reason = f"{reason}; " if reason else ""
+            reason += f"cancels the pending growth to {self._asked_size}"
+        else:
+            pending = "" if changed or detached else "pending: joiners are warming up"
+        self._asked_size = new_size if pending else None
         self._decide(Decision(step, "size", old, new_size, by, reason, pending))
         if detached:
             self.detached = True
@@ -701,6 +710,8 @@ class PolicyRunner:
             self.batch_size = self.batch_size // self.size * size
         self.rank, self.size = rank, size
         self._peers = None
+        if self._asked_size is not None and size >= self._asked_size:
+            self._asked_size = None
 
     def _decide(self, decision: Decision) -> None:
         self.history.append(decision)
