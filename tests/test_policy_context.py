@@ -283,3 +283,23 @@ def test_asking_for_the_current_size_cancels_a_pending_growth(monkeypatch):
     assert (grow.old, grow.new, grow.refused) == (1, 3, "pending: joiners are warming up")
     assert (cancel.old, cancel.new, cancel.refused) == (1, 1, "")
     assert cancel.reason.endswith("cancels the pending growth to 3")
+
+
+def test_before_train_again_after_a_membership_change_keeps_the_new_clusters_batch(monkeypatch):
+    """elastic.run calls the training function again after a recovery, and it enters runner.training()
+    again: the runner must keep the batch of the cluster it now has, not re-adopt the global batch saved
+    in its state before the change (a member then trained on 8 rows at 2 workers where a joiner,
+    synced with the per-worker batch, trained on 16: the next state sync failed)."""
+    import kungfu_tf.policy.runner as runner_module
+
+    listeners = []
+    monkeypatch.setattr(em, "is_elastic", lambda: True)
+    monkeypatch.setattr(em, "add_apply_listener", lambda f: listeners.append(f) or (lambda: None))
+    runner = PolicyRunner([], batch_size=16, verbose=False)  # one worker: local batch 16
+    run_steps(runner, 2)
+    monkeypatch.setattr(runner_module, "config", types.SimpleNamespace(
+        current_int=lambda op: op(), rank=lambda: 0, cluster_size=lambda: 2, topology=runner_module.config.topology))  # fmt: skip
+    listeners[0](types.SimpleNamespace(detached=False))  # a joiner admitted; recovery restarts the function
+    run_steps(runner, 1)
+    assert (runner.size, runner.batch_size, int(runner.local_batch_size.numpy())) == (2, 32, 16)
+    assert (runner.steps_done, runner.samples) == (3, 16 + 16 + 32)

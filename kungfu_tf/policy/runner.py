@@ -230,7 +230,12 @@ class PolicyRunner:
             self.learning_rate = self.access.read_learning_rate()
         failure = None
         try:  # a restored state or a monitor one worker alone rejects: every worker must learn of it
-            if not self._adopt_state():
+            if self._started:
+                # Started again in this process (elastic.run calls the training
+                # function again after a membership change): the counters in
+                # memory are current; the saved state may predate the change.
+                self.refresh_cluster()
+            elif not self._adopt_state():
                 self._check_monitor_batch()
         except ValueError as e:
             failure = ("PolicyRunner.before_train", e)
