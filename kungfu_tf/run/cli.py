@@ -20,11 +20,11 @@ DEFAULT_JOIN_TIMEOUT = 600.0
 # Seconds a READY joiner waits for the other joiners of its growth, so that
 # they are admitted in one cluster version. Every version costs the members
 # a state sync and ~0.5 s of idle time, while waiting costs them nothing
-# (they train while joiners warm up). Joiners placed together finish their
-# TF warm-up (import, model, tracing: 10-30 s here) within a few seconds of
-# each other under load; 5 s covers that spread, and a joiner that is much
-# slower (or hangs) delays the others by at most 5 s, against a warm-up
-# several times longer.
+# (they train while joiners warm up). Joiners placed together finished
+# their warm-up (Python, TF, model, tracing: 13-27 s) within 2.5 s of each
+# other in benchmarks/elastic.py runs on 2 busy cores; 5 s covers twice that
+# spread, and a joiner that is much slower (or hangs) delays the others by
+# at most 5 s, a fraction of a warm-up.
 DEFAULT_ADMIT_WINDOW = 5.0
 
 
