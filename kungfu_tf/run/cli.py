@@ -19,7 +19,7 @@ DEFAULT_TIMEOUT = 120
 DEFAULT_JOIN_TIMEOUT = 600.0
 # Seconds a READY joiner waits for the other joiners of its growth, so that
 # they are admitted in one cluster version. Every version costs the members
-# a state sync and ~0.5 s of idle time, while waiting costs them nothing
+# a state sync and 0.1-0.6 s of idle time, while waiting costs them nothing
 # (they train while joiners warm up). Joiners placed together finished
 # their warm-up (Python, TF, model, tracing: 13-27 s) within 2.5 s of each
 # other in benchmarks/elastic.py runs on 2 busy cores; 5 s covers twice that
