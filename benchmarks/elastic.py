@@ -29,6 +29,13 @@ transitions to the same name .json (``--report FILE.json`` re-renders one).
 
     .venv/bin/python benchmarks/elastic.py                       # ~15-30 min on 2 cores
     .venv/bin/python benchmarks/elastic.py --models digits-mlp --repeats 1 --modes restart
+    # the config service's admission window against admitting each joiner when ready:
+    .venv/bin/python benchmarks/elastic.py --models digits-mlp --modes elastic --admit-windows 5,0 \
+        --transitions "grow 1 -> 4,shrink 4 -> 2,grow 2 -> 4,shrink 4 -> 1"
+
+With ``--admit-windows W1,W2,...`` the elastic job runs once per
+``kungfu-run --admit-window`` value, each reported as its own table
+("digits-mlp, --admit-window 5"); checkpoint-restart runs once per model.
 """
 
 from __future__ import annotations
@@ -159,13 +166,16 @@ def elastic_schedule(labels: Sequence[str]) -> str:
     return ",".join(f"{kind}:{after}" for kind, _, after in check_schedule(labels))
 
 
-def run_elastic_job(args: argparse.Namespace, model: str, labels: Sequence[str], work: Path) -> dict[str, Any]:
-    """The schedule in one ``kungfu-run --elastic`` job; returns the logs' records and its exit status."""
+def run_elastic_job(args: argparse.Namespace, model: str, labels: Sequence[str], work: Path,
+                    admit_window: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """The schedule in one ``kungfu-run --elastic`` job (``--admit-window`` if given); returns the logs'
+    records and its exit status."""
     parsed = check_schedule(labels)
     log_dir = work / "logs"
     np_max = max(max(b, a) for _, b, a in parsed)
+    window = [] if admit_window is None else ["--admit-window", f"{admit_window:g}"]
     argv = [sys.executable, "-m", "kungfu_tf.run", "--elastic", "--min-np", "1", "--max-np", str(np_max),
-            "-np", str(parsed[0][1]), "-q", "--logdir", str(work / "workers"),
+            *window, "-np", str(parsed[0][1]), "-q", "--logdir", str(work / "workers"),
             *worker_argv(args, model, log_dir, "--mode", "elastic", "--schedule", elastic_schedule(labels),
                          "--crash-rank", str(args.crash_rank))]  # fmt: skip
     rc, t0, t1 = launch(argv, work / "job.out", args.elastic_timeout)
@@ -345,6 +355,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(RESULTS_DIR / "elastic.md"), help="table; raw results next to it (.json)")
     p.add_argument("--report", help="re-render the tables of an earlier run's .json")
     p.add_argument("--from-logs", action="store_true", help="analyse the logs in --work-dir again, run nothing")
+    p.add_argument("--admit-windows", type=lambda s: [float(w) for w in s.split(",")], default=None,
+                   metavar="W1,W2", help="run the elastic job once per kungfu-run --admit-window value "
+                   "(seconds; default: once, with kungfu-run's default)")  # fmt: skip
     p.add_argument("--note", help="a sentence for the table's header (e.g. the machine's load)")
     args = p.parse_args(argv)
     for m in args.models:
@@ -353,6 +366,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for m in args.modes:
         if m not in MODES:
             p.error(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+    if args.admit_windows is not None and any(not 0 <= w < float("inf") for w in args.admit_windows):
+        p.error(f"--admit-windows: each must be a number of seconds >= 0, got {args.admit_windows}")
     if args.repeats < 1 or args.steps < 3:
         p.error(f"--repeats must be >= 1 and --steps >= 3, got {args.repeats} and {args.steps}")
     try:
@@ -388,14 +403,32 @@ def analyse(out: dict[str, Any], labels: Sequence[str], mode: str) -> dict[str, 
     return out
 
 
+def variants(args: argparse.Namespace) -> list[tuple[str, str, float | None]]:
+    """(table name, model, admit window or None) for every table of the run.
+
+    Example:
+        >>> variants(parse_args(["--models", "digits-mlp", "--admit-windows", "5,0"]))[1]
+        ('digits-mlp, --admit-window 0', 'digits-mlp', 0.0)
+    """
+    if args.admit_windows is None:
+        return [(m, m, None) for m in args.models]
+    return [(f"{m}, --admit-window {w:g}", m, w) for m in args.models for w in args.admit_windows]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     labels = list(args.transitions) * args.repeats
+    tables = variants(args)
     results: dict[str, Any] = {"meta": machine_metadata(), "args": vars(args), "transitions": labels,
-                               "model_info": {m: model_info(m) for m in args.models}, "models": {}}  # fmt: skip
-    for model in args.models:
-        res = results["models"][model] = {}
+                               "model_info": {name: model_info(m) for name, m, _ in tables}, "models": {}}  # fmt: skip
+    restarts: dict[str, dict[str, Any]] = {}  # checkpoint-restart does not depend on the window: once per model
+    for name, model, window in tables:
+        res = results["models"][name] = {}
         for mode in args.modes:
-            work = Path(args.work_dir) / model / mode
+            if mode == "restart" and model in restarts:
+                res[mode] = restarts[model]
+                continue
+            sub = model if window is None or mode == "restart" else f"{model}-admit-window-{window:g}"
+            work = Path(args.work_dir) / sub / mode
             if args.from_logs:
                 out = {"records": read_logs(work / "logs"), "error": None}
                 if (work / "jobs.json").exists():
@@ -404,10 +437,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-            log(f"{model}, {mode}: {len(labels)} transitions ...")
+            log(f"{name}, {mode}: {len(labels)} transitions ...")
             try:
                 if mode == "elastic":
-                    out = run_elastic_job(args, model, labels, work)
+                    out = run_elastic_job(args, model, labels, work, window)
                     if out["rc"] != 0:
                         out["error"] = f"the elastic job exited with status {out['rc']} (see {work}/job.out)"
                 else:
@@ -415,6 +448,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except RuntimeError as e:
                 out = {"records": read_logs(work / "logs"), "error": str(e)}
             res[mode] = analyse(out, labels, mode)
+            if mode == "restart":
+                restarts[model] = res[mode]
     results["loadavg_end"] = os.getloadavg()
     return results
 

@@ -100,6 +100,9 @@ def free_port() -> int:
         (["-np", "2", "--min-np", "1", "--join-timeout", "5"], "--join-timeout 5 needs --elastic"),
         (["-np", "2", "--elastic", "--join-timeout", "0"], "--join-timeout must be a number of seconds > 0, got 0"),
         (["-np", "2", "--elastic", "--join-timeout", "nan"], "--join-timeout must be a number of seconds > 0, got nan"),
+        (["-np", "2", "--min-np", "1", "--admit-window", "2"], "--admit-window 2 needs --elastic"),
+        (["-np", "2", "--elastic", "--admit-window", "-1"], "--admit-window must be a number of seconds >= 0, got -1"),
+        (["-np", "2", "--elastic", "--admit-window", "inf"], "--admit-window must be a number of seconds >= 0, got inf"),
     ],
 )
 def test_inconsistent_elastic_options_are_named(capsys, args, message):
@@ -114,6 +117,8 @@ def test_elastic_options_are_read():
     assert (options.elastic, options.replace_crashed, options.min_np, options.max_np) == (True, True, 1, 4)
     assert options.join_timeout == 600  # TF warm-up (imports, tracing) can be slow
     assert parse_args(["-np", "1", "--elastic", "--join-timeout", "2.5", "p"]).join_timeout == 2.5
+    assert options.admit_window == 5  # joiners of one growth are admitted together
+    assert parse_args(["-np", "1", "--elastic", "--admit-window", "0", "p"]).admit_window == 0
     survive_only = parse_args(["-np", "2", "--min-np", "1", "prog"])
     assert (survive_only.elastic, survive_only.replace_crashed) == (True, False)
     assert not parse_args(["-np", "2", "prog"]).elastic
@@ -209,6 +214,24 @@ def test_grow_starts_a_joiner_that_is_admitted():
     assert f"[2] joiner {started[0]} v0 elastic=True" in out.splitlines()
     assert "[2] admitted at v2 as rank 2 of 3" in out.splitlines()
     assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v2$", out, re.MULTILINE)) == ["0", "1"]
+
+
+def test_joiners_of_one_growth_are_admitted_in_one_version():
+    """Two joiners ready 1 s apart join in one version (the admission window),
+    and in two with --admit-window 0 (each as soon as it is ready)."""
+    for window, expected_versions in (("5", 1), ("0", 2)):
+        rc, out, err = run_elastic("-np", "1", "--elastic", "--max-np", "3", "--admit-window", window,
+                                   "grow-staggered", "3:1.0")  # fmt: skip
+        assert rc == 0, err
+        started = re.findall(rf"started joiner \[\d\] ({PEER})", err)
+        admitted = [line for line in events(err) if re.fullmatch(r"cluster v\d+: \d -> \d workers \(admitted .*\)", line)]
+        assert len(started) == 2 and len(admitted) == expected_versions, (window, events(err))
+        if expected_versions == 1:
+            assert admitted == [f"cluster v2: 1 -> 3 workers (admitted {started[0]}, {started[1]})"]
+            assert "[0] saw 3 workers at v2" in out.splitlines()
+        else:
+            assert admitted == [f"cluster v2: 1 -> 2 workers (admitted {started[0]})",
+                                f"cluster v3: 2 -> 3 workers (admitted {started[1]})"]  # fmt: skip
 
 
 def test_crashed_worker_is_reported_and_replaced():

@@ -594,3 +594,137 @@ def test_concurrent_ready_joiners_never_exceed_the_target():
     assert len(state.joiners) == 11 and all(j.state == Joiner.READY for j in state.joiners)
     members = set(cluster_peers(state.cluster))
     assert members.isdisjoint(peer_string(j.peer) for j in state.joiners)
+
+
+# ---------------------------------------------------------- admission window
+
+
+class FakeClock:
+    """Seconds that advance only when a test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def growing(*joiner_peers: str, window: float = 5.0, size: int = 4) -> tuple[JobStateMachine, FakeClock]:
+    """One member h:1 with the signature set, grown to ``size``; ``joiner_peers`` placed (STARTING)."""
+    clock = FakeClock()
+    jobs = elastic("h:1", max_size=8, admit_window=window, clock=clock)
+    jobs.set_signature(SIG)
+    jobs.request_size(size)
+    for peer in joiner_peers:
+        jobs.add_joiner(p(peer))
+    return jobs, clock
+
+
+def versions(jobs: JobStateMachine) -> list[list[str]]:
+    """The workers of every committed version, in order."""
+    return [cluster_peers(jobs.cluster_at(v)) for v in range(1, jobs.cluster().version + 1)]
+
+
+def test_joiners_ready_at_different_times_are_admitted_in_one_version():
+    jobs, clock = growing("h:2", "h:3", "h:4")
+    state = jobs.joiner_ready(p("h:3"), SIG)  # t = 0: the window opens
+    assert state.cluster.version == 1 and jobs.admission_deadline() == 5.0
+    clock.now = 0.5
+    assert jobs.joiner_ready(p("h:2"), SIG).cluster.version == 1
+    clock.now = 0.9
+    assert jobs.admit_due().cluster.version == 1  # the window is open: nothing is due
+    clock.now = 1.0
+    state = jobs.joiner_ready(p("h:4"), SIG)  # the last expected one: admitted at once, before the window ends
+    assert versions(jobs) == [["h:1"], ["h:1", "h:3", "h:2", "h:4"]]
+    assert jobs.commit_reason(2) == "admitted h:3, h:2, h:4"
+    assert not state.joiners and jobs.admission_deadline() is None
+
+
+def test_a_joiner_that_never_gets_ready_delays_the_others_by_the_window_only():
+    jobs, clock = growing("h:2", "h:3", "h:4")
+    jobs.joiner_ready(p("h:2"), SIG)
+    clock.now = 2.0
+    jobs.joiner_ready(p("h:3"), SIG)
+    assert jobs.admission_deadline() == 5.0  # counted from the first READY one
+    clock.now = 4.999
+    assert jobs.admit_due().cluster.version == 1
+    clock.now = 5.0
+    state = jobs.admit_due()
+    assert versions(jobs) == [["h:1"], ["h:1", "h:2", "h:3"]]
+    assert joiners(state) == {"h:4": Joiner.STARTING} and jobs.admission_deadline() is None
+    # The straggler, once READY, is alone in its growth: admitted at once.
+    clock.now = 60.0
+    state = jobs.joiner_ready(p("h:4"), SIG)
+    assert state.cluster.version == 3 and cluster_peers(state.cluster)[-1] == "h:4"
+
+
+def test_without_a_window_each_joiner_is_admitted_when_ready():
+    jobs, clock = growing("h:2", "h:3", "h:4", window=0)
+    for t, peer in ((0.0, "h:3"), (0.5, "h:2"), (1.0, "h:4")):
+        clock.now = t
+        jobs.joiner_ready(p(peer), SIG)
+    assert versions(jobs) == [["h:1"], ["h:1", "h:3"], ["h:1", "h:3", "h:2"], ["h:1", "h:3", "h:2", "h:4"]]
+    assert jobs.admission_deadline() is None
+
+
+def test_a_joiner_removed_or_rejected_while_others_wait_lets_them_in():
+    jobs, clock = growing("h:2", "h:3", "h:4")
+    jobs.joiner_ready(p("h:2"), SIG)
+    clock.now = 1.0
+    jobs.joiner_ready(p("h:3"), OTHER_SIG)  # REJECTED: no longer expected, h:4 still is
+    assert jobs.job_state().cluster.version == 1
+    clock.now = 2.0
+    state = jobs.remove_joiner(p("h:4"))  # withdrawn: nobody else to wait for
+    assert versions(jobs) == [["h:1"], ["h:1", "h:2"]]
+    assert joiners(state) == {"h:3": Joiner.REJECTED} and jobs.admission_deadline() is None
+
+
+def test_the_window_counts_only_joiners_that_fit_under_the_target():
+    # Target 3 (two joiners fit), three placed: once two are READY nobody else is waited for.
+    jobs, clock = growing("h:2", "h:3", "h:4", size=3)
+    jobs.joiner_ready(p("h:4"), SIG)
+    assert jobs.job_state().cluster.version == 1
+    clock.now = 0.3
+    state = jobs.joiner_ready(p("h:2"), SIG)
+    assert versions(jobs) == [["h:1"], ["h:1", "h:4", "h:2"]]
+    assert joiners(state) == {"h:3": Joiner.STARTING}
+    # A single replacement (nobody else STARTING) is admitted at once, window or not.
+    jobs, clock = growing("h:2", size=2)
+    assert jobs.joiner_ready(p("h:2"), SIG).cluster.version == 2
+
+
+def test_a_window_that_ends_after_the_job_stopped_growing_admits_nothing():
+    jobs, clock = growing("h:2", "h:3")
+    jobs.joiner_ready(p("h:2"), SIG)
+    jobs.request_size(1)  # the growth was called off: no room, the window closes
+    assert jobs.admission_deadline() is None
+    clock.now = 10.0
+    assert jobs.admit_due().cluster.version == 1
+
+
+@pytest.mark.parametrize("window", [-1.0, math.nan, math.inf, "5", True])
+def test_bad_admit_window(window):
+    with pytest.raises(ValueError, match=rf"admit_window must be a finite number of seconds >= 0, got {window!r}"):
+        elastic("h:1", admit_window=window)
+
+
+def test_admission_timer_ends_the_window_on_time():
+    jobs = elastic("h:1", max_size=4, admit_window=0.3)
+    jobs.set_signature(SIG)
+    jobs.request_size(3)
+    jobs.add_joiner(p("h:2"))
+    jobs.add_joiner(p("h:3"))
+    timer = threading.Thread(target=jobs.run_admission_timer)
+    timer.start()
+    try:
+        start = time.monotonic()
+        state = jobs.joiner_ready(p("h:2"), SIG)
+        while state.cluster.version == 1 and time.monotonic() - start < 10:
+            state = jobs.wait(state.state_version, 10)
+        waited = time.monotonic() - start
+        assert cluster_peers(state.cluster) == ["h:1", "h:2"]
+        assert 0.3 <= waited < 5.0, waited
+    finally:
+        jobs.stop_admission_timer()
+        timer.join(10)
+    assert not timer.is_alive()

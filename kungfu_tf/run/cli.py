@@ -17,6 +17,15 @@ DEFAULT_TIMEOUT = 120
 # Seconds a joiner may take from its placement to READY: a TensorFlow joiner
 # imports TF, builds the model and traces its step first, which can be slow.
 DEFAULT_JOIN_TIMEOUT = 600.0
+# Seconds a READY joiner waits for the other joiners of its growth, so that
+# they are admitted in one cluster version. Every version costs the members
+# a state sync and 0.1-0.6 s of idle time, while waiting costs them nothing
+# (they train while joiners warm up). Joiners placed together finished
+# their warm-up (Python, TF, model, tracing: 13-27 s) within 2.5 s of each
+# other in benchmarks/elastic.py runs on 2 busy cores; 5 s covers twice that
+# spread, and a joiner that is much slower (or hangs) delays the others by
+# at most 5 s, a fraction of a warm-up.
+DEFAULT_ADMIT_WINDOW = 5.0
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,9 @@ class LaunchOptions:
     is ``--elastic`` (crashed workers are replaced by joiners);
     ``config_server`` is the ``--config-server`` ``host:port``;
     ``discovery_script`` the ``--host-discovery-script``; ``join_timeout``
-    the ``--join-timeout`` seconds a joiner may stay STARTING.
+    the ``--join-timeout`` seconds a joiner may stay STARTING;
+    ``admit_window`` the ``--admit-window`` seconds READY joiners wait for
+    the others of their growth.
     """
 
     np: int
@@ -50,6 +61,7 @@ class LaunchOptions:
     config_server: str | None = None
     discovery_script: Path | None = None
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    admit_window: float = DEFAULT_ADMIT_WINDOW
     ray_address: str | None = None
     ray_cpus_per_worker: float = 1.0
 
@@ -173,6 +185,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "was placed, and place another; three such failures in a row end the "
         f"tries (needs --elastic; default {DEFAULT_JOIN_TIMEOUT:g})",
     )
+    elastic.add_argument(
+        "--admit-window",
+        type=float,
+        metavar="S",
+        help="a joiner that is ready waits up to S seconds for the other joiners "
+        "of its growth, so that all are admitted in one cluster version (each "
+        "version costs the members a state sync); 0 admits each joiner as soon "
+        f"as it is ready (needs --elastic; default {DEFAULT_ADMIT_WINDOW:g})",
+    )
     ray = parser.add_argument_group(
         "Ray",
         "Run every worker as a subprocess of its own Ray actor (one placement group "
@@ -272,6 +293,11 @@ def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
             if ns.join_timeout is not None
             else DEFAULT_JOIN_TIMEOUT
         ),
+        admit_window=(
+            ns.admit_window
+            if ns.admit_window is not None
+            else DEFAULT_ADMIT_WINDOW
+        ),
         ray_address=ns.ray_address,
         ray_cpus_per_worker=(
             ns.ray_cpus_per_worker if ns.ray_cpus_per_worker is not None else 1.0
@@ -331,6 +357,15 @@ def _check_elastic_options(ns: argparse.Namespace) -> None:
         if not math.isfinite(ns.join_timeout) or ns.join_timeout <= 0:
             raise LaunchError(
                 f"--join-timeout must be a number of seconds > 0, got {ns.join_timeout:g}"
+            )
+    if ns.admit_window is not None:
+        if not ns.elastic:
+            raise LaunchError(
+                f"--admit-window {ns.admit_window:g} needs --elastic (without it no joiner is started)"
+            )
+        if not math.isfinite(ns.admit_window) or ns.admit_window < 0:
+            raise LaunchError(
+                f"--admit-window must be a number of seconds >= 0, got {ns.admit_window:g}"
             )
     if ns.host_discovery_script is not None:
         if not ns.elastic:

@@ -310,6 +310,10 @@ class ConfigServer:
         replacements for crashed workers.
       max_long_polls: WaitJobState calls served at once (each holds a thread
         of its own, beside the max_workers ones); more get RESOURCE_EXHAUSTED.
+      admit_window: seconds READY joiners wait for the other joiners of
+        their growth, to be admitted in one version (kungfu-run
+        --admit-window; 0 admits each when it is READY). A thread of the
+        server ends each window on time.
 
     Example:
         >>> with ConfigServer(secret="s3cret", elastic=True, cluster=make_cluster(1, ["h:1"])) as srv:
@@ -331,6 +335,7 @@ class ConfigServer:
         max_size: int = 0,
         replace_crashed: bool = False,
         max_long_polls: int = DEFAULT_MAX_LONG_POLLS,
+        admit_window: float = 0.0,
     ):
         self._secret = _secret_bytes(secret)
         self._job_id = job_id
@@ -346,8 +351,14 @@ class ConfigServer:
         if problem is not None:
             raise ValueError(f"initial cluster: {problem}")
         self._jobs = JobStateMachine(
-            initial, elastic=elastic, min_size=min_size, max_size=max_size, replace_crashed=replace_crashed
+            initial,
+            elastic=elastic,
+            min_size=min_size,
+            max_size=max_size,
+            replace_crashed=replace_crashed,
+            admit_window=admit_window,
         )
+        self._admission_timer: threading.Thread | None = None
         self._nonces = NonceBook()
         self._servicer = _Servicer(self._jobs, self._nonces, max_long_polls)
         self._server: grpc.Server | None = None
@@ -383,6 +394,11 @@ class ConfigServer:
         self.port = port
         server.start()
         self._server = server
+        if self._jobs.admit_window > 0:
+            self._admission_timer = threading.Thread(
+                target=self._jobs.run_admission_timer, name="kungfu-config-admission", daemon=True
+            )
+            self._admission_timer.start()
         return self
 
     def stop(self, grace: float | None = None) -> None:
@@ -392,6 +408,10 @@ class ConfigServer:
             stopped = server.stop(grace)
             self._jobs.release_waiters()  # long polls answer now instead of at their timeout
             stopped.wait()
+        timer, self._admission_timer = self._admission_timer, None
+        if timer is not None:
+            self._jobs.stop_admission_timer()
+            timer.join()
 
     def get_cluster(self) -> config_pb2.Cluster:
         """The current Cluster, read locally (no RPC, no secret needed)."""

@@ -60,6 +60,7 @@ class ElasticPlan:
     replace_crashed: bool
     discovery_script: Path | None
     join_timeout: float
+    admit_window: float
     command: list[str]
     topology: str
     timeout: int
@@ -158,6 +159,7 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
         replace_crashed=options.replace_crashed,
         discovery_script=options.discovery_script,
         join_timeout=options.join_timeout,
+        admit_window=options.admit_window,
         command=options.command,
         topology=options.topology,
         timeout=options.timeout,

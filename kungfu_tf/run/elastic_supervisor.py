@@ -228,6 +228,7 @@ class ElasticSupervisor:
                 min_size=plan.min_np,
                 max_size=plan.max_np,
                 replace_crashed=plan.replace_crashed,
+                admit_window=plan.admit_window,
             )
             try:
                 server.start()

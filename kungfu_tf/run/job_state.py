@@ -17,7 +17,13 @@ Rules (see /work/wt/notes/elastic_spec.md and proto/config.proto):
   refuses sizes outside [min_size, max_size] (OUT_OF_RANGE).
 * READY joiners whose signature equals the job's are admitted in the order
   they became ready, while the cluster is smaller than ``target_size``: one
-  new version appends all joiners admitted at once. A joiner with another
+  new version appends all joiners admitted at once. With an admission
+  window (``admit_window`` seconds > 0), joiners of one growth are admitted
+  together: once one is READY and could be admitted, admission waits until
+  every joiner that fits under the target (size + READY + STARTING) is
+  READY, or until the window, counted from that moment, ends; every version
+  change costs the members a state sync, while waiting costs nothing (they
+  keep training while joiners warm up). A joiner with another
   signature is REJECTED with a reason naming the first differing line (that
   is, the first variable: one line "name shape dtype" per variable).
 * ``report_lost(v, peers)``: if the cluster is still at v, commits v + 1
@@ -47,6 +53,20 @@ Example:
     >>> state = jobs.joiner_ready(p("h:3"), "w (2, 2) float32")
     >>> state.cluster.version, len(state.cluster.workers), len(state.joiners)
     (2, 3, 0)
+
+With an admission window, the first of two joiners waits for the second
+(the config service's timer calls ``admit_due`` when the window ends)::
+
+    >>> clock = [0.0]
+    >>> jobs = JobStateMachine(initial, elastic=True, max_size=4, admit_window=5.0, clock=lambda: clock[0])
+    >>> _ = jobs.set_signature("w (2, 2) float32")
+    >>> _ = jobs.request_size(4)
+    >>> _ = jobs.add_joiner(p("h:3")), jobs.add_joiner(p("h:4"))
+    >>> jobs.joiner_ready(p("h:3"), "w (2, 2) float32").cluster.version, jobs.admission_deadline()
+    (1, 5.0)
+    >>> clock[0] = 1.5
+    >>> len(jobs.joiner_ready(p("h:4"), "w (2, 2) float32").cluster.workers)
+    4
 """
 
 from __future__ import annotations
@@ -198,6 +218,12 @@ class JobStateMachine:
         may commit (max_size 0 = no upper bound).
       replace_crashed: report_lost keeps target_size, so launchers start
         replacements (joiners) for crashed workers.
+      admit_window: seconds a READY joiner may wait for the other joiners
+        that fit under the target (still STARTING) to be admitted with them
+        in one version; 0 admits each as soon as it is READY. Admission
+        happens on requests, so with a window something must call
+        :meth:`admit_due` when it ends (:meth:`run_admission_timer` does).
+      clock: seconds, monotonic (``time.monotonic``; tests pass a fake one).
 
     Every method that changes something returns the new ``JobState``; errors
     are :class:`JobStateError` subclasses with a message naming the cause.
@@ -211,6 +237,8 @@ class JobStateMachine:
         min_size: int = 1,
         max_size: int = 0,
         replace_crashed: bool = False,
+        admit_window: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         initial = initial if initial is not None else config_pb2.Cluster()
         problem = cluster_problem(initial)
@@ -221,6 +249,13 @@ class JobStateMachine:
                 raise ValueError(f"{name} must be an integer in 0..2**32-1, got {value!r}")
         if min_size < 1:
             raise ValueError(f"min_size must be at least 1, got {min_size}")
+        if (
+            not isinstance(admit_window, (int, float))
+            or isinstance(admit_window, bool)
+            or not math.isfinite(admit_window)
+            or admit_window < 0
+        ):
+            raise ValueError(f"admit_window must be a finite number of seconds >= 0, got {admit_window!r}")
         if max_size and max_size < min_size:
             raise ValueError(f"max_size ({max_size}) must be 0 (no limit) or >= min_size ({min_size})")
         size = len(initial.workers)
@@ -232,6 +267,12 @@ class JobStateMachine:
         self._min = min_size
         self._max = max_size
         self._replace_crashed = replace_crashed
+        self._admit_window = float(admit_window)
+        self._clock = clock
+        # When (clock) READY joiners first waited for others of their growth;
+        # None while no admission is pending.
+        self._window_opened: float | None = None
+        self._timer_stopped = False
         self._cond = threading.Condition()
         self._cluster = config_pb2.Cluster()
         self._cluster.CopyFrom(initial)
@@ -574,8 +615,57 @@ class JobStateMachine:
             if joiner.state != Joiner.REJECTED:
                 # Withdrawn while its process may still run (and be stopped).
                 self._removed.add(_key(peer))
+            # The READY joiners that waited for it may be complete now.
+            self._admit()
             self._changed()
             return self._snapshot()
+
+    # ------------------------------------------------------ admission window
+
+    @property
+    def admit_window(self) -> float:
+        """Seconds READY joiners may wait for the others of their growth (0: none)."""
+        return self._admit_window
+
+    def admission_deadline(self) -> float | None:
+        """When (on the clock) the admission window open now ends; None if none is open."""
+        with self._cond:
+            return None if self._window_opened is None else self._window_opened + self._admit_window
+
+    def admit_due(self) -> config_pb2.JobState:
+        """Admits the READY joiners whose admission window has ended (or who wait for nobody now).
+
+        Called by :meth:`run_admission_timer` when a window ends, and by tests
+        that advance a fake clock.
+        """
+        with self._cond:
+            if self._admit():
+                self._changed()
+            return self._snapshot()
+
+    def run_admission_timer(self) -> None:
+        """Ends every admission window on time, until :meth:`stop_admission_timer` (blocks).
+
+        Admission otherwise happens only on requests; the config service runs
+        this in a thread of its own. It sleeps while no window is open (a
+        READY joiner that starts waiting wakes it, as every change does).
+        """
+        with self._cond:
+            while not self._timer_stopped:
+                if self._window_opened is None:
+                    self._cond.wait()
+                    continue
+                remaining = self._window_opened + self._admit_window - self._clock()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                elif self._admit():  # an ended window always closes (admitted, or nothing left to admit)
+                    self._changed()
+
+    def stop_admission_timer(self) -> None:
+        """Makes :meth:`run_admission_timer` return."""
+        with self._cond:
+            self._timer_stopped = True
+            self._cond.notify_all()
 
     # ------------------------------------------------------------- internals
 
@@ -615,22 +705,43 @@ class JobStateMachine:
             joiner.state = Joiner.REJECTED
             joiner.reason = f"joiner {peer_string(joiner.peer)} has a different model: {difference}"
 
-    def _admit(self) -> None:
-        """Admits READY joiners in ready order while size < target (lock held): one commit."""
-        if not self._signature:
-            return  # READY joiners wait until a member has set the job's signature
-        if self._finished:
-            return  # the job is ending: a joiner would wait for members that are gone
-        room = self._target - len(self._cluster.workers)
-        ready = sorted(
-            (j for j in self._joiners.values() if j.state == Joiner.READY), key=lambda j: j.ready_order
-        )[: max(room, 0)]
+    def _admit(self) -> bool:
+        """Admits READY joiners in ready order while size < target (lock held): one commit.
+
+        With an admission window, READY joiners wait (without a commit) while
+        other joiners that fit under the target are STARTING, until the
+        window opened by the first of them ends. Returns whether it committed.
+        """
+        ready, expected = self._admissible()
         if not ready:
-            return
+            self._window_opened = None
+            return False
+        if len(ready) < expected and self._admit_window > 0:
+            now = self._clock()
+            if self._window_opened is None:
+                self._window_opened = now
+            if now - self._window_opened < self._admit_window:
+                return False
+        self._window_opened = None
         self._commit(
             list(self._cluster.workers) + [j.peer for j in ready],
             "admitted " + ", ".join(peer_string(j.peer) for j in ready),
         )
+        return True
+
+    def _admissible(self) -> tuple[list[_Joiner], int]:
+        """The READY joiners that may be admitted now, in ready order, and how many joiners
+        (READY or STARTING) fit under the target (lock held)."""
+        if not self._signature:
+            return [], 0  # READY joiners wait until a member has set the job's signature
+        if self._finished:
+            return [], 0  # the job is ending: a joiner would wait for members that are gone
+        room = max(self._target - len(self._cluster.workers), 0)
+        ready = sorted(
+            (j for j in self._joiners.values() if j.state == Joiner.READY), key=lambda j: j.ready_order
+        )
+        starting = sum(j.state == Joiner.STARTING for j in self._joiners.values())
+        return ready[:room], min(room, len(ready) + starting)
 
     def _commit(self, workers: Iterable[config_pb2.PeerID], reason: str) -> None:
         """Commits the next version with ``workers`` (lock held); admitted joiners are dropped."""

@@ -129,6 +129,7 @@ def run_on_ray(
             replace_crashed=options.replace_crashed,
             discovery_script=None,
             join_timeout=options.join_timeout,
+            admit_window=options.admit_window,
             command=options.command,
             topology=options.topology,
             timeout=options.timeout,

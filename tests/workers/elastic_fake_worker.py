@@ -8,6 +8,10 @@ joiner (``KUNGFU_JOINER=1``) always reports READY and waits to be admitted
 MODE (what the initial members do):
   grow N       rank 0 sets the signature and asks for N workers; every
                member (joiners too) exits 0 once the cluster has N.
+  grow-staggered N:S
+               as grow, but the joiners warm up at different times: each
+               waits S seconds times its position among the joiners (in the
+               order they were placed) before it reports READY.
   crash R      rank 0 sets the signature, rank R SIGKILLs itself; the others
                (and the replacement) exit 0 once the cluster is whole again
                at version 3 (v2 without R, v3 with its replacement).
@@ -115,6 +119,10 @@ if env.joiner and mode in ("stuck", "stuck-deaf"):
     print("warming up for ever", flush=True)
     time.sleep(60)
     sys.exit(3)
+if env.joiner and mode == "grow-staggered":
+    placed = [cluster_peers_of(j) for j in client.get_job_state().joiners]
+    time.sleep(float(arg.split(":")[1]) * placed.index(me))
+    mode, arg = "grow", arg.split(":")[0]
 if env.joiner:
     client.joiner_ready(me, OTHER_SIGNATURE if mode == "reject" else SIGNATURE)
     state = wait_until(lambda s: me in members(s) or rejected(s))
@@ -128,6 +136,8 @@ if env.joiner:
         lose_grow_shrink(int(arg))
     sys.exit(0)
 
+if mode == "grow-staggered":
+    mode, arg = "grow", arg.split(":")[0]
 if mode == "grow":
     if env.rank == 0:
         client.set_signature(SIGNATURE)
