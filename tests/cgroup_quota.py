@@ -33,6 +33,7 @@ import itertools
 import os
 import time
 from pathlib import Path
+from typing import Self
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
@@ -138,7 +139,7 @@ class CpuQuota:
                 time.sleep(0.02)
         self.path.rmdir()
 
-    def __enter__(self) -> CpuQuota:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
