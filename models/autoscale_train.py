@@ -23,7 +23,8 @@ add ``--scale-by`` workers every ``--scale-every`` steps while the scaling
 efficiency stays above ``--efficiency-threshold`` and, with ``--price`` and
 ``--utility``, while the marginal utility exceeds the marginal cost);
 ``provisioning`` (``ResourceProvisioningPolicy``: KungFu Fig. 6, ``--alpha``);
-``straggler`` (``StragglerPolicy``: ``--straggler-threshold``).
+``straggler`` (``StragglerPolicy``: ``--straggler-threshold``); ``schedule``
+(``--resize-at STEP:SIZE,...``: fixed resizes, to test the workload itself).
 
 ``--record FILE``: every worker appends JSON lines to FILE (one ``write``
 per line, O_APPEND): ``{"event": "step", "step", "t0", "t1", "size", "rank",
@@ -59,7 +60,7 @@ from kungfu_tf import elastic, ops
 from kungfu_tf.optimizers import GradientMonitor, SynchronousSGDOptimizer
 from kungfu_tf.policy import BasePolicy, PolicyRunner
 
-POLICIES = ("none", "autoscaling", "provisioning", "straggler")
+POLICIES = ("none", "autoscaling", "provisioning", "straggler", "schedule")
 UTILITIES = ("none", "linear", "step")
 CLASSES = 10
 
@@ -88,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deadline", type=float, default=600.0, help="seconds at which the linear utility reaches 0 / the step's deadline")
     p.add_argument("--alpha", type=float, default=0.5, help="provisioning: keep a worker if throughput grew > 1 + alpha/size")
     p.add_argument("--straggler-threshold", type=float, default=0.8, help="straggler: fraction of the median")
+    p.add_argument("--resize-at", default="", help="schedule: STEP:SIZE,... resize after that many steps")
     p.add_argument("--record", default=None, help="append JSON lines here (see the docstring)")
     p.add_argument("--log-dir", default=None, help="TensorBoard logs of the policy runner (rank 0)")
     p.add_argument("--quiet", action="store_true", help="the runner does not print its decisions")
@@ -99,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--steps must be positive, got {args.steps}")
     if args.wait_ms < 0:
         p.error(f"--wait-ms must be >= 0, got {args.wait_ms}")
+    try:
+        args.schedule = {int(a): int(b) for a, b in (part.split(":") for part in args.resize_at.split(",") if part)}
+    except ValueError:
+        p.error(f"--resize-at must be STEP:SIZE,... (e.g. 5:2,20:1), got {args.resize_at!r}")
     if (args.price is None) != (args.utility == "none"):
         p.error(f"--price and --utility go together (got --price {args.price}, --utility {args.utility})")
     return args
@@ -131,7 +137,27 @@ def make_policy(args: argparse.Namespace) -> BasePolicy | None:
         from kungfu_tf.policy import StragglerPolicy
 
         return StragglerPolicy(threshold=args.straggler_threshold, warmup_steps=args.warmup_steps)
+    if args.policy == "schedule":
+        return ScheduledResize(args.schedule)
     return None
+
+
+class ScheduledResize(BasePolicy):
+    """Asks for ``schedule[step]`` workers after that step (a growth is applied once joiners are ready)."""
+
+    def __init__(self, schedule: dict[int, int]):
+        self.schedule = dict(schedule)
+
+    def after_step(self, ctx: Any) -> None:
+        size = self.schedule.get(ctx.step)
+        if size is not None and size != ctx.size:
+            ctx.resize(size, reason=f"--resize-at {ctx.step}:{size}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedule": {str(k): v for k, v in self.schedule.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.schedule = {int(k): v for k, v in state["schedule"].items()}
 
 
 def synthetic_data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +262,10 @@ class Workload:
             for d in history[self.decisions_written :]:
                 self.record.write("decision", step=d.step, t=time.time(), name=d.name, old=d.old, new=d.new,
                                   by=d.requested_by, reason=d.reason, refused=d.refused, text=str(d))  # fmt: skip
+            decided = {str(d) for d in history}  # the runner logs its decisions too
             for line in lines[self.log_lines_written :]:
+                if str(line) in decided:
+                    continue
                 self.record.write("decision", step=self.state.step, t=time.time(), name="log", text=str(line))
         self.decisions_written, self.log_lines_written = len(history), len(lines)
 
@@ -265,8 +294,8 @@ class Workload:
             self.write_decisions()
             if self.runner.detached:
                 return True
-            changed = self.note_change()  # a shrink the policy applied
-            if state.check() is not None or self.note_change() or changed:
+            state.check()
+            if self.note_change():  # a joiner admitted by check(), a shrink the policy applied, ...
                 self.runner.before_train()
         self.runner.after_train()
         self.write_decisions()
