@@ -1,12 +1,13 @@
 """PolicyContext's cluster view and decision log in one process: peers, self_peer, size_bounds,
 resize(workers=...) passed to kungfu_tf.ops.resize, ctx.log and policy metrics in TensorBoard.
 
-The multi-worker behaviour (a real eviction) is in tests/test_straggler_policy.py.
+The multi-worker behaviour (a real eviction) is in tests/test_straggler_policy.py (StragglerPolicy).
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 import types
@@ -165,3 +166,21 @@ def test_log_rejects_a_non_string():
     runner = PolicyRunner([Scripted(lambda ctx: ctx.log(3.5))], verbose=False)
     with pytest.raises(TypeError, match="log: text must be a str, got float 3.5"):
         run_steps(runner, 1)
+
+
+def test_a_joiner_keeps_the_per_worker_batch_and_ends_with_the_members_state_dict(monkeypatch):
+    """ElasticState syncs runner.state_dict() from members still sized for the old cluster (they refresh
+    at their next phase); the joiner, already in the new one, must train on the same per-worker batch,
+    and its state_dict must equal the members' (the sync compares digests)."""
+    import kungfu_tf.policy.runner as runner_module
+
+    members = PolicyRunner([], batch_size=8, verbose=False)  # one worker: local batch 8
+    members.before_train()
+    state = json.loads(json.dumps(members.state_dict()))
+    joiner = PolicyRunner([], batch_size=8, verbose=False)
+    joiner.before_train()
+    three = types.SimpleNamespace(current_int=lambda op: op(), rank=lambda: 2, cluster_size=lambda: 3)
+    monkeypatch.setattr(runner_module, "config", three)  # the joiner is rank 2 of 3
+    joiner.load_state_dict(state)
+    assert (joiner.size, joiner.batch_size, int(joiner.local_batch_size.numpy())) == (3, 24, 8)
+    assert joiner.state_dict() == members.state_dict()

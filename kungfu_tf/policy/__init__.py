@@ -10,6 +10,7 @@ Example:
 """
 
 from kungfu_tf.policy.adaptive_topology import AdaptiveTopologyPolicy
+from kungfu_tf.policy.autoscaling import AutoscalingPolicy
 from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.context import PolicyContext
 from kungfu_tf.policy.errors import PeerPolicyError, PolicyDisagreementError
@@ -18,20 +19,37 @@ from kungfu_tf.policy.gns_resize import GNSResizePolicy
 from kungfu_tf.policy.hysteresis import Hysteresis
 from kungfu_tf.policy.learning_rate_rule import LR_RULES, scaled_learning_rate
 from kungfu_tf.policy.policy_state import PolicyState
+from kungfu_tf.policy.resource_provisioning import ResourceProvisioningPolicy
 from kungfu_tf.policy.runner import Decision, PolicyRunner
+from kungfu_tf.policy.scaling_search import ScalingSearch
+from kungfu_tf.policy.straggler import StragglerPolicy
+from kungfu_tf.policy.utility import (
+    ConcaveUtility,
+    LinearUtility,
+    StepUtility,
+    check_utility,
+)
 
 __all__ = [
     "LR_RULES",
     "AdaptiveTopologyPolicy",
+    "AutoscalingPolicy",
     "BasePolicy",
+    "ConcaveUtility",
     "Decision",
     "GNSBatchSizePolicy",
     "GNSResizePolicy",
     "Hysteresis",
+    "LinearUtility",
     "PeerPolicyError",
     "PolicyContext",
     "PolicyDisagreementError",
     "PolicyRunner",
     "PolicyState",
+    "ResourceProvisioningPolicy",
+    "ScalingSearch",
+    "StepUtility",
+    "StragglerPolicy",
+    "check_utility",
     "scaled_learning_rate",
 ]

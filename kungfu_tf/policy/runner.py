@@ -364,12 +364,21 @@ class PolicyRunner:
         a worker that joins (or a survivor behind the others) then continues
         with the members' counters, batch size and policy references.
 
+        The batch size travels per worker (``local_batch_size``), not as the
+        global batch: the members give their state while still sized for
+        the old cluster (they refresh at their next phase), and the joiner,
+        already in the new one, multiplies it by the new size; so both hold
+        the same state_dict (the sync compares them).
+
         Example:
             >>> from kungfu_tf.policy import PolicyRunner
-            >>> PolicyRunner([], batch_size=8).state_dict()["counters"]["batch_size"]
+            >>> PolicyRunner([], batch_size=8).state_dict()["local_batch_size"]
             8
         """
-        return {"counters": self.state_counters(), "policies": [p.state_dict() for p in self.policies]}
+        counters = self.state_counters()
+        del counters["batch_size"]  # depends on the cluster size: see local_batch_size
+        local = 0 if self.batch_size is None else self.batch_size // self.size
+        return {"counters": counters, "local_batch_size": local, "policies": [p.state_dict() for p in self.policies]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Adopts another worker's :meth:`state_dict` (of a runner with the same policies), for this cluster.
@@ -392,8 +401,9 @@ class PolicyRunner:
             policy.load_state_dict(entry)
         self._policies_ran = True
         self.refresh_cluster()
-        if self.batch_size is not None and counters["batch_size"] > 0:
-            self.batch_size = counters["batch_size"]
+        local = int(state.get("local_batch_size", 0))
+        if self.batch_size is not None and local > 0:
+            self.batch_size = local * self.size
             if self._started:
                 self.access.assign_local_batch_size(self.batch_size // self.size)
         self._save_state()

@@ -1,0 +1,279 @@
+"""``StragglerPolicy``: replace a persistently slow worker, keeping the cluster size (Or et al. §5, Algorithm 1).
+
+Example:
+    >>> from kungfu_tf.policy import StragglerPolicy
+    >>> policy = StragglerPolicy(threshold=0.8, alpha=0.1, every=10)
+    >>> averages = FractionAverages(alpha=0.5)
+    >>> averages.record({"h:1": 100.0, "h:2": 100.0, "h:3": 25.0})  # throughput / median
+    {'h:1': 1.0, 'h:2': 1.0, 'h:3': 0.25}
+    >>> averages.averages["h:3"]  # new workers start at 1.0: 0.5 * 0.25 + 0.5 * 1.0
+    0.625
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kungfu_tf.policy.base_policy import BasePolicy
+from kungfu_tf.policy.context import PolicyContext
+
+GATHER_NAME = "kungfu_policy/straggler_throughputs"
+
+
+def _check_fraction(name: str, value: object, *, open_low: bool = False) -> float:
+    """``value`` as a float in [0, 1] ((0, 1] with ``open_low``), else ValueError naming ``name``."""
+    low = "(0" if open_low else "[0"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"StragglerPolicy: {name} must be a number in {low}, 1], got {value!r}")
+    v = float(value)
+    if not (0.0 < v <= 1.0 if open_low else 0.0 <= v <= 1.0):
+        raise ValueError(f"StragglerPolicy: {name} must be a number in {low}, 1], got {value!r}")
+    return v
+
+
+def _check_int(name: str, value: object, least: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+        what = "a positive int" if least == 1 else f"an int >= {least}"
+        raise ValueError(f"StragglerPolicy: {name} must be {what}, got {value!r}")
+    return int(value)
+
+
+class FractionAverages:
+    """Algorithm 1's ``record_stats``: per worker, an EWMA of its throughput as a fraction of the median.
+
+    Keyed by peer ("host:port"), not rank: ranks move when workers join or
+    leave, a peer names the same process for its whole life. A worker's
+    first sample is averaged with 1.0 (a new worker is presumed as fast as
+    the median, so one slow first step does not condemn it). Steps with
+    fewer than two measured workers say nothing about relative speed and
+    are skipped.
+
+    Example:
+        >>> a = FractionAverages(alpha=0.1)
+        >>> for _ in range(3):
+        ...     _ = a.record({"h:1": 10.0, "h:2": 10.0, "h:3": 5.0})
+        >>> round(a.averages["h:3"], 4)  # 1 - 0.5 * (1 - 0.9**3)
+        0.8645
+    """
+
+    def __init__(self, alpha: float):
+        self.alpha = _check_fraction("alpha", alpha, open_low=True)
+        self.averages: dict[str, float] = {}
+
+    def record(self, throughputs: Mapping[str, float]) -> dict[str, float]:
+        """Updates the averages with one step's throughputs (NaN/missing: not measured); returns the fractions."""
+        measured = {p: float(t) for p, t in throughputs.items() if math.isfinite(t) and t > 0}
+        if len(measured) < 2:
+            return {}
+        median = float(np.median(list(measured.values())))
+        fractions = {p: t / median for p, t in measured.items()}
+        for peer, fraction in fractions.items():
+            self.averages[peer] = self.alpha * fraction + (1 - self.alpha) * self.averages.get(peer, 1.0)
+        return fractions
+
+    def keep_only(self, peers: Sequence[str]) -> None:
+        """Forgets the workers that are no longer members."""
+        self.averages = {p: v for p, v in self.averages.items() if p in peers}
+
+    def slowest_below(self, threshold: float, peers: Sequence[str]) -> str | None:
+        """Algorithm 1's ``is_straggler``: the member with the lowest average below ``threshold`` (ties: lowest rank)."""
+        below = [(self.averages[p], i, p) for i, p in enumerate(peers) if p in self.averages and self.averages[p] < threshold]
+        return min(below)[2] if below else None
+
+
+class StragglerPolicy(BasePolicy):
+    """Detects a persistent straggler and replaces it without ever shrinking the cluster (Or et al. §5).
+
+    After every step each worker notes its compute throughput: its local
+    batch / its ``compute_time`` (the GradientMonitor's time from the start
+    of the step to its gradients being ready, without the wait for its
+    peers; throughput is steps/s when the runner has no ``batch_size``).
+    Every ``every`` steps the workers all-gather these notes (one small
+    collective), so every worker holds the same table, and replay
+    Algorithm 1 over it step by step: each worker's throughput as a fraction
+    of the median of that step, smoothed by an EWMA with ``alpha``
+    (:class:`FractionAverages`), keyed by peer ("host:port") so that
+    averages follow processes, not ranks, through membership changes. The
+    first ``warmup_steps`` steps after each change of the cluster (and at
+    the start) are not measured: they include tracing and state syncs.
+
+    Then, with identical state on every worker (hence identical requests):
+
+    * a member whose average is below ``threshold`` is a persistent
+      straggler (a worker slow on most steps but fast every so often is
+      still caught: only its average counts). The slowest one is handled;
+      one straggler at a time.
+    * First a replacement is asked for: ``ctx.resize(size + 1)``. Growth is
+      asynchronous: the launcher warms a joiner up and admits it at a later
+      step boundary.
+    * At a later check, once the cluster has grown beyond the size it had
+      when the replacement was asked for, the straggler is evicted:
+      ``ctx.resize(workers=[every member but the straggler])`` (it detaches
+      and exits). The cluster is never smaller than before the replacement.
+    * At the job's ``--max-np`` there is no room for a replacement: the
+      straggler is kept (and logged at every check); outside an elastic job
+      likewise.
+
+    Every check logs the averages and what was decided, or why nothing was
+    (``ctx.log``; rank 0 prints and writes TensorBoard text), and puts
+    ``straggler/fraction/<peer>``, ``straggler/median_throughput``,
+    ``straggler/pending`` and ``straggler/replaced`` into the metrics
+    (TensorBoard scalars). The averages and the pending replacement are in
+    :meth:`state_dict`, so joiners continue with them.
+
+    Needs a ``GradientMonitor`` (``gns=False`` is enough) and, to act, an
+    elastic job: ``kungfu-run --elastic -np N --max-np N+1``. A departed
+    straggler (crash, other policy) ends a pending replacement; the
+    replacement that then joined simply stays. A replacement that never
+    comes (the launcher cannot start one) leaves the straggler in place.
+
+    Args:
+        threshold: in [0, 1]: the lowest tolerated average fraction of the
+            median throughput (0.8: at most a 1.25x slowdown from a straggler;
+            0: nobody is a straggler; 1: anybody below the median is).
+        alpha: in (0, 1]: the EWMA weight of the newest step (0.1 in the paper).
+        every: check every this many steps (Algorithm 1's N).
+        warmup_steps: steps not measured after a change of the cluster.
+
+    Example:
+        >>> from kungfu_tf.optimizers import GradientMonitor, SynchronousSGDOptimizer
+        >>> from kungfu_tf.policy import PolicyRunner, StragglerPolicy
+        >>> monitor = GradientMonitor(batch_size=32, gns=False)  # doctest: +SKIP
+        >>> runner = PolicyRunner([StragglerPolicy(every=20)], batch_size=32 * kungfu_tf.size(),
+        ...                       monitor=monitor)  # doctest: +SKIP
+        >>> state = kungfu_tf.elastic.ElasticState(model.variables, policy=runner)  # doctest: +SKIP
+    """
+
+    needs_monitor = True
+
+    def __init__(self, threshold: float = 0.8, alpha: float = 0.1, every: int = 10, warmup_steps: int = 2):
+        self.threshold = _check_fraction("threshold", threshold)
+        self.alpha = _check_fraction("alpha", alpha, open_low=True)
+        self.every = _check_int("every", every, 1)
+        self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
+        self._averages = FractionAverages(self.alpha)
+        # The straggler whose replacement was asked for: {"peer", "size" (the cluster size then), "step"}.
+        self._pending: dict[str, Any] | None = None
+        self._replaced = 0
+        # This worker's own measurements (not shared state): step -> throughput.
+        self._samples: dict[int, float] = {}
+        self._peers_seen: tuple[str, ...] | None = None
+        self._measure_from = 0
+
+    @property
+    def averages(self) -> dict[str, float]:
+        """The EWMA of each member's throughput fraction, by peer."""
+        return dict(self._averages.averages)
+
+    @property
+    def pending(self) -> dict[str, Any] | None:
+        """The straggler waiting for its replacement (``peer``, ``size`` when asked, ``step``), or None."""
+        return None if self._pending is None else dict(self._pending)
+
+    def config(self) -> dict[str, Any]:
+        return {"threshold": self.threshold, "alpha": self.alpha, "every": self.every, "warmup_steps": self.warmup_steps}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"averages": self.averages, "pending": self.pending, "replaced": self._replaced}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._averages.averages = {str(k): float(v) for k, v in state.get("averages", {}).items()}
+        self._pending = state.get("pending")
+        self._replaced = int(state.get("replaced", 0))
+
+    # ----------------------------------------------------------- hooks
+
+    def after_step(self, ctx: PolicyContext) -> None:
+        self.measure(ctx)
+        if (ctx.step + 1) % self.every == 0:
+            self.check(ctx)
+
+    def measure(self, ctx: PolicyContext) -> None:
+        """Notes this worker's throughput of the step just run (skipped right after a cluster change)."""
+        peers = tuple(ctx.peers)
+        if peers != self._peers_seen:
+            self._peers_seen = peers
+            self._measure_from = ctx.step + self.warmup_steps
+        if ctx.step < self._measure_from:
+            return
+        seconds = ctx.metrics.get("compute_time")
+        if not isinstance(seconds, (int, float, np.integer, np.floating)) or not math.isfinite(seconds) or seconds <= 0:
+            return
+        self._samples[ctx.step] = float(ctx.local_batch_size or 1) / float(seconds)
+
+    def window(self, step: int) -> np.ndarray:
+        """This worker's throughputs of the ``every`` steps ending at ``step`` (NaN: not measured)."""
+        return np.array([self._samples.get(s, math.nan) for s in range(step - self.every + 1, step + 1)], np.float64)
+
+    def check(self, ctx: PolicyContext) -> None:
+        """Algorithm 1 over the last ``every`` steps of every worker, then one decision (identical everywhere)."""
+        mine = self.window(ctx.step)
+        self._samples = {s: t for s, t in self._samples.items() if s > ctx.step}
+        # Every worker's notes, by rank: the same table everywhere, whoever joined or left since.
+        peers = tuple(ctx.peers)
+        table = np.asarray(ctx.all_gather(mine, name=GATHER_NAME), np.float64).reshape(len(peers), self.every)
+        medians = []
+        for column in table.T:
+            fractions = self._averages.record(dict(zip(peers, column.tolist())))
+            if fractions:
+                medians.append(float(np.median([t for t in column if math.isfinite(t) and t > 0])))
+        self._averages.keep_only(peers)
+        averages = self._averages.averages
+        for peer, value in averages.items():
+            ctx.metrics[f"straggler/fraction/{peer}"] = value
+        ctx.metrics["straggler/median_throughput"] = medians[-1] if medians else math.nan
+        shown = ", ".join(f"{p} {averages[p]:.3f}" for p in peers if p in averages) or "none measured yet"
+        median = f"{medians[-1]:.4g}" if medians else "n/a"
+        ctx.log(
+            f"straggler check: EWMA of throughput / median: {shown} (threshold {self.threshold:g}, "
+            f"{len(medians)} of {self.every} steps measured, last median {median}/s)"
+        )
+        self._decide(ctx, peers)
+        ctx.metrics["straggler/pending"] = float(self._pending is not None)
+        ctx.metrics["straggler/replaced"] = float(self._replaced)
+
+    def _decide(self, ctx: PolicyContext, peers: tuple[str, ...]) -> None:
+        size = len(peers)
+        if self._pending is not None:
+            slow, asked_at_size = self._pending["peer"], int(self._pending["size"])
+            if slow not in peers:
+                self._replaced += 1
+                ctx.log(f"straggler {slow} has left the cluster ({size} workers): replacement done")
+                self._pending = None
+                return
+            if size > asked_at_size:
+                keep = [p for p in peers if p != slow]
+                ctx.resize(
+                    workers=keep,
+                    reason=f"evict straggler {slow} (average {self._averages.averages.get(slow, math.nan):.3f}): "
+                    f"the cluster grew from {asked_at_size} to {size} workers",
+                )
+                ctx.log(f"evicting straggler {slow}: its replacement has joined ({asked_at_size} -> {size} workers)")
+                return
+            ctx.log(
+                f"straggler {slow}: waiting for its replacement (asked at step {self._pending['step']}, "
+                f"{size} workers); keeping it until then"
+            )
+            return
+        slow = self._averages.slowest_below(self.threshold, peers)
+        if slow is None:
+            ctx.log(f"no straggler: every average is >= {self.threshold:g}")
+            return
+        average = self._averages.averages[slow]
+        bounds = ctx.size_bounds
+        if bounds is None:
+            ctx.log(f"straggler {slow} (average {average:.3f}) kept: not an elastic job, no replacement can be added")
+            return
+        if bounds[1] and size + 1 > bounds[1]:
+            ctx.log(
+                f"straggler {slow} (average {average:.3f}) kept: the job is at --max-np {bounds[1]}, "
+                "no room for a replacement"
+            )
+            return
+        ctx.resize(size + 1, reason=f"replacement for straggler {slow} (average {average:.3f} < {self.threshold:g})")
+        ctx.log(f"straggler {slow} (average {average:.3f} < {self.threshold:g}): asked for a replacement ({size} -> {size + 1})")
+        self._pending = {"peer": slow, "size": size, "step": ctx.step + 1}

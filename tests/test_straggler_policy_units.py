@@ -1,0 +1,278 @@
+"""StragglerPolicy (Or et al. Algorithm 1) on simulated clusters: its averages against a closed-form numpy
+EWMA, persistent vs occasional slowness, a straggler fast every N-1th step, averages that follow peers
+across rank changes, the replace-then-evict sequence, --max-np, identical decisions on every worker,
+the state a joiner gets, and bad arguments. With real workers: tests/test_straggler_policy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from kungfu_tf.policy import PolicyRunner, StragglerPolicy
+from kungfu_tf.policy.straggler import FractionAverages
+
+ALPHA = 0.1
+
+
+def reference_averages(throughputs: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
+    """Closed form of Algorithm 1 for workers measured at every step: throughputs [steps, workers] ->
+    averages [workers] = (1-a)^n * 1.0 + sum_k a (1-a)^(n-1-k) f_k, f = throughput / median of its step."""
+    fractions = throughputs / np.median(throughputs, axis=1, keepdims=True)
+    n = len(fractions)
+    weights = alpha * (1 - alpha) ** np.arange(n - 1, -1, -1)
+    return (1 - alpha) ** n + weights @ fractions
+
+
+class SimWorker:
+    """The PolicyContext of one simulated worker; requests are recorded, the cluster is the simulation's."""
+
+    def __init__(self, sim: Simulation, peer: str):
+        self.sim, self.self_peer = sim, peer
+        self.metrics: dict = {}
+        self.requests: list[tuple] = []
+        self.lines: list[str] = []
+
+    # what the policy reads
+    @property
+    def peers(self):
+        return tuple(self.sim.peers)
+
+    @property
+    def size(self):
+        return len(self.sim.peers)
+
+    @property
+    def step(self):
+        return self.sim.step
+
+    @property
+    def local_batch_size(self):
+        return 8
+
+    @property
+    def size_bounds(self):
+        return self.sim.bounds
+
+    def all_gather(self, value, name=None):
+        assert name == "kungfu_policy/straggler_throughputs"
+        row = self.sim.peers.index(self.self_peer)
+        assert np.array_equal(value, self.sim.table[row], equal_nan=True)  # its own row is what it sent
+        return self.sim.table
+
+    def resize(self, new_size=None, reason="", *, workers=None):
+        self.requests.append((self.sim.step + 1, new_size, None if workers is None else tuple(workers), reason))
+
+    def log(self, text):
+        self.lines.append(f"step {self.sim.step + 1}: {text}")
+
+
+class Simulation:
+    """Workers (one policy each) stepping in lock-step; ``throughput(step, peer)`` is what each measures."""
+
+    def __init__(self, peers, throughput, bounds=(1, 8), **policy_args):
+        self.peers, self.throughput, self.bounds = list(peers), throughput, bounds
+        self.policy_args = policy_args
+        self.step = 0
+        self.table = None
+        self.workers = {p: (StragglerPolicy(**policy_args), SimWorker(self, p)) for p in peers}
+
+    def join(self, peer: str, state_from: str) -> None:
+        policy = StragglerPolicy(**self.policy_args)
+        policy.load_state_dict(json.loads(json.dumps(self.workers[state_from][0].state_dict())))
+        self.workers[peer] = (policy, SimWorker(self, peer))
+        self.peers.append(peer)
+
+    def leave(self, peer: str) -> None:
+        self.peers.remove(peer)
+        del self.workers[peer]
+
+    def run(self, steps: int, apply=None) -> None:
+        """``steps`` steps; after each check ``apply(requests)`` may change the cluster (the runner's resize)."""
+        for _ in range(steps):
+            for peer in self.peers:
+                policy, ctx = self.workers[peer]
+                ctx.metrics = {"compute_time": 8 / self.throughput(self.step, peer)}
+                policy.measure(ctx)
+            if (self.step + 1) % self.workers[self.peers[0]][0].every == 0:
+                self.table = np.stack([self.workers[p][0].window(self.step) for p in self.peers])
+                before = {p: len(self.workers[p][1].requests) for p in self.peers}
+                for peer in list(self.peers):
+                    policy, ctx = self.workers[peer]
+                    policy.check(ctx)
+                new = {p: self.workers[p][1].requests[before[p]:] for p in self.peers}
+                assert len({json.dumps(r) for r in new.values()}) == 1, new  # identical on every worker
+                states = {json.dumps(self.workers[p][0].state_dict(), sort_keys=True) for p in self.peers}
+                assert len(states) == 1
+                if apply is not None and new[self.peers[0]]:
+                    apply(new[self.peers[0]])
+            self.step += 1
+
+    def policy(self, peer: str | None = None) -> StragglerPolicy:
+        return self.workers[peer or self.peers[0]][0]
+
+    def ctx(self, peer: str | None = None) -> SimWorker:
+        return self.workers[peer or self.peers[0]][1]
+
+
+PEERS = ["h:1", "h:2", "h:3"]
+
+
+def test_averages_match_the_closed_form_ewma_and_only_persistent_slowness_is_caught():
+    rng = np.random.default_rng(0)
+    steps = 40
+    speeds = 100.0 * (1 + 0.05 * rng.standard_normal((steps, 4)))
+    speeds[:, 2] *= 0.5  # h:3: persistently 2x slower
+    speeds[::10, 3] *= 0.25  # h:4: 4x slower on one step in ten (occasional)
+    peers = [*PEERS, "h:4"]
+    sim = Simulation(peers, lambda s, p: speeds[s, peers.index(p)], bounds=None, every=10, warmup_steps=0)
+    sim.run(steps)
+    want = reference_averages(speeds)
+    got = sim.policy().averages
+    np.testing.assert_allclose([got[p] for p in peers], want, rtol=1e-12)
+    assert want[2] < 0.8 < want[3] < 1.0
+    # checks after 10, 20, 30, 40 steps; 1 - 0.5 * (1 - 0.9**10) = 0.67: caught at the first
+    lines = sim.ctx().lines
+    assert "straggler h:3 (average 0.6" in lines[1] and "kept: not an elastic job" in lines[1]
+    assert not any("h:4 (average" in line for line in lines)
+    assert sim.ctx().metrics["straggler/fraction/h:3"] == pytest.approx(want[2])
+    assert sim.ctx().metrics["straggler/median_throughput"] == pytest.approx(np.median(speeds[-1]))
+
+
+def test_a_straggler_fast_every_n_minus_1th_step_is_still_caught():
+    every = 10
+
+    def speed(step, peer):
+        if peer != "h:3":
+            return 100.0
+        return 100.0 if step % (every - 1) == every - 2 else 40.0  # never slow N steps in a row
+
+    # "slow for N steps in a row" (the alternative the paper rejects) never fires
+    slow = [speed(s, "h:3") < 80.0 for s in range(60)]
+    assert max(len(run) for run in "".join("x" if x else "." for x in slow).split(".")) < every
+    sim = Simulation(PEERS, speed, bounds=(1, 4), every=every, warmup_steps=0)
+    sim.run(every)
+    assert sim.ctx().requests == [(10, 4, None, sim.ctx().requests[0][3])]
+    assert "replacement for straggler h:3" in sim.ctx().requests[0][3]
+    table = np.array([[speed(s, p) for p in PEERS] for s in range(every)])
+    assert sim.policy().averages["h:3"] == pytest.approx(reference_averages(table)[2])
+
+
+def test_averages_follow_peers_not_ranks_across_membership_changes():
+    speeds = {"h:1": 100.0, "h:2": 50.0, "h:3": 100.0, "h:4": 100.0}
+    sim = Simulation(PEERS, lambda s, p: speeds[p], bounds=None, every=5, warmup_steps=2)
+    sim.run(5)  # steps 0-1 not measured: 3 samples
+    slow_after_3 = reference_averages(np.array([[100.0, 50.0, 100.0]] * 3))[1]
+    assert sim.policy().averages["h:2"] == pytest.approx(slow_after_3)
+    # h:1 leaves and h:4 joins: h:2 moves from rank 1 to rank 0, the joiner is new (starts at 1.0)
+    sim.leave("h:1")
+    sim.join("h:4", state_from="h:2")
+    assert sim.peers == ["h:2", "h:3", "h:4"]
+    sim.run(5)  # steps 5-6 not measured after the change: 3 more samples
+    averages = sim.policy().averages
+    assert set(averages) == {"h:2", "h:3", "h:4"}  # the departed h:1 is forgotten
+    assert averages["h:2"] == pytest.approx(reference_averages(np.array([[100.0, 50.0, 100.0]] * 6))[1])
+    assert averages["h:4"] == pytest.approx(reference_averages(np.array([[50.0, 100.0, 100.0]] * 3))[2])
+    # keyed by rank instead, h:2's history would now belong to rank 0's new occupant and vice versa
+    assert averages["h:3"] == pytest.approx(averages["h:4"]) != averages["h:2"]
+
+
+def test_replacement_joins_first_then_the_straggler_is_evicted_and_the_size_never_drops():
+    speeds = {"h:1": 100.0, "h:2": 100.0, "h:3": 30.0, "h:4": 100.0}
+    sim = Simulation(PEERS, lambda s, p: speeds[p], bounds=(2, 4), every=5, warmup_steps=0)
+    sizes, events = [], []
+
+    def apply(requests):
+        (step, new_size, workers, _reason) = requests[-1]
+        events.append((step, new_size, workers))
+        if workers is not None:
+            for p in [p for p in sim.peers if p not in workers]:
+                sim.leave(p)
+        # a growth is asynchronous: the joiner is admitted later (below)
+
+    for _ in range(4):
+        sim.run(5, apply)
+        sizes.append(len(sim.peers))
+        if events and events[-1][1] == 4 and "h:4" not in sim.peers and sim.step >= 10:
+            sim.join("h:4", state_from="h:1")  # admitted some steps after the request
+    assert events == [(5, 4, None), (15, None, ("h:1", "h:2", "h:4"))]
+    assert sizes == [3, 3, 3, 3] and min(sizes) >= 3
+    lines = [line.split(": ", 1)[1] for line in sim.ctx("h:1").lines]
+    assert [line for line in lines if not line.startswith("straggler check")] == [
+        f"straggler h:3 (average {1 - 0.7 * (1 - 0.9**5):.3f} < 0.8): asked for a replacement (3 -> 4)",
+        "straggler h:3: waiting for its replacement (asked at step 5, 3 workers); keeping it until then",
+        "evicting straggler h:3: its replacement has joined (3 -> 4 workers)",
+        "straggler h:3 has left the cluster (3 workers): replacement done",
+    ]
+    assert sim.policy().state_dict()["replaced"] == 1 and sim.policy().pending is None
+    assert sim.ctx("h:1").metrics["straggler/replaced"] == 1.0
+
+
+def test_at_max_np_the_straggler_is_kept_and_logged():
+    sim = Simulation(PEERS, lambda s, p: 20.0 if p == "h:1" else 100.0, bounds=(1, 3), every=4, warmup_steps=0)
+    sim.run(8)
+    assert sim.ctx().requests == []
+    kept = [line for line in sim.ctx().lines if "kept" in line]
+    assert kept == [f"step {s}: straggler h:1 (average {a:.3f}) kept: the job is at --max-np 3, no room for a replacement"
+                    for s, a in ((4, reference_averages(np.array([[20.0, 100, 100]] * 4))[0]),
+                                 (8, reference_averages(np.array([[20.0, 100, 100]] * 8))[0]))]  # fmt: skip
+
+
+def test_one_straggler_at_a_time_the_slowest_first():
+    speeds = {"h:1": 50.0, "h:2": 30.0, "h:3": 100.0, "h:4": 100.0}
+    sim = Simulation(list(speeds), lambda s, p: speeds[p], bounds=(1, 8), every=5, warmup_steps=0)
+    sim.run(15)
+    assert [r[1] for r in sim.ctx().requests] == [5]  # one replacement asked for; h:2 is slowest
+    assert sim.policy().pending == {"peer": "h:2", "size": 4, "step": 5}
+
+
+def test_the_policy_in_a_runner_gathers_one_row_per_worker_and_writes_metrics():
+    class Monitor:
+        def __init__(self):
+            import tensorflow as tf
+
+            self.local_batch_size = tf.Variable(0, dtype=tf.int64)
+
+        def values(self):
+            return {"compute_time": 0.01}
+
+    runner = PolicyRunner([StragglerPolicy(every=3, warmup_steps=1)], batch_size=4, monitor=Monitor(), verbose=False)
+    with runner.training():
+        for _ in range(6):
+            with runner.step():
+                pass
+    checks = [line for line in runner.log_lines if "straggler check" in line]
+    # one worker: no median to compare with; nobody is a straggler
+    assert checks == [f"step {s}: straggler check: EWMA of throughput / median: none measured yet (threshold 0.8, "
+                      f"0 of 3 steps measured, last median n/a/s) [StragglerPolicy]" for s in (3, 6)]  # fmt: skip
+    assert runner.policies[0]._samples == {}
+    assert runner.context.metrics["straggler/pending"] == 0.0
+
+
+def test_fraction_averages_skip_steps_with_fewer_than_two_measured_workers():
+    a = FractionAverages(alpha=0.5)
+    assert a.record({"h:1": 10.0, "h:2": math.nan}) == {} and a.averages == {}
+    assert a.record({"h:1": 10.0, "h:2": 5.0, "h:3": 0.0}) == {"h:1": pytest.approx(4 / 3), "h:2": pytest.approx(2 / 3)}
+    assert a.slowest_below(0.9, ["h:1", "h:2"]) == "h:2" and a.slowest_below(0.5, ["h:1", "h:2"]) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"threshold": 1.5}, ValueError, r"threshold must be a number in \[0, 1\], got 1.5"),
+        ({"threshold": -0.1}, ValueError, r"threshold must be a number in \[0, 1\], got -0.1"),
+        ({"threshold": math.nan}, ValueError, r"threshold must be a number in \[0, 1\], got nan"),
+        ({"threshold": True}, TypeError, r"threshold must be a number in \[0, 1\], got True"),
+        ({"alpha": 0}, ValueError, r"alpha must be a number in \(0, 1\], got 0"),
+        ({"alpha": 1.01}, ValueError, r"alpha must be a number in \(0, 1\], got 1.01"),
+        ({"every": 0}, ValueError, "every must be a positive int, got 0"),
+        ({"every": 2.0}, ValueError, "every must be a positive int, got 2.0"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps must be an int >= 0, got -1"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_value(kwargs, error, message):
+    with pytest.raises(error, match=f"StragglerPolicy: {message}"):
+        StragglerPolicy(**kwargs)
