@@ -79,16 +79,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait-ms", type=float, default=0.0, help="time per step that uses no CPU (see the docstring)")
     # Policy parameters.
-    p.add_argument("--scale-every", type=int, default=10, help="autoscaling/provisioning: steps measured per size")
+    p.add_argument("--scale-every", type=int, default=10,
+                   help="autoscaling/provisioning: steps measured per size; straggler: steps between checks")
     p.add_argument("--scale-by", type=int, default=1, help="autoscaling: workers added at a time (K)")
-    p.add_argument("--efficiency-threshold", type=float, default=0.5, help="autoscaling: the scaling efficiency S")
+    p.add_argument("--efficiency-threshold", type=float, default=0.3, help="autoscaling: the scaling efficiency S")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps after a size change left out of the statistics")
     p.add_argument("--price", type=float, default=None, help="autoscaling: price per worker-hour (with --utility)")
     p.add_argument("--utility", default="none", choices=UTILITIES, help="autoscaling: utility of the completion time")
     p.add_argument("--utility-value", type=float, default=1.0, help="utility of an instant job (linear) / of the first step")
     p.add_argument("--deadline", type=float, default=600.0, help="seconds at which the linear utility reaches 0 / the step's deadline")
-    p.add_argument("--alpha", type=float, default=0.5, help="provisioning: keep a worker if throughput grew > 1 + alpha/size")
+    p.add_argument("--alpha", type=float, default=0.33, help="provisioning: keep a worker if throughput grew > 1 + alpha/size")
     p.add_argument("--straggler-threshold", type=float, default=0.8, help="straggler: fraction of the median")
+    p.add_argument("--straggler-alpha", type=float, default=0.1, help="straggler: EWMA weight of the newest fraction")
     p.add_argument("--resize-at", default="", help="schedule: STEP:SIZE,... resize after that many steps")
     p.add_argument("--record", default=None, help="append JSON lines here (see the docstring)")
     p.add_argument("--log-dir", default=None, help="TensorBoard logs of the policy runner (rank 0)")
@@ -126,9 +128,11 @@ def make_policy(args: argparse.Namespace) -> BasePolicy | None:
     if args.policy == "autoscaling":
         from kungfu_tf.policy import AutoscalingPolicy
 
+        utility = make_utility(args)
         return AutoscalingPolicy(scale_every=args.scale_every, scale_by=args.scale_by,
                                  efficiency_threshold=args.efficiency_threshold, warmup_steps=args.warmup_steps,
-                                 utility=make_utility(args), price=args.price)  # fmt: skip
+                                 utility=utility, price_per_worker_hour=args.price,
+                                 total_samples=args.samples if utility else None)  # fmt: skip
     if args.policy == "provisioning":
         from kungfu_tf.policy import ResourceProvisioningPolicy
 
@@ -136,7 +140,8 @@ def make_policy(args: argparse.Namespace) -> BasePolicy | None:
     if args.policy == "straggler":
         from kungfu_tf.policy import StragglerPolicy
 
-        return StragglerPolicy(threshold=args.straggler_threshold, warmup_steps=args.warmup_steps)
+        return StragglerPolicy(threshold=args.straggler_threshold, alpha=args.straggler_alpha, every=args.scale_every,
+                               warmup_steps=args.warmup_steps)  # fmt: skip
     if args.policy == "schedule":
         return ScheduledResize(args.schedule)
     return None
@@ -269,13 +274,24 @@ class Workload:
                 self.record.write("decision", step=self.state.step, t=time.time(), name="log", text=str(line))
         self.decisions_written, self.log_lines_written = len(history), len(lines)
 
+    def restart_runner(self) -> None:
+        """The runner adopts the new cluster (the global batch follows it), then every member starts it together.
+
+        ``load_state_dict(state_dict())`` rather than ``refresh_cluster()``: it
+        also saves the counters that ``before_train`` restores (else a member
+        restores the global batch of the old cluster size and disagrees with a
+        joiner).
+        """
+        self.runner.load_state_dict(self.runner.state_dict())
+        self.runner.before_train()
+
     def train(self, state: elastic.ElasticState) -> bool:
         """Trains until ``--samples``; True if this worker left the cluster (detached)."""
         # Entered at the start, after a join and after a recovery: every member
         # starts the runner again together (as the Keras PolicyCallback does when
         # elastic_fit re-enters fit); a restored runner adopts the synced state.
         self.note_change()
-        self.runner.before_train()
+        self.restart_runner()
         while not self.finished():
             rank, size = kungfu_tf.rank(), kungfu_tf.size()
             xb, yb = self.batch(state.samples, rank)
@@ -296,7 +312,7 @@ class Workload:
                 return True
             state.check()
             if self.note_change():  # a joiner admitted by check(), a shrink the policy applied, ...
-                self.runner.before_train()
+                self.restart_runner()
         self.runner.after_train()
         self.write_decisions()
         return False
