@@ -28,7 +28,8 @@ efficiency stays above ``--efficiency-threshold`` and, with ``--price`` and
 
 ``--record FILE``: every worker appends JSON lines to FILE (one ``write``
 per line, O_APPEND): ``{"event": "step", "step", "t0", "t1", "size", "rank",
-"peer", "samples", "throughput", "compute_time"}`` per committed step,
+"peer", "samples", "throughput", "compute_time", "checksum"}`` per committed
+step (``checksum``: the sum of the weights after it, equal on all workers),
 ``{"event": "decision", ...}`` for each of the runner's decisions and log
 lines (rank 0), ``{"event": "change", ...}`` per membership change, and
 ``{"event": "end", "weights_sha256", ...}`` per worker that finished in the
@@ -234,6 +235,10 @@ class Workload:
 
         self.train_step = train_step
 
+    def checksum(self) -> float:
+        """Sum of all weights in float64: equal on every worker after each step iff they stayed in sync (~1 ms)."""
+        return float(sum(np.sum(w.numpy(), dtype=np.float64) for w in self.model.trainable_weights))
+
     def batch(self, samples: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """This worker's share of the global batch that starts at sample ``samples`` (cycling over the bank)."""
         b = self.args.batch_size
@@ -306,7 +311,8 @@ class Workload:
             metrics = self.runner.context.metrics
             self.record.write("step", step=state.step - 1, t0=t0, t1=t1, size=size, rank=rank,
                               samples=state.samples, throughput=self.args.batch_size * size / (t1 - t0),
-                              compute_time=_number(metrics.get("compute_time")))  # fmt: skip
+                              compute_time=_number(metrics.get("compute_time")),
+                              checksum=self.checksum())  # fmt: skip
             self.write_decisions()
             if self.runner.detached:
                 return True

@@ -29,9 +29,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
@@ -100,6 +102,19 @@ class CpuQuota:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def inherited(self) -> Iterator[None]:
+        """Processes started inside the block are born inside the group (this process moves in, then back).
+
+        For launchers one cannot give a ``preexec_fn``, e.g. ``tests/conftest.py``'s ``start_job``.
+        """
+        before = _own_cpu_group()
+        self.enter()
+        try:
+            yield
+        finally:
+            (before / "cgroup.procs").write_text(str(os.getpid()))
+
     def pids(self) -> list[int]:
         try:
             return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
@@ -144,6 +159,15 @@ class CpuQuota:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _own_cpu_group() -> Path:
+    """This process's cgroup v1 cpu directory (from /proc/self/cgroup, e.g. ``4:cpu:/``)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return CPU_ROOT / path.lstrip("/")
+    return CPU_ROOT
 
 
 def worker_pids(launcher_pid: int) -> dict[str, int]:

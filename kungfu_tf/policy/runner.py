@@ -541,6 +541,8 @@ class PolicyRunner:
         self._require_agreement(requests, "the requested changes")
         self._apply(dict(ctx.requests), dict(ctx.requested_by), dict(ctx.reasons))
         ctx.requests.clear()
+        if self.detached:
+            return  # a resize took this worker out: it has left the cluster, its collectives would fail
         self._agreement.barrier()
 
     def _require_agreement(self, values: dict[str, Any], what: str) -> None:
