@@ -408,3 +408,18 @@ def test_gns_update_rejects_non_scalar_inputs(position, name):
 def test_step_clock_lap_rejects_a_non_scalar_start():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"KungfuStepClockLap: input 'start_ns' must be a scalar"):
         monitor_ops.step_clock_lap(tf.constant([1, 2], tf.int64), [])
+
+
+def test_step_clock_starts_with_the_step_on_every_step_with_one_inter_op_thread():
+    """With one inter-op thread (kungfu-run's workers, the elastic tests) the clock start op ran after the
+    gradients on some steps, or on every step once TF's cost estimates had settled (from step ~94 on,
+    compute_time ~1 us): the per-worker compute time a StragglerPolicy compares was meaningless."""
+    import subprocess
+    import sys
+
+    from conftest import worker_env, worker_path
+
+    proc = subprocess.run([sys.executable, worker_path("step_clock_steps.py"), "300"], check=False, env=worker_env(),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "short 0 of 300:" in proc.stdout, proc.stdout

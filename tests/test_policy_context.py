@@ -184,3 +184,78 @@ def test_a_joiner_keeps_the_per_worker_batch_and_ends_with_the_members_state_dic
     joiner.load_state_dict(state)
     assert (joiner.size, joiner.batch_size, int(joiner.local_batch_size.numpy())) == (3, 24, 8)
     assert joiner.state_dict() == members.state_dict()
+
+
+def test_a_membership_change_is_seen_before_the_next_step_is_counted(monkeypatch):
+    """Every worker must count the first step after a join with the new cluster's global batch (the elastic
+    sync compares the runners' state_dicts): the runner follows applied versions, not only its next phase."""
+    import kungfu_tf.policy.runner as runner_module
+
+    listeners = []
+    monkeypatch.setattr(em, "is_elastic", lambda: True)
+    monkeypatch.setattr(em, "add_apply_listener", lambda f: listeners.append(f) or (lambda: None))
+    runner = PolicyRunner([], batch_size=8, verbose=False)
+    run_steps(runner, 1)
+    assert runner.samples == 8 and len(listeners) == 1
+    monkeypatch.setattr(runner_module, "config", types.SimpleNamespace(
+        current_int=lambda op: op(), rank=lambda: 0, cluster_size=lambda: 3))  # fmt: skip
+    listeners[0](types.SimpleNamespace(detached=False))  # a version with 2 joiners applied at the step boundary
+    with runner.step():
+        pass
+    assert (runner.size, runner.batch_size, runner.samples) == (3, 24, 8 + 24)
+
+
+def test_a_worker_detached_by_a_resize_stops_fit_and_runs_no_more_policy_rounds(monkeypatch):
+    """After a resize took this worker out (it left the cluster), Keras must stop at once and the runner
+    must not run hooks or agreement rounds (its collectives would fail)."""
+    import keras
+
+    import kungfu_tf.keras as kfk
+
+    resize_module = sys.modules["kungfu_tf.ops.resize"]
+    monkeypatch.setattr(resize_module, "resize", lambda *a, **k: (tf.constant(False), tf.constant(True)))
+    calls = []
+
+    def act(ctx):
+        calls.append(ctx.step)
+        if ctx.step == 2:
+            ctx.resize(2, reason="evicted")  # the fake says: this worker was detached
+
+    class Batches(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.ends = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends += 1
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    cb, batches = kfk.PolicyCallback([Scripted(act)], verbose=False), Batches()
+    x = np.zeros((40, 2), np.float32)
+    model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0, callbacks=[cb, batches])
+    assert cb.runner.detached and calls == [0, 1, 2]
+    assert batches.ends == 3, "fit went on after the worker was detached"
+
+
+def test_a_worker_detached_by_a_resize_stops_a_v1_monitored_session(monkeypatch):
+    from kungfu_tf.v1 import PolicyHook
+
+    resize_module = sys.modules["kungfu_tf.ops.resize"]
+    monkeypatch.setattr(resize_module, "resize", lambda *a, **k: (tf.constant(False), tf.constant(True)))
+    calls = []
+
+    def act(ctx):
+        calls.append(ctx.step)
+        if ctx.step == 1:
+            ctx.resize(2, reason="evicted")
+
+    with tf.Graph().as_default():
+        hook = PolicyHook([Scripted(act)], verbose=False)
+        step = tf.compat.v1.train.get_or_create_global_step().assign_add(1)
+        ran = 0
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
+            while not sess.should_stop() and ran < 10:
+                sess.run(step)
+                ran += 1
+    assert hook.runner.detached and calls == [0, 1] and ran == 2

@@ -43,6 +43,9 @@ class PolicyCallback(keras.callbacks.Callback):
     length: ``.repeat()`` the data before ``adaptive_batch`` and pass
     ``steps_per_epoch`` (then an epoch is a number of steps, not a pass).
 
+    A worker that a policy's resize detaches from an elastic job stops
+    ``fit`` after that batch (``runner.detached``).
+
     State: add :attr:`state` to your checkpoint (with the model and the
     optimizer); a callback whose restored state has taken steps continues
     with that batch size, its counters and the policies' references.
@@ -96,3 +99,6 @@ class PolicyCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.runner.after_step()
+        if self.runner.detached:
+            # A resize (e.g. a StragglerPolicy's eviction) took this worker out of the job: stop now.
+            self.model.stop_training = True

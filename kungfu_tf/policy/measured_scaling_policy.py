@@ -4,8 +4,9 @@ Subclasses decide (``on_measured``); this class runs after every step while
 the policy has not settled, keeps the :class:`SizeMeasurement` window,
 agrees on the measured throughput with one ``ctx.all_reduce`` per decision
 (not per step), turns decisions into ``ctx.resize`` requests and logs each
-of them. Once settled it stops running (``runs_at`` is False), so a settled
-job pays nothing per step.
+of them. While it searches, the runner runs its agreement round (one small
+collective) after every step; once settled the policy stops running
+(``runs_at`` is False), so a settled job pays nothing per step.
 
 Example:
     >>> from kungfu_tf.policy import ResourceProvisioningPolicy

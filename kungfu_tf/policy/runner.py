@@ -204,6 +204,7 @@ class PolicyRunner:
         self._last_elapsed: float | None = None
         self._policies_ran = True  # write the policies' (initial) state at the first save
         self._policies_json: str | None = None
+        self._stop_following: Any = None  # removes the elastic apply listener (see _follow_membership)
 
     @property
     def local_batch_size(self) -> Any:
@@ -237,6 +238,7 @@ class PolicyRunner:
         if self.batch_size is not None:
             self.access.assign_local_batch_size(self.batch_size // self.size)
         self._started = True
+        self._follow_membership()
         self.context.metrics.update(self._parameters())
         self._run("before_train")
         self._save_state()
@@ -483,6 +485,8 @@ class PolicyRunner:
     def _run(self, hook: str, force_round: bool = False) -> None:
         if not self._started:
             raise RuntimeError(f"PolicyRunner.{hook}() before before_train()")
+        if self.detached:
+            return  # a resize took this worker out of the job: no more hooks, no rounds with the old peers
         used = self._due(hook)
         if self._write_failure is not None and force_round:
             failure, self._write_failure = self._write_failure, None
@@ -670,6 +674,19 @@ class PolicyRunner:
                 self._summary.text(step, "decisions", line)
             except Exception as e:  # noqa: BLE001 -- reported at the next logging round, on every worker
                 self._write_failed(e)
+
+    def _follow_membership(self) -> None:
+        """In an elastic job, reads rank and size again after every membership change this worker applies.
+
+        Changes are applied at step boundaries (``ElasticState.check``, a
+        resize); the next step must be counted with the new cluster's global
+        batch on every worker, members and joiners alike, or their
+        ``state_dict`` (compared by the elastic sync) would differ.
+        """
+        from kungfu_tf.ops import elastic_membership as em
+
+        if self._stop_following is None and em.is_elastic():
+            self._stop_following = em.add_apply_listener(lambda change: self.refresh_cluster())
 
     def refresh_cluster(self) -> None:
         """Reads rank and size again (after an elastic resize); the global batch follows the cluster.

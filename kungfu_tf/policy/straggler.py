@@ -114,6 +114,8 @@ class StragglerPolicy(BasePolicy):
       when the replacement was asked for, the straggler is evicted:
       ``ctx.resize(workers=[every member but the straggler])`` (it detaches
       and exits). The cluster is never smaller than before the replacement.
+      The eviction stands even if the straggler's average recovered while
+      the replacement warmed up (the replacement was started for it).
     * At the job's ``--max-np`` there is no room for a replacement: the
       straggler is kept (and logged at every check); outside an elastic job
       likewise.
@@ -124,6 +126,15 @@ class StragglerPolicy(BasePolicy):
     ``straggler/pending`` and ``straggler/replaced`` into the metrics
     (TensorBoard scalars). The averages and the pending replacement are in
     :meth:`state_dict`, so joiners continue with them.
+
+    Why local notes and an all-gather rather than the monitor's
+    ``worker_compute_times``: each worker reports its own value under its
+    own peer at the check, so a membership change between a step and the
+    check (ranks moved) cannot attribute a time to the wrong worker, and a
+    joiner simply has no notes for the steps before it joined. Cost: the
+    policy runs after every step (Algorithm 1 records every step), i.e. the
+    runner's small agreement round per step, plus one all-gather of
+    ``every`` floats per worker per check.
 
     Needs a ``GradientMonitor`` (``gns=False`` is enough) and, to act, an
     elastic job: ``kungfu-run --elastic -np N --max-np N+1``. A departed

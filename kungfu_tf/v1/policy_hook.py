@@ -243,6 +243,8 @@ class PolicyHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context: tf.compat.v1.train.SessionRunContext, run_values: Any) -> None:
         self._eagerly(self.runner.after_step)
+        if self.runner.detached:  # a policy's resize took this worker out of the elastic job
+            run_context.request_stop()
 
     def end(self, session: tf.compat.v1.Session) -> None:
         if self._started:
