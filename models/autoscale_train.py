@@ -268,7 +268,8 @@ class Workload:
         """Rank 0 records the runner's decisions and its policies' log lines that are new."""
         history = self.runner.history
         lines = getattr(self.runner, "log_lines", [])
-        if kungfu_tf.rank() == 0:
+        # A rank 0 that a resize has just removed reads rank 0 too: the new rank 0 writes the lines of that step.
+        if kungfu_tf.rank() == 0 and not self.runner.detached:
             for d in history[self.decisions_written :]:
                 self.record.write("decision", step=d.step, t=time.time(), name=d.name, old=d.old, new=d.new,
                                   by=d.requested_by, reason=d.reason, refused=d.refused, text=str(d))  # fmt: skip
