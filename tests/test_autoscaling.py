@@ -6,7 +6,8 @@ starts (joiners too) run in one cgroup with a CPU quota of 0.6 cores
 100 ms that use none (``--wait-ms``). So 2 workers about fit the quota (the
 aggregate throughput grows ~1.5x) and a third does not (each step then
 waits for CPU: the aggregate grows by < 10 %). Started at 1 worker with ``--max-np 3``,
-the policy (K = 1, N = 10 steps, S = 0.3) must visit 1, 2, 3 and settle at 2.
+the policy (K = 1, N = 10 steps, S = 0.2) must visit 1, 2, 3 and settle at 2.
+The group's high ``cpu.shares`` keeps the quota the limit on a busy machine.
 
 One run, checked against the records every worker wrote:
 
@@ -41,7 +42,8 @@ from conftest import REPO_ROOT, describe, finish_job, start_job
 
 SCRIPT = REPO_ROOT / "models" / "autoscale_train.py"
 # The known-size job: ~50 ms of CPU per step (4096 samples through a 256-wide MLP) + 100 ms without, 0.6 cores.
-BATCH, HIDDEN, WAIT_MS, QUOTA, SAMPLES, THRESHOLD = 4096, 256, 100, 0.6, 1_400_000, 0.3
+# S = 0.2: midway between what s(1->2) (0.42-0.6) and s(2->3) (-0.06-0.02) measured in 6 runs here, at load 3-6.
+BATCH, HIDDEN, WAIT_MS, QUOTA, SAMPLES, THRESHOLD = 4096, 256, 100, 0.6, 1_400_000, 0.2
 MEASURED = re.compile(r"measuring (\d+) workers.* over steps (\d+)\.\.(\d+)")
 LOGGED_EFFICIENCY = re.compile(r"efficiency s\((\d+)->(\d+)\) = ([-\d.e+]+) (>|<=) S")
 
