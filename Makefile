@@ -20,7 +20,7 @@
 #                  link contention on two emulated hosts (root, ~7 min)
 #   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart (~20-30 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
-#                  utility vs cost across prices (cgroup CPU quotas: root; ~12 min)
+#                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #

@@ -27,8 +27,8 @@ raw numbers to the same name .json and the cluster size over time of the
 autoscaling runs to .png. One run of each configuration (no repeats: the
 machine is shared; read the numbers with that in mind).
 
-    .venv/bin/python benchmarks/autoscaling.py                 # ~11 min on 2 cores
-    .venv/bin/python benchmarks/autoscaling.py --quick         # smaller jobs, ~5 min
+    .venv/bin/python benchmarks/autoscaling.py                 # ~14 min on 2 cores (load 3-5)
+    .venv/bin/python benchmarks/autoscaling.py --quick         # half the samples, ~8 min
     .venv/bin/python benchmarks/autoscaling.py --experiments stragglers
 """
 
