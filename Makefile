@@ -19,6 +19,8 @@
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
 #                  link contention on two emulated hosts (root, ~7 min)
 #   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart (~20-30 min)
+#   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
+#                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
 #   make lint      ruff
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
@@ -117,7 +119,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-monitoring bench-adaptive-topology bench-elastic lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -271,6 +273,12 @@ bench-adaptive-topology: install
 # (benchmarks/elastic.py; table in benchmarks/results/elastic.md).
 bench-elastic: install
 	$(PY) benchmarks/elastic.py
+
+# Autoscaling on a job whose efficient size is known (a CPU quota over the
+# whole job), straggler replacement (one worker in a small quota), utility vs
+# cost (benchmarks/autoscaling.py; tables and a plot in benchmarks/results/).
+bench-autoscaling: install
+	$(PY) benchmarks/autoscaling.py
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models

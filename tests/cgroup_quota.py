@@ -61,13 +61,19 @@ class CpuQuota:
     Args:
         cpus: the quota in cores (> 0; 0.5 = half a core, 2 = two cores).
         name: directory name under /sys/fs/cgroup/cpu (default unique per process and call).
+        shares: the group's ``cpu.shares``. CFS schedules a group as one
+            entity of this weight against the other processes of the root
+            group (1024 each): with the default 1024 a busy machine pushes the
+            whole group below its quota and the quota stops being what limits
+            it. The default, 16384, lets the quota bind on a loaded machine
+            (it never gives the group more than its quota).
 
     Raises:
         ValueError: ``cpus`` is not a positive finite number.
         QuotaUnavailable: no writable cgroup v1 cpu hierarchy.
     """
 
-    def __init__(self, cpus: float, name: str | None = None):
+    def __init__(self, cpus: float, name: str | None = None, shares: int = 16384):
         self.path = CPU_ROOT / (name or f"kfquota-{os.getpid()}-{next(_counter)}")
         reason = unavailable_reason()
         if reason is not None:
@@ -75,6 +81,7 @@ class CpuQuota:
         self.path.mkdir()
         try:
             self.set(cpus)
+            (self.path / "cpu.shares").write_text(str(int(shares)))
             # Written once here (open() in the child between fork and exec would allocate).
             self._procs = str(self.path / "cgroup.procs")
         except BaseException:

@@ -1,0 +1,372 @@
+"""Autoscaling, straggler replacement and utility vs cost on real elastic jobs (``make bench-autoscaling``).
+
+Or et al. (§7) and KungFu §6.2 (3) on this machine, with the workload of
+models/autoscale_train.py (an MLP on synthetic data, one core per worker)
+and CPU quotas (tests/cgroup_quota.py, cgroup v1, root):
+
+1. **Known efficient size.** The whole job (launcher, workers, joiners) runs
+   in one cgroup of ``--quota`` cores (0.6); a step takes ~50 ms of CPU and
+   100 ms without (``--wait-ms``), so 2 workers about fit and a third does
+   not. Static runs at 1, 2 and 3 workers against ``AutoscalingPolicy``
+   (K = 1, N = 10, S = 0.3) started at 1 and at 3 (``--max-np 3``):
+   completion time, worker-time (worker-seconds: every worker process alive,
+   joiners warming up included; the GPU-time analogue), time to converge (from
+   the launch to the settling decision) and the size it settled at.
+2. **Stragglers.** 2 workers (``--max-np 3``, no job quota), the second one
+   moved into a cgroup of its own once training has begun, with a quota of
+   0.17 or 0.08 cores (the job's steps become about 2x and 4x slower; the
+   table gives the slowdown measured without a policy): completion time with
+   ``StragglerPolicy`` (replacement first, then eviction) against no policy
+   and against a straggler-free run.
+3. **Utility vs cost.** The job of 1 with ``AutoscalingPolicy`` and a linear
+   utility (``--utility-value`` dollars, 0 at ``--deadline`` s) at several
+   prices per worker-hour: the size chosen and the completion time.
+
+Writes markdown tables to ``--out`` (benchmarks/results/autoscaling.md), the
+raw numbers to the same name .json and the cluster size over time of the
+autoscaling runs to .png. One run of each configuration (no repeats: the
+machine is shared; read the numbers with that in mind).
+
+    .venv/bin/python benchmarks/autoscaling.py                 # ~14 min on 2 cores (load 3-5)
+    .venv/bin/python benchmarks/autoscaling.py --quick         # half the samples, ~8 min
+    .venv/bin/python benchmarks/autoscaling.py --experiments stragglers
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+sys.path.insert(0, str(REPO / "tests"))  # the shared cgroup and record helpers (as bench_hosts.py does for netns)
+
+from autoscale_records import (
+    decisions,
+    load,
+    of,
+    size_runs,
+    step_sizes,
+    throughput_by_size,
+)
+from bench_meta import machine_metadata
+from cgroup_quota import CpuQuota, unavailable_reason, worker_pids
+
+SCRIPT = REPO / "models" / "autoscale_train.py"
+RESULTS_DIR = BENCH_DIR / "results"
+EXPERIMENTS = ("efficient-size", "stragglers", "utility")
+# The known-size job (the same as tests/test_autoscaling.py).
+JOB_ARGS = ["--batch-size", "4096", "--hidden", "256", "--wait-ms", "100"]
+POLICY_ARGS = ["--scale-every", "10", "--scale-by", "1", "--efficiency-threshold", "0.3"]
+
+
+@dataclass
+class Run:
+    """One job's outcome."""
+
+    name: str
+    ok: bool
+    completion_s: float  # launch to launcher exit
+    training_s: float  # first step start to last step end
+    worker_s: float  # sum over worker processes of their lifetime (sampled every 0.2 s)
+    final_size: int
+    sizes: list[int]  # the sizes visited, in order
+    settle_s: float | None  # launch to the policy's settling decision (None: none)
+    throughput: dict[int, float]  # samples/s at each size (autoscale_records.throughput_by_size)
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (s since launch, workers alive)
+    log: list[str] = field(default_factory=list)  # the policy's decisions
+    note: str = ""
+
+
+def run_job(name: str, np: int, max_np: int, samples: int, extra: Sequence[str], *, quota: float | None = None,
+            straggler_quota: float | None = None, timeout: float = 400) -> Run:  # fmt: skip
+    """Runs one ``kungfu-run --elastic`` job of the workload and reads what happened."""
+    with tempfile.TemporaryDirectory(prefix="kf-autoscaling-") as tmp:
+        record = Path(tmp) / "record.jsonl"
+        cmd = [sys.executable, "-m", "kungfu_tf.run", "--elastic", "--min-np", "1", "--max-np", str(max_np),
+               "-np", str(np), sys.executable, str(SCRIPT), "--samples", str(samples), "--record", str(record),
+               "--quiet", *JOB_ARGS, *extra]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUNGFU_")}
+        env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+        with contextlib.ExitStack() as stack:
+            job_quota = stack.enter_context(CpuQuota(quota)) if quota else None
+            slow = stack.enter_context(CpuQuota(straggler_quota)) if straggler_quota else None
+            start = time.time()
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                    preexec_fn=job_quota.enter if job_quota else None)  # noqa: PLW1509 -- no thread runs yet (the Watcher starts after)
+            watcher = Watcher(proc.pid, start, slow, record)
+            watcher.start()
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                out, _ = proc.communicate()
+                out += f"\n(timed out after {timeout} s)"
+            end = time.time()
+            watcher.stop()
+        records = load(record) if record.exists() else []
+    ok = proc.returncode == 0 and "identical weights on all workers: True" in out
+    if not ok:
+        print(f"  {name}: FAILED (exit {proc.returncode})\n" + "\n".join(out.splitlines()[-30:]), flush=True)
+    steps = of(records, "step")
+    log = decisions(records)
+    settle = next((r["t"] - start for r in of(records, "decision") if "settled at" in r["text"]), None)
+    sizes = step_sizes(records)
+    return Run(
+        name=name,
+        ok=ok,
+        completion_s=end - start,
+        training_s=(max(r["t1"] for r in steps) - min(r["t0"] for r in steps)) if steps else float("nan"),
+        worker_s=watcher.worker_seconds,
+        final_size=sizes[-1] if sizes else 0,
+        sizes=[s for s, _, _ in size_runs(sizes)],
+        settle_s=settle,
+        throughput={k: round(v) for k, v in throughput_by_size(records).items()} if steps else {},
+        timeline=watcher.timeline,
+        log=[x for x in log if "autoscaling:" in x or "straggler" in x.lower() or "->" in x],
+        note=watcher.note,
+    )
+
+
+class Watcher(threading.Thread):
+    """Samples the job's worker processes every 0.2 s (worker-seconds, size over time); moves the straggler."""
+
+    def __init__(self, launcher: int, start: float, slow: CpuQuota | None, record: Path):
+        super().__init__(daemon=True)
+        self.launcher, self.t0, self.slow, self.record = launcher, start, slow, record
+        self.worker_seconds = 0.0
+        self.timeline: list[tuple[float, int]] = []
+        self.note = ""
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        last = time.time()
+        while not self._done.is_set():
+            pids = worker_pids(self.launcher)
+            now = time.time()
+            self.worker_seconds += len(pids) * (now - last)
+            last = now
+            if not self.timeline or self.timeline[-1][1] != len(pids):
+                self.timeline.append((round(now - self.t0, 2), len(pids)))
+            if self.slow is not None and not self.note and self.record.exists() and self.record.stat().st_size:
+                self._slow_down(pids)  # once training runs: the straggler started like the others
+            self._done.wait(0.2)
+
+    def _slow_down(self, pids: dict[str, int]) -> None:
+        """Moves the worker of initial rank 1 into the straggler's cgroup."""
+        for peer, pid in pids.items():
+            with contextlib.suppress(OSError):
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if b"KUNGFU_RANK=1" in env and b"KUNGFU_JOINER=1" not in env:
+                    self.slow.add(pid)
+                    self.note = f"straggler {peer} (pid {pid}) at {self.slow.cpus:g} cores"
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+# ------------------------------------------------------------------ experiments
+
+
+def efficient_size(args: argparse.Namespace) -> list[Run]:
+    runs = []
+    for n in (1, 2, 3):
+        runs.append(run_job(f"static {n}", n, n, args.samples, ["--policy", "none"], quota=args.quota))
+        report_progress(runs[-1])
+    for n in (1, 3):
+        runs.append(run_job(f"autoscaling from {n}", n, 3, args.samples, ["--policy", "autoscaling", *POLICY_ARGS],
+                            quota=args.quota))  # fmt: skip
+        report_progress(runs[-1])
+    return runs
+
+
+def stragglers(args: argparse.Namespace) -> list[Run]:
+    runs = [run_job("straggler-free, 2 workers", 2, 3, args.straggler_samples, ["--policy", "none"])]
+    report_progress(runs[-1])
+    for slowdown, cores in args.straggler_quotas:
+        for policy in ("none", "straggler"):
+            extra = ["--policy", policy, "--scale-every", "5"] if policy == "straggler" else ["--policy", "none"]
+            label = "StragglerPolicy" if policy == "straggler" else "no policy"
+            runs.append(run_job(f"{slowdown} straggler, {label}", 2, 3, args.straggler_samples, extra,
+                                straggler_quota=cores))  # fmt: skip
+            report_progress(runs[-1])
+    return runs
+
+
+def utility(args: argparse.Namespace) -> list[Run]:
+    runs = []
+    for price in args.prices:
+        extra = ["--policy", "autoscaling", *POLICY_ARGS, "--utility", "linear", "--price", str(price),
+                 "--utility-value", str(args.utility_value), "--deadline", str(args.deadline)]  # fmt: skip
+        runs.append(run_job(f"price {price:g} $/worker-h", 1, 3, args.samples, extra, quota=args.quota))
+        report_progress(runs[-1])
+    return runs
+
+
+def report_progress(run: Run) -> None:
+    settle = "-" if run.settle_s is None else f"{run.settle_s:.1f} s"
+    print(f"  {run.name}: {'ok' if run.ok else 'FAILED'}  {run.completion_s:.1f} s  {run.worker_s:.1f} worker-s  "
+          f"sizes {run.sizes}  settled {settle}  {run.note}", flush=True)  # fmt: skip
+
+
+# ------------------------------------------------------------------ report
+
+
+def fmt(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def efficient_size_table(runs: list[Run]) -> str:
+    best = min((r for r in runs if r.name.startswith("static") and r.ok), key=lambda r: r.worker_s, default=None)
+    rows = [("| run | sizes visited | final size | converged after (s) | completion (s) | training (s) | "
+             "worker-time (worker-s) | vs static 3 | samples/s at 1, 2, 3 |"),
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    static3 = next((r for r in runs if r.name == "static 3" and r.ok), None)
+    for r in runs:
+        vs = "-" if static3 is None else f"{100 * (r.worker_s / static3.worker_s - 1):+.0f} %"
+        rates = ", ".join(str(r.throughput.get(k, "-")) for k in (1, 2, 3))
+        rows.append(f"| {r.name}{'' if r.ok else ' (FAILED)'} | {' -> '.join(map(str, r.sizes))} | {r.final_size} | "
+                    f"{fmt(r.settle_s)} | {fmt(r.completion_s)} | {fmt(r.training_s)} | {fmt(r.worker_s)} | {vs} | "
+                    f"{rates} |")  # fmt: skip
+    if best is not None:
+        rows.append(f"\nLeast worker-time among the static runs: {best.name} ({best.worker_s:.1f} worker-s).")
+    return "\n".join(rows)
+
+
+def straggler_table(runs: list[Run]) -> str:
+    free = next((r for r in runs if r.name.startswith("straggler-free") and r.ok), None)
+    rows = ["| run | completion (s) | training (s) | vs straggler-free | worker-time (worker-s) | sizes | straggler |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        vs = "-" if free is None else f"{100 * (r.training_s / free.training_s - 1):+.0f} %"
+        rows.append(f"| {r.name}{'' if r.ok else ' (FAILED)'} | {fmt(r.completion_s)} | {fmt(r.training_s)} | {vs} | "
+                    f"{fmt(r.worker_s)} | {' -> '.join(map(str, r.sizes))} | {r.note or '-'} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def utility_table(runs: list[Run]) -> str:
+    rows = ["| price ($/worker-h) | sizes visited | chosen size | completion (s) | training (s) | worker-time (worker-s) |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        rows.append(f"| {r.name.split()[1]}{'' if r.ok else ' (FAILED)'} | {' -> '.join(map(str, r.sizes))} | "
+                    f"{r.final_size} | {fmt(r.completion_s)} | {fmt(r.training_s)} | {fmt(r.worker_s)} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def plot(results: dict[str, list[Run]], path: Path) -> bool:
+    """Workers alive over time of the autoscaling runs (and the static ones for reference)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = [k for k in ("efficient-size", "utility") if results.get(k)]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        for r in results[key]:
+            if not r.timeline:
+                continue
+            t = [p[0] for p in r.timeline] + [r.completion_s]
+            n = [p[1] for p in r.timeline] + [r.timeline[-1][1]]
+            ax.step(t, n, where="post", label=r.name, linestyle="--" if r.name.startswith("static") else "-")
+        ax.set_xlabel("seconds since launch")
+        ax.set_ylabel("worker processes")
+        ax.set_title({"efficient-size": "known efficient size (2)", "utility": "utility vs cost"}[key])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def render(results: dict[str, Any], meta: dict[str, Any], args: argparse.Namespace, png: str | None) -> str:
+    out = ["# Autoscaling, stragglers, utility vs cost (`make bench-autoscaling`)", "",
+           (f"{meta['date']}, {meta['cpu_count']} cores, load average at the start {meta['loadavg_start']}, "
+            f"TensorFlow {meta['tensorflow']}; one run per row. Workload: models/autoscale_train.py "
+            f"{' '.join(JOB_ARGS)}."), ""]  # fmt: skip
+    if results.get("efficient-size"):
+        out += [f"## 1. Known efficient size ({args.samples} samples, job quota {args.quota:g} cores)", "",
+                efficient_size_table(results["efficient-size"]), ""]  # fmt: skip
+    if results.get("stragglers"):
+        out += [f"## 2. Stragglers ({args.straggler_samples} samples, 2 workers, --max-np 3)", "",
+                straggler_table(results["stragglers"]), ""]  # fmt: skip
+    if results.get("utility"):
+        out += [f"## 3. Utility vs cost (linear utility: {args.utility_value:g} $ at 0 s, 0 at {args.deadline:g} s)", "",
+                utility_table(results["utility"]), ""]  # fmt: skip
+    if png:
+        out += [f"![workers over time]({png})", ""]
+    out += ["Decisions of the autoscaling runs:", ""]
+    for key in ("efficient-size", "utility", "stragglers"):
+        for r in results.get(key, []):
+            if r.log:
+                out += [f"* {r.name}:", *[f"  * {line}" for line in r.log[:12]]]
+    return "\n".join(out) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}")
+    p.add_argument("--samples", type=int, default=1_400_000, help="experiments 1 and 3: samples per job")
+    p.add_argument("--straggler-samples", type=int, default=1_200_000, help="experiment 2: samples per job")
+    p.add_argument("--quota", type=float, default=0.6, help="experiments 1 and 3: the job's CPU quota (cores)")
+    p.add_argument("--prices", default="0.05,1,50", help="experiment 3: prices per worker-hour")
+    p.add_argument("--utility-value", type=float, default=1.0)
+    p.add_argument("--deadline", type=float, default=600.0)
+    p.add_argument("--quick", action="store_true", help="smaller jobs (about half the time)")
+    p.add_argument("--out", default=str(RESULTS_DIR / "autoscaling.md"))
+    args = p.parse_args(argv)
+    args.experiments = [e.strip() for e in args.experiments.split(",") if e.strip()]
+    unknown = set(args.experiments) - set(EXPERIMENTS)
+    if unknown:
+        p.error(f"--experiments: unknown {sorted(unknown)}; choose from {', '.join(EXPERIMENTS)}")
+    args.prices = [float(x) for x in args.prices.split(",")]
+    if args.quick:
+        args.samples, args.straggler_samples = args.samples // 2, args.straggler_samples // 2
+    # A worker's step: ~50 ms of CPU + 100 ms without; measured: 0.25 cores made the job's steps 1.25x slower,
+    # 0.1 cores 3.2x (the quota's CPU time left over from the sleeping part counts too).
+    args.straggler_quotas = [("~2x", 0.17), ("~4x", 0.08)]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"benchmarks/autoscaling.py needs cgroup v1 CPU quotas: {reason}", file=sys.stderr)
+        return 2
+    meta = machine_metadata()
+    results: dict[str, list[Run]] = {}
+    for name, fn in (("efficient-size", efficient_size), ("stragglers", stragglers), ("utility", utility)):
+        if name in args.experiments:
+            print(f"[autoscaling] {name} ...", flush=True)
+            results[name] = fn(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = out.with_suffix(".png")
+    has_plot = plot(results, png)
+    text = render(results, meta, args, png.name if has_plot else None)
+    out.write_text(text)
+    raw = {"meta": meta, "args": {k: v for k, v in vars(args).items()}, "runs": {k: [asdict(r) for r in v] for k, v in results.items()}}
+    out.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str))
+    print(text)
+    return 0 if all(r.ok for runs in results.values() for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
