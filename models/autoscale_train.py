@@ -281,14 +281,12 @@ class Workload:
         self.decisions_written, self.log_lines_written = len(history), len(lines)
 
     def restart_runner(self) -> None:
-        """The runner adopts the new cluster (the global batch follows it), then every member starts it together.
+        """Every member starts the runner again together (its setup round is a collective).
 
-        ``load_state_dict(state_dict())`` rather than ``refresh_cluster()``: it
-        also saves the counters that ``before_train`` restores (else a member
-        restores the global batch of the old cluster size and disagrees with a
-        joiner).
+        The runner already follows the new cluster (it listens to applied
+        membership changes), and ``before_train`` entered again in the same
+        process keeps its counters; a joiner adopts the state the sync gave it.
         """
-        self.runner.load_state_dict(self.runner.state_dict())
         self.runner.before_train()
 
     def train(self, state: elastic.ElasticState) -> bool:
