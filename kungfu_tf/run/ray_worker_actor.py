@@ -23,7 +23,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 
-from kungfu_tf.run.parent_death import parent_death_preexec
+from kungfu_tf.run.worker_process import popen_worker
 
 STDOUT, STDERR = 1, 2
 # Output held for the launcher beyond which the oldest is dropped (a
@@ -72,17 +72,9 @@ class WorkerActor:
         Raises:
             OSError: ``command`` cannot be run on this node.
         """
-        self._proc = subprocess.Popen(
-            list(command),
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,
-            # Forked from the actor's only execution thread (see the module
-            # docstring); the reader threads start after the fork.
-            preexec_fn=parent_death_preexec(),  # noqa: PLW1509
-        )
+        # Forked from the actor's only execution thread (see the module
+        # docstring); the reader threads start after the fork.
+        self._proc = popen_worker(command, env)
         for stream, pipe in ((STDOUT, self._proc.stdout), (STDERR, self._proc.stderr)):
             t = threading.Thread(target=self._read, args=(stream, pipe), daemon=True)
             t.start()

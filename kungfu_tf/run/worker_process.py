@@ -36,7 +36,7 @@ class WorkerProcess:
         """
         self.peer = peer
         try:
-            self._proc = self._popen(command, env)
+            self._proc = popen_worker(command, env)
         except OSError:
             if log is not None:
                 log.close()
@@ -49,21 +49,6 @@ class WorkerProcess:
             console,
             echo=echo,
             log=log,
-        )
-
-    @staticmethod
-    def _popen(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
-        return subprocess.Popen(
-            list(command),
-            env=dict(env),
-            # N workers reading one terminal would fight over it.
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,
-            # Safe here: the supervisor forks all workers before starting
-            # any reader thread.
-            preexec_fn=parent_death_preexec(),  # noqa: PLW1509
         )
 
     @property
@@ -134,3 +119,22 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
+
+
+def popen_worker(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """Start a worker with exactly ``env``, its output piped, in its own process group, dying with its parent.
+
+    Call it before starting any thread in this process (the pre-exec hook
+    runs between fork and exec): the supervisor forks all workers before its
+    reader threads, a Ray actor from its only execution thread.
+    """
+    return subprocess.Popen(
+        list(command),
+        env=dict(env),
+        # N workers reading one terminal would fight over it.
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        process_group=0,
+        preexec_fn=parent_death_preexec(),  # noqa: PLW1509
+    )
