@@ -23,10 +23,11 @@ numpy run of the same updates.
 * with BREAK=1, the initial member of rank 0 holds step 1 until version 2
   (a joiner the test asked for) is committed; the joiner admitted in
   version 2 asks for one more worker, waits until that one is admitted
-  (version 3) and fails its first collective of version 2 (before it
-  connected to anyone in it) as a broken handshake with a live peer does
-  (UnavailableError): a failure that lost nobody, while the member waits
-  for it in that collective and a joiner-only version is already committed.
+  (version 3) and the member listens (it applied version 2), then fails its
+  first collective of version 2 (before it connected to anyone in it) as a
+  broken handshake with a live peer does (UnavailableError): a failure that
+  lost nobody, while the member waits for it in that collective and a
+  joiner-only version is already committed.
 
 Every worker starts from different weights (seeded by its rank, the joiner
 by 99): the first sync must make them rank 0's. Each prints its changes and,
@@ -45,6 +46,7 @@ from _setup import np, seed_of, tf
 
 import kungfu_tf
 from kungfu_tf import elastic
+from kungfu_tf.elastic.runner import accepts_connections
 from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops import membership
 from kungfu_tf.optimizers.gradient_sync import average_gradients
@@ -113,6 +115,11 @@ def main() -> None:
             _, peers = em.current()
             em.config_client().request_size(len(peers) + 1)
             em.wait_newer_than(version, 25.0)
+            # As in the job that hung, the member is inside the collective (it applied version 2: its port
+            # listens; alone at version 1 it had none, and a peer that never listened looks gone).
+            deadline = time.monotonic() + 25.0
+            while not accepts_connections(peers[0], duration=0.0) and time.monotonic() < deadline:
+                time.sleep(0.05)
             print(f"breaking the first collective of v{version} at v{em.newest_seen()}", flush=True)
             raise tf.errors.UnavailableError(
                 None, None, "handshake with rank 0 failed: sending client hello: Broken pipe (injected by the test)"
