@@ -314,6 +314,50 @@ def test_resize_wait_with_joiners_admitted_in_separate_versions_and_a_member_fin
     assert elapsed < 20, report  # below KUNGFU_TIMEOUT (30 s): nobody waited for a version that never comes
 
 
+def test_a_failure_without_loss_after_a_joiner_only_version_restarts_it_and_nobody_waits():
+    """The --admit-window 0 hang (joiners admitted one version each, back to back): joiner A, admitted in
+    version 2, fails its first collective there although nobody was lost (a handshake with a live peer
+    broken: injected here) while the member waits for it and version 3 (joiner B) is already committed.
+    Applying 3, A would leave the member waiting until the timeout: A never connected to it in version 2,
+    so no goodbye tells it A moved on, and its watcher ignores a joiner admission. A must restart the
+    newest version (v4 = v3's members), which stops everyone; all three then train to the same weights
+    as one process."""
+    ports = find_free_ports("127.0.0.1", 3)
+    member, *joiners = (f"127.0.0.1:{p}" for p in ports)
+    server, base = _serve([member], "elastic-break-after-admission", 3)
+    args = [STEPS, -1, -1, -1, -1, "none", "2:3", 1]
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        client = ConfigClient(server.address, secret=base["KUNGFU_JOB_SECRET"], job_id=base["KUNGFU_JOB_ID"])
+        client.request_size(2)  # the first joiner ready is admitted alone (v2); it asks for the other (v3)
+        procs[member] = _start_worker(base, args, member, [member])
+        for peer in joiners:
+            procs[peer] = _start_worker(base, args, peer, None)
+        outputs = _finish(procs, JOB_TIMEOUT)
+        newest = client.get_job_state().cluster.version
+        history = [[f"{p.host}:{p.port}" for p in client.get_cluster_at(v).workers] for v in range(1, newest + 1)]
+        client.close()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p, grace=1)
+        server.stop()
+    report = "\n".join(f"--- {peer} exit {rc}\n{out[-6000:]}" for peer, (rc, out) in outputs.items())
+    assert len(history) == 4 and history[0] == [member] and history[3] == history[2], report
+    first, second = history[1][1], history[2][2]
+    assert sorted([first, second]) == sorted(joiners), report
+    assert "breaking the first collective of v2 at v3" in outputs[first][1], report
+    assert "restarting version 3 so that the members still in version 2 stop" in outputs[first][1], report
+    want = reference()
+    for peer, (rc, out) in outputs.items():
+        match = re.search(r"^final (\d+) (\d+) (.*)$", out, re.MULTILINE)
+        assert rc == 0 and match and (int(match[1]), int(match[2])) == (STEPS, STEPS * BATCH), report
+        np.testing.assert_allclose([float(v) for v in match[3].split()], want, rtol=0, atol=1e-9, err_msg=report)
+        assert re.search(r"change v\d+->v4 size 3", out), report
+        # Nobody waited for a peer in another version until the timeout (KUNGFU_TIMEOUT=30 s).
+        assert not [g for g in re.findall(r"gap before step \d+ ended: ([0-9.]+) s", out) if float(g) > 20], report
+
+
 def test_a_joiner_left_without_any_holder_of_the_state_fails_clearly():
     """The only member syncs (the job has state) and dies; a joiner admitted with it (v2) finds itself alone
     once the member is reported lost (v3). It must fail naming the cause, not train from its warm-up weights."""

@@ -165,6 +165,7 @@ class FakeMembership:
             newest = state(4, self.committed[4]) if 4 in self.committed else state(3, self.peers)
             return newest if predicate(newest) else None
 
+        self.state = state
         client = type("Client", (), {"report_lost": report_lost, "get_job_state": lambda _: state(3, self.peers)})()
         monkeypatch.setattr(em, "watcher", lambda: type("Watcher", (), {"wait_for": wait_for})())
         monkeypatch.setattr(em, "current", lambda: (3, self.peers))
@@ -220,6 +221,96 @@ def test_recovery_does_not_report_a_live_peer_and_restarts_the_version_instead(m
     with pytest.raises(elastic.ElasticError, match="no new cluster version"):
         runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "handshake: broken pipe"))
     assert fake.reports == [] and fake.restarts == [(3, ("h:1", "h:2", "h:3"))]
+
+
+def test_recovery_into_a_version_that_only_admitted_joiners_restarts_it_so_that_the_others_stop(monkeypatch):
+    """The --admit-window 0 hang: versions 4 (a joiner) and 5 (another) were committed back to back; this
+    worker's collective of version 3 broke on a live peer (a handshake cut by the peer's swap) while the
+    other members still wait in it. Applying 4 alone would leave them waiting for this worker until the
+    timeout (their watchers see only joiners admitted): it must restart the newest version (6 = 5's members),
+    which stops every member still in 3, and then apply 4 like them."""
+    from kungfu_tf.elastic import runner
+    from kungfu_tf.ops import elastic_membership as em
+
+    v4, v5 = ("h:1", "h:2", "h:3", "h:4"), ("h:1", "h:2", "h:3", "h:4", "h:5")
+    fake = FakeMembership(monkeypatch, lost=["h:2"], committed={4: v4, 5: v5}, alive=("h:2",))
+    newest = [5]
+
+    def restart(version, peers):
+        fake.restarts.append((version, tuple(peers)))
+        if version == newest[0]:  # the compare-and-swap: only on top of the newest
+            fake.committed[version + 1] = tuple(peers)
+            newest[0] = version + 1
+
+    client = em.config_client()
+    client.get_job_state = lambda: fake.state(newest[0], fake.committed.get(newest[0], fake.peers))
+    monkeypatch.setattr(em, "restart_version", restart)
+    monkeypatch.setattr(em, "committed_peers", lambda v, client=None: fake.committed[v], raising=False)
+    error = tf.errors.UnavailableError(None, None, "handshake with rank 1 (h:2) failed: sending client hello: Broken pipe")
+    assert runner.recover(elastic.ElasticState([]), error) == "change"
+    assert fake.reports == [] and fake.restarts == [(5, v5)] and fake.applied == [(4, v4)]
+    # What the members still in version 3 see now: a restart after their version stops them.
+    stop = em.stop_reason(3, fake.peers, fake.state(6, v5), lambda v: fake.committed[v])
+    assert stop == "cluster version 5 was restarted as version 6"
+
+
+def test_only_a_crash_or_a_restart_after_its_version_stops_a_member(monkeypatch):
+    """stop_reason, as every watcher applies it to the newest committed version (peers by version below)."""
+    from kungfu_tf.ops import elastic_membership as em
+    from kungfu_tf.proto import config_pb2
+    from kungfu_tf.run.config_server import make_cluster
+    from kungfu_tf.run.peer_string import parse_peer_string
+
+    committed = {3: ("a", "b"), 4: ("a", "b", "c"), 5: ("a", "b", "c", "d"), 6: ("a", "b", "c", "d"), 7: ("a", "c")}
+
+    def newest(version):
+        s = config_pb2.JobState()
+        s.cluster.CopyFrom(make_cluster(version, [parse_peer_string(p) for p in committed[version]]))
+        return s
+
+    committed = {v: tuple(f"{p}:1" for p in peers) for v, peers in committed.items()}
+    asked = []
+
+    def peers_at(v):
+        asked.append(v)
+        return committed[v]
+
+    assert em.stop_reason(3, committed[3], newest(4), peers_at) is None  # a joiner: applied at the next check
+    assert em.stop_reason(3, committed[3], newest(5), peers_at) is None  # two joiners back to back
+    assert em.stop_reason(3, committed[3], newest(6), peers_at) == "cluster version 5 was restarted as version 6"
+    assert em.stop_reason(5, committed[5], newest(6), peers_at) == "cluster version 5 was restarted as version 6"
+    assert em.stop_reason(3, committed[3], newest(7), peers_at) == (
+        "cluster version 7 was committed without b:1, members of version 3 that this worker uses"
+    )
+    assert set(asked) <= {4, 5}  # only the versions in between are looked up
+
+
+def test_the_watcher_stops_a_member_when_a_later_version_was_restarted(monkeypatch):
+    """A member still in version 3 while 4 (a joiner) and 5 (a restart of 4) were committed is interrupted."""
+    from kungfu_tf.ops import elastic_membership as em
+    from kungfu_tf.proto import config_pb2
+    from kungfu_tf.run.config_server import make_cluster
+    from kungfu_tf.run.peer_string import parse_peer_string
+
+    def cluster(version, peers):
+        return make_cluster(version, [parse_peer_string(p) for p in peers])
+
+    v3, v4 = ("h:1", "h:2"), ("h:1", "h:2", "h:3")
+    interrupts, asked = [], []
+    monkeypatch.setattr(em, "_membership", lambda: type("M", (), {"interrupt": staticmethod(interrupts.append)}))
+    monkeypatch.setattr(em, "_committed_cache", {}, raising=False)
+    for name, value in (("version", 3), ("peers", v3), ("self_peer", "h:1"), ("own_commit", 0)):
+        monkeypatch.setattr(em._state, name, value)
+    watcher = object.__new__(em._Watcher)
+    watcher._interrupted_version = None
+    watcher._client = type("Client", (), {"get_cluster_at": lambda _, v: asked.append(v) or cluster(v, v4)})()
+    state = config_pb2.JobState()
+    state.cluster.CopyFrom(cluster(4, v4))
+    watcher.recheck(state)
+    assert interrupts == []  # a joiner admitted: no step is stopped
+    state.cluster.CopyFrom(cluster(5, v4))
+    watcher.recheck(state)
+    assert interrupts == ["cluster version 4 was restarted as version 5"] and asked == [4]
 
 
 def test_recovery_ends_at_once_when_a_member_finished(monkeypatch):

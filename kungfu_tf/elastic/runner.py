@@ -183,6 +183,12 @@ def recover(state: ElasticState, error: BaseException) -> em.Change:
             f"a peer was lost at cluster version {version} ({reason}; lost here: {lost or 'none'}) and no new "
             f"cluster version was committed within {timeout:.0f} s"
         ) from error
+    if not lost and not em.stop_members_of(version, peers):
+        raise ElasticError(
+            f"cluster version {version} failed without a lost peer ({reason}) and the newer versions only admitted "
+            f"joiners; restarting the newest failed {em.STOP_ATTEMPTS} times, so the members still in version "
+            f"{version} cannot be stopped"
+        ) from error
     new_peers = em.cluster_at(version + 1)
     minimum = int(found.min_size)
     if len(new_peers) < minimum:

@@ -286,27 +286,36 @@ class _Watcher:
             return None
 
     def recheck(self, state=None) -> None:
-        """Interrupts the runtime if the newest committed version dropped members of ours."""
+        """Interrupts the runtime if a newer committed version stops this worker's (see :func:`stop_reason`)."""
         if state is None:
             state = self.newest()
-        with _state.lock:
+
+        def applied_version() -> int | None:  # None: nothing to judge (call under the lock)
             version, peers, me = _state.version, _state.peers, _state.self_peer
             if version is None or version < 1 or me not in peers or state.cluster.version == _state.own_commit:
-                return  # not a member yet (a joiner), or the version our own resize commits
+                return None  # not a member yet (a joiner), or the version our own resize commits
             if state.cluster.version <= version or self._interrupted_version == version:
+                return None
+            return version
+
+        with _state.lock:
+            version = applied_version()
+        if version is None:
+            return
+        # The versions in between are asked outside the lock (apply_version
+        # holds it across update_cluster); committed versions never change.
+        try:
+            for v in range(version + 1, int(state.cluster.version)):
+                committed_peers(v, self._client)
+        except Exception as e:  # noqa: BLE001 - the service going away: the long poll reports it
+            log.warning("kungfu elastic: cannot read the versions after %d: %s", version, e)
+            return
+        with _state.lock:
+            version = applied_version()
+            if version is None:
                 return
-            newest_peers = peers_of(state.cluster)
-            gone = [p for p in peers if p not in newest_peers]
-            if gone:
-                reason = (
-                    f"cluster version {state.cluster.version} was committed without "
-                    f"{', '.join(gone)}, members of version {version} that this worker uses"
-                )
-            elif tuple(newest_peers) == peers:
-                # The same members again: a restart of this version after a
-                # failure that lost nobody (see restart_version).
-                reason = f"cluster version {version} was restarted as version {state.cluster.version}"
-            else:
+            reason = stop_reason(version, _state.peers, state, lambda v: committed_peers(v, self._client))
+            if reason is None:
                 return  # joiners admitted: applied at the next check, no step is stopped
             self._interrupted_version = version
             log.info("kungfu elastic: interrupting version %d: %s", version, reason)
@@ -317,6 +326,55 @@ class _Watcher:
     def stop(self) -> None:
         self._watcher.stop()
         self._client.close()
+
+
+_committed_cache: dict[int, tuple[str, ...]] = {}
+
+
+def committed_peers(version: int, client=None) -> tuple[str, ...]:
+    """The peers of committed cluster ``version``, asked once (a committed version never changes)."""
+    with _state.lock:
+        cached = _committed_cache.get(version)
+    if cached is None:
+        cached = peers_of((client or config_client()).get_cluster_at(version))
+        with _state.lock:
+            _committed_cache[version] = cached
+    return cached
+
+
+def stop_reason(version: int, peers: Sequence[str], newest, peers_at: Callable[[int], Sequence[str]]) -> str | None:
+    """Why the members still in ``version`` (``peers``) must stop their step, now that ``newest`` is committed; None: they need not.
+
+    They must when a newer version dropped one of them (a crash), or when
+    any version after theirs restarted its predecessor (the same members
+    again, see :func:`restart_version`): someone's collective failed although
+    nobody was lost, and members still waiting in an older version's
+    collective would otherwise wait for it until the timeout. Versions that
+    only admitted joiners stop nobody (applied at the next check).
+    ``peers_at(v)``: the peers of committed version v (v < newest).
+
+    Example::
+
+        stop_reason(3, ("a", "b"), state_v5, cluster_at)  # v4 = a,b,c and v5 = a,b,c: a restart of v4
+    """
+    peers = tuple(peers)
+    newest_version = int(newest.cluster.version)
+    newest_peers = peers_of(newest.cluster)
+    gone = [p for p in peers if p not in newest_peers]
+    if gone:
+        return (
+            f"cluster version {newest_version} was committed without "
+            f"{', '.join(gone)}, members of version {version} that this worker uses"
+        )
+    if newest_peers == peers:
+        return f"cluster version {version} was restarted as version {newest_version}"
+    previous = peers
+    for v in range(version + 1, newest_version + 1):
+        committed = newest_peers if v == newest_version else tuple(peers_at(v))
+        if committed == previous:
+            return f"cluster version {v - 1} was restarted as version {v}"
+        previous = committed
+    return None
 
 
 def watcher() -> _Watcher:
@@ -467,6 +525,36 @@ def restart_version(version: int, peers: Sequence[str]) -> None:
         # PutCluster set the target to the restarted size: keep a growth
         # (or crash replacement) that was under way.
         client.request_size(target)
+
+
+# How often stop_members_of restarts the newest version when others keep committing first.
+STOP_ATTEMPTS = 5
+
+
+def stop_members_of(version: int, peers: Sequence[str]) -> bool:
+    """Makes sure the members still in ``version`` stop their step; whether the newest version does.
+
+    For a worker whose collective of ``version`` failed although nobody was
+    lost, when it finds newer versions: if they only admitted joiners (an
+    admission window of 0 commits one version per joiner, back to back),
+    the members that saw no failure wait in that collective for this worker
+    until the timeout, and this worker waits for them in the next one. A
+    restart of the newest version (the same members again) stops them all
+    (their watchers, :func:`stop_reason`), and all reach it in order.
+    """
+    client = config_client()
+    for _ in range(STOP_ATTEMPTS):
+        state = client.get_job_state()
+        if stop_reason(version, peers, state, committed_peers) is not None:
+            return True
+        newest = int(state.cluster.version)
+        log.warning(
+            "kungfu elastic: version %d failed without a lost peer and versions up to %d only admitted joiners: "
+            "restarting version %d so that the members still in version %d stop",
+            version, newest, newest, version,
+        )
+        restart_version(newest, peers_of(state.cluster))
+    return False
 
 
 def cluster_at(version: int) -> tuple[str, ...]:

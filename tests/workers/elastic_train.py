@@ -1,6 +1,6 @@
 """Worker for test_elastic.py: a custom training loop that shrinks, grows and survives a crash.
 
-Usage: elastic_train.py STEPS REFUSE_AT SHRINK_AT GROW_AT KILL_AT VICTIM [GROW_FROM:GROW_TO]
+Usage: elastic_train.py STEPS REFUSE_AT SHRINK_AT GROW_AT KILL_AT VICTIM [GROW_FROM:GROW_TO [BREAK]]
 
 A linear model (float64, momentum SGD with its velocity as "optimizer slot"
 variables) trains on global batches that depend only on the step: every
@@ -20,6 +20,14 @@ numpy run of the same updates.
 * at step KILL_AT the worker VICTIM (an address, or ``rank:N``: the initial
   member of rank N) SIGKILLs itself before its step (its peers are inside
   theirs): the survivors recover and finish.
+* with BREAK=1, the initial member of rank 0 holds step 1 until version 2
+  (a joiner the test asked for) is committed; the joiner admitted in
+  version 2 asks for one more worker, waits until that one is admitted
+  (version 3) and the member listens (it applied version 2), then fails its
+  first collective of version 2 (before it connected to anyone in it) as a
+  broken handshake with a live peer does (UnavailableError): a failure that
+  lost nobody, while the member waits for it in that collective and a
+  joiner-only version is already committed.
 
 Every worker starts from different weights (seeded by its rank, the joiner
 by 99): the first sync must make them rank 0's. Each prints its changes and,
@@ -38,6 +46,8 @@ from _setup import np, seed_of, tf
 
 import kungfu_tf
 from kungfu_tf import elastic
+from kungfu_tf.elastic.runner import accepts_connections
+from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops import membership
 from kungfu_tf.optimizers.gradient_sync import average_gradients
 
@@ -91,9 +101,31 @@ def main() -> None:
     steps, refuse_at, shrink_at, grow_at, kill_at = (int(a) for a in sys.argv[1:6])
     victim = sys.argv[6]
     grow_from, grow_to = (int(n) for n in (sys.argv[7] if len(sys.argv) > 7 else "2:3").split(":"))
+    breaks = len(sys.argv) > 8 and sys.argv[8] == "1"
     me = os.environ["KUNGFU_SELF"]
     joiner = elastic.is_joiner()
     is_victim = me == victim or (not joiner and victim == f"rank:{_setup.env_rank()}")
+    if breaks and joiner:
+        agree = em._agree_wait_target
+
+        def break_first_collective_of_v2(version: int) -> None:
+            if version != 2:
+                return agree(version)
+            em._agree_wait_target = agree  # once
+            _, peers = em.current()
+            em.config_client().request_size(len(peers) + 1)
+            em.wait_newer_than(version, 25.0)
+            # As in the job that hung, the member is inside the collective (it applied version 2: its port
+            # listens; alone at version 1 it had none, and a peer that never listened looks gone).
+            deadline = time.monotonic() + 25.0
+            while not accepts_connections(peers[0], duration=0.0) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            print(f"breaking the first collective of v{version} at v{em.newest_seen()}", flush=True)
+            raise tf.errors.UnavailableError(
+                None, None, "handshake with rank 0 failed: sending client hello: Broken pipe (injected by the test)"
+            )
+
+        em._agree_wait_target = break_first_collective_of_v2
     seed = 99 if joiner else _setup.env_rank()
     init = np.random.default_rng(seed).normal(size=DIM)
     w = tf.Variable(init, name="w")
@@ -158,6 +190,8 @@ def main() -> None:
             if state.step == kill_at and is_victim:
                 print(f"killing myself at step {state.step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if breaks and not joiner and state.step == 1 and em.current()[0] == 1:
+                em.wait_newer_than(1, 25.0)  # the others wait in this step's all-reduce meanwhile
             train_step(*local_batch(state.step))
             counter.trained += BATCH
             state.commit()
