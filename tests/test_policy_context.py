@@ -283,6 +283,7 @@ def test_asking_for_the_current_size_cancels_a_pending_growth(monkeypatch):
     assert (grow.old, grow.new, grow.refused) == (1, 3, "pending: joiners are warming up")
     assert (cancel.old, cancel.new, cancel.refused) == (1, 1, "")
     assert cancel.reason.endswith("cancels the pending growth to 3")
+    assert str(grow) == "step 1: size 1 -> 3 pending: joiners are warming up [Scripted]"  # not "refused"
 
 
 def test_before_train_again_after_a_membership_change_keeps_the_new_clusters_batch(monkeypatch):

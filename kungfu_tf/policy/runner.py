@@ -52,6 +52,7 @@ from kungfu_tf.policy.variable_access import EagerVariableAccess, VariableAccess
 # may follow the batch size; the topology is independent; the cluster size
 # last, since a shrink may detach this worker).
 SETTINGS = ("batch_size", "learning_rate", "topology", "size")
+PENDING = "pending"  # Decision.refused of a growth that waits for the launcher's joiners
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,12 @@ class Decision:
     new: Any
     requested_by: str
     reason: str = ""
-    refused: str = ""  # why it was refused; "" if applied
+    refused: str = ""  # why it was refused, or "pending: ..." (a growth waiting for joiners); "" if applied
 
     def __str__(self) -> str:
         why = f" ({self.reason})" if self.reason else ""
+        if self.refused.startswith(PENDING):  # not refused: applied when the joiners are admitted
+            return f"step {self.step}: {self.name} {self.old} -> {self.new} {self.refused} [{self.requested_by}{why}]"
         if self.refused:
             return f"step {self.step}: {self.name} {self.old} -> {self.new} refused: {self.refused} [{self.requested_by}{why}]"
         return f"step {self.step}: {self.name} {self.old} -> {self.new} [{self.requested_by}{why}]"
@@ -622,7 +625,7 @@ class PolicyRunner:
             reason = f"{reason}; " if reason else ""
             reason += f"cancels the pending growth to {self._asked_size}"
         else:
-            pending = "" if changed or detached else "pending: joiners are warming up"
+            pending = "" if changed or detached else f"{PENDING}: joiners are warming up"
         self._asked_size = new_size if pending else None
         self._decide(Decision(step, "size", old, new_size, by, reason, pending))
         if detached:
