@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from autoscale_records import (
     decisions,
     load,
@@ -37,7 +36,7 @@ from autoscale_records import (
     step_sizes,
     steps_by_index,
 )
-from cgroup_quota import CpuQuota, unavailable_reason
+from cgroup_quota import CpuQuota
 from conftest import REPO_ROOT, describe, finish_job, start_job
 
 SCRIPT = REPO_ROOT / "models" / "autoscale_train.py"
@@ -55,7 +54,6 @@ def window_throughput(records: list[dict], first: int, last: int) -> float:
     return samples / (ends[last] - ends[first - 1])
 
 
-@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 def test_autoscaling_finds_the_efficient_size(tmp_path):
     record = tmp_path / "record.jsonl"
     args = ["--policy", "autoscaling", "--samples", SAMPLES, "--batch-size", BATCH, "--hidden", HIDDEN, "--wait-ms", WAIT_MS,
