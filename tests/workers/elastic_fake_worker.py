@@ -125,7 +125,15 @@ if env.joiner and mode == "grow-staggered":
     mode, arg = "grow", arg.split(":")[0]
 if env.joiner:
     client.joiner_ready(me, OTHER_SIGNATURE if mode == "reject" else SIGNATURE)
-    state = wait_until(lambda s: me in members(s) or rejected(s))
+    def admitted_and_left(s):
+        # lose-grow-shrink: admitted at v4 and left out of v5 at once, this joiner may read v5 first
+        # (admitted joiners leave the joiner list): it was a member, and is detached now.
+        return mode == "lose-grow-shrink" and me not in members(s) and all(cluster_peers_of(j) != me for j in s.joiners)
+
+    state = wait_until(lambda s: me in members(s) or rejected(s) or admitted_and_left(s))
+    if admitted_and_left(state):
+        print("detached", flush=True)
+        sys.exit(0)
     if me not in members(state):
         print(f"rejected: {rejected(state)}", flush=True)
         sys.exit(1)
