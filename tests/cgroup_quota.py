@@ -153,7 +153,7 @@ class CpuQuota:
                 try:
                     (CPU_ROOT / "cgroup.procs").write_text(str(pid))
                 except ProcessLookupError:
-                    pass
+                    pass  # it exited since pids() read it: nothing left to move out
             try:
                 self.path.rmdir()
                 return
