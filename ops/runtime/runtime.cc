@@ -306,6 +306,16 @@ uint64_t Runtime::rejected_connections() const {
   return g->transport ? g->transport->rejected_connections() : 0;
 }
 
+size_t Runtime::handshakes_in_progress() const {
+  GenPtr g = gen();
+  return g->transport ? g->transport->handshakes_in_progress() : 0;
+}
+
+uint64_t Runtime::evicted_handshakes() const {
+  GenPtr g = gen();
+  return g->transport ? g->transport->evicted_handshakes() : 0;
+}
+
 uint64_t Runtime::authenticated_connections() const {
   GenPtr g = gen();
   return g->transport ? g->transport->authenticated_connections() : 0;

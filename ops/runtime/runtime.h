@@ -185,6 +185,10 @@ class Runtime {
   // Bytes exchanged with each rank of the current version since it began.
   std::vector<PeerTraffic> traffic() const;
   uint64_t rejected_connections() const;
+  // Accepted connections still in their handshake, and those shut down to
+  // free a slot for a newcomer (Transport::evict_stalled_handshake).
+  size_t handshakes_in_progress() const;
+  uint64_t evicted_handshakes() const;
   uint64_t authenticated_connections() const;
   size_t pending_messages() const { return gen()->mailbox.pending_messages(); }
   // request_at_least()s (ours or peers') waiting here for a save (for tests and leak checks).

@@ -221,7 +221,7 @@ Status Transport::bind_listeners() {
     return Unavailable("cannot listen on " + (literal ? self.str() : "port " + std::to_string(self.port)) + " for " +
                        opt_.cluster.describe(opt_.self_rank) + ": " + strerror(errno));
   }
-  if (::listen(tcp, 128) != 0) return Internal(errno_text("listen"));
+  if (::listen(tcp, kListenBacklog) != 0) return Internal(errno_text("listen"));
 
   if (opt_.same_host_unix_sockets) {
     int ux = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -233,7 +233,7 @@ Status Transport::bind_listeners() {
       return Unavailable("cannot bind same-host socket for port " + std::to_string(self.port) + ": " +
                          strerror(errno));
     }
-    if (::listen(ux, 128) != 0) return Internal(errno_text("listen(AF_UNIX)"));
+    if (::listen(ux, kListenBacklog) != 0) return Internal(errno_text("listen(AF_UNIX)"));
   }
   return Status::OK();
 }
@@ -326,6 +326,9 @@ void Transport::accept_loop() {
   fds[nfds++] = {wake_read_.get(), POLLIN, 0};
   fds[nfds++] = {tcp_listener_.get(), POLLIN, 0};
   if (unix_listener_.valid()) fds[nfds++] = {unix_listener_.get(), POLLIN, 0};
+  // Non-blocking listeners (inherited ones too): accept_pending drains the
+  // queue until EAGAIN instead of one accept per poll.
+  for (int i = 1; i < nfds; ++i) ::fcntl(fds[i].fd, F_SETFL, ::fcntl(fds[i].fd, F_GETFL) | O_NONBLOCK);
   while (!stopping_) {
     // Wakes at least once a second to reap finished connection threads.
     int n = ::poll(fds, nfds, 1000);
@@ -334,30 +337,37 @@ void Transport::accept_loop() {
     if (n <= 0) continue;
     if (fds[0].revents) break;
     for (int i = 1; i < nfds; ++i) {
-      if (fds[i].revents & POLLIN) accept_one(fds[i].fd, i == 2);
+      if (fds[i].revents & POLLIN) accept_pending(fds[i].fd, i == 2);
     }
   }
 }
 
-void Transport::accept_one(int listener, bool is_unix) {
-  int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) {
-    // Out of descriptors: back off instead of spinning on a listener that stays readable.
-    if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return;
+void Transport::accept_pending(int listener, bool is_unix) {
+  for (int i = 0; i < kAcceptBurst && !stopping_; ++i) {
+    int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      // Out of descriptors: back off instead of spinning on a listener that stays readable.
+      if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;  // EAGAIN: the queue is empty
+    }
+    admit(Fd(fd), is_unix);
   }
-  Fd owned(fd);
+}
+
+void Transport::admit(Fd owned, bool is_unix) {
   std::lock_guard<std::mutex> lock(conn_mu_);
   if (stopping_) return;
-  if (handshaking_ >= kMaxHandshakes) {
+  if (handshaking_ >= kMaxHandshakes && !evict_stalled_handshake()) {
     ++rejected_;
     rejections_log_.print("dropped a connection: " + std::to_string(handshaking_) +
                           " connections are already in their handshake");
     return;
   }
+  const int fd = owned.get();
   tune_socket(fd, is_unix);
   auto conn = std::make_unique<Connection>();
   conn->fd = fd;
+  conn->accepted = std::chrono::steady_clock::now();
   Connection *c = conn.get();
   try {
     conn->thread = std::thread([this, fd, c] { serve_connection(Fd(fd), c); });
@@ -370,6 +380,30 @@ void Transport::accept_one(int listener, bool is_unix) {
   owned.release();  // the thread owns it now
   ++handshaking_;
   connections_.push_back(std::move(conn));
+}
+
+bool Transport::evict_stalled_handshake() {
+  Connection *oldest = nullptr;
+  for (auto &c : connections_) {  // in accept order: the first one proving is the oldest
+    if (c->proving && !c->evicted && c->fd >= 0) {
+      oldest = c.get();
+      break;
+    }
+  }
+  if (oldest == nullptr) return false;
+  const double age = std::chrono::duration<double>(std::chrono::steady_clock::now() - oldest->accepted).count();
+  if (age < kEvictAfterSeconds) return false;
+  // Its thread sees the socket fail, gives up the handshake and frees the
+  // slot (handshaking_ drops when it does); the newcomer takes it now.
+  oldest->evicted = true;
+  ::shutdown(oldest->fd, SHUT_RDWR);
+  ++evicted_;
+  return true;
+}
+
+size_t Transport::handshakes_in_progress() {
+  std::lock_guard<std::mutex> lock(conn_mu_);
+  return handshaking_;
 }
 
 void Transport::reap_connections() {
@@ -409,6 +443,7 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
     --handshaking_;
+    conn->proving = false;
   }
   // A peer of this job at another cluster version is switching a few
   // milliseconds apart from us (it retries, or learns it moved on): not a

@@ -132,6 +132,20 @@ class Transport {
   // once; more are closed at once. A cluster's own peers connect once each
   // (and retry), so only a flood of strangers ever reaches it.
   static constexpr size_t kMaxHandshakes = 64;
+  // A peer of the job answers the server's hello within a round trip; a
+  // connection still in its handshake after this long, when all slots are
+  // taken, yields its slot to the newcomer (slow-loris strangers cannot hold
+  // every slot for the whole handshake timeout and lock the job's peers out).
+  static constexpr double kEvictAfterSeconds = 1.0;
+  // The listeners' accept queues: a burst of connections while the acceptor
+  // is descheduled fits in the queue instead of having its SYNs dropped
+  // (a dropped SYN costs the connecting peer a 1 s retransmission).
+  static constexpr int kListenBacklog = 4096;
+  static constexpr int kAcceptBurst = 256;
+  // Handshake slots taken now (for tests and diagnostics).
+  size_t handshakes_in_progress();
+  // Connections shut down by evict_stalled_handshake().
+  uint64_t evicted_handshakes() const { return evicted_.load(); }
 
  private:
   struct SendItem {
@@ -175,15 +189,27 @@ class Transport {
     std::thread thread;
     int fd = -1;  // owned by the thread; shut down from outside on stop
     std::atomic<bool> done{false};
+    // Guarded by conn_mu_: still proving itself, since when (the oldest
+    // stalled one is evicted when the handshake slots are full).
+    bool proving = true;
+    bool evicted = false;
+    std::chrono::steady_clock::time_point accepted;
   };
 
   Status bind_listeners();
   // Wakes the acceptor and joins it.
   void stop_accepting();
   void accept_loop();
-  // Accepts one pending connection from `listener`, or drops it when too
-  // many are still proving themselves.
-  void accept_one(int listener, bool is_unix);
+  // Accepts every connection pending on `listener` (non-blocking, at most
+  // kAcceptBurst per wake-up so one listener cannot starve the other).
+  void accept_pending(int listener, bool is_unix);
+  // Takes one accepted connection: starts its handshake thread, or drops it
+  // when the handshake slots are full and none can be evicted.
+  void admit(Fd fd, bool is_unix);
+  // With conn_mu_ held and every slot taken: shuts down the connection that
+  // has been proving itself longest if that is over kEvictAfterSeconds (a
+  // stranger that connected and says nothing). True if one was evicted.
+  bool evict_stalled_handshake();
   // Joins the threads of finished connections.
   void reap_connections();
   void serve_connection(Fd fd, Connection *conn);
@@ -226,6 +252,7 @@ class Transport {
   bool stopped_ = false;
   std::atomic<bool> leaving_{false};  // leave() began: peers closing on us is expected
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> evicted_{0};
   std::atomic<uint64_t> authenticated_{0};
 };
 
