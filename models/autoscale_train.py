@@ -18,6 +18,17 @@ which makes the throughput of k workers a question of how many cores
 per step that uses no CPU (a stand-in for waiting on an accelerator or the
 input), so a CPU quota of Q cores holds about Q / (1 - wait share) workers.
 
+``--pace-step-ms T --pace-rate R`` instead fix the throughput curve by
+construction, whatever the CPU: every step of every worker is padded to
+``max(T, size * batch / R)`` seconds, so the job trains
+``min(size * batch / T, R)`` samples/s at any size (as long as a step's own
+work takes less than its period). The efficient size is then
+``R * T / batch`` on an idle and on a loaded machine alike: the tests judge
+the policies on that curve, the benchmarks on a real CPU quota.
+``--after-settled N`` ends the job N steps after the policy settled and the
+cluster reached the settled size (instead of after ``--samples``), so a
+slow machine, where joiners take longer to start, still sees the job settle.
+
 Policies (``--policy``): ``none``; ``autoscaling`` (``AutoscalingPolicy``:
 add ``--scale-by`` workers every ``--scale-every`` steps while the scaling
 efficiency stays above ``--efficiency-threshold`` and, with ``--price`` and
@@ -79,6 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait-ms", type=float, default=0.0, help="time per step that uses no CPU (see the docstring)")
+    p.add_argument("--pace-step-ms", type=float, default=0.0,
+                   help="pad every step to at least this many ms (the fixed throughput curve; see the docstring)")
+    p.add_argument("--pace-rate", type=float, default=0.0,
+                   help="with --pace-step-ms: the job's samples/s cap (steps padded to size * batch / rate)")
+    p.add_argument("--after-settled", type=int, default=None,
+                   help="end this many steps after the policy settled at its size (instead of after --samples)")
     # Policy parameters.
     p.add_argument("--scale-every", type=int, default=10,
                    help="autoscaling/provisioning: steps measured per size; straggler: steps between checks")
@@ -102,8 +119,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be positive, got {args.steps}")
-    if args.wait_ms < 0:
-        p.error(f"--wait-ms must be >= 0, got {args.wait_ms}")
+    for name in ("wait_ms", "pace_step_ms", "pace_rate"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.pace_rate and not args.pace_step_ms:
+        p.error("--pace-rate needs --pace-step-ms (the step period below the cap)")
+    if args.after_settled is not None and (args.after_settled < 1 or args.policy not in ("autoscaling", "provisioning")):
+        p.error(f"--after-settled must be positive and needs --policy autoscaling or provisioning, got "
+                f"{args.after_settled} with --policy {args.policy}")  # fmt: skip
     try:
         args.schedule = {int(a): int(b) for a, b in (part.split(":") for part in args.resize_at.split(",") if part)}
     except ValueError:
@@ -214,10 +237,11 @@ class Workload:
         self.optimizer = SynchronousSGDOptimizer(keras.optimizers.SGD(args.lr), monitor=self.monitor)
         self.optimizer.build(self.model.trainable_variables)
         policy = make_policy(args)
+        self.policy = policy
         self.runner = PolicyRunner([policy] if policy else [], batch_size=args.batch_size * kungfu_tf.size(),
                                    optimizer=self.optimizer, log_dir=args.log_dir, verbose=not args.quiet)  # fmt: skip
         self.state = elastic.ElasticState(lambda: self.model.variables + list(self.optimizer.variables),
-                                          policy=self.runner, samples=0)  # fmt: skip
+                                          policy=self.runner, samples=0, settled_step=-1)  # fmt: skip
         self.record = Record(args.record)
         self.decisions_written = 0
         self.log_lines_written = 0
@@ -247,7 +271,22 @@ class Workload:
 
     def finished(self) -> bool:
         s = self.state
+        if self.args.after_settled is not None:
+            return s.settled_step >= 0 and s.step - s.settled_step >= self.args.after_settled
         return s.samples >= self.args.samples or (self.args.steps is not None and s.step >= self.args.steps)
+
+    def step_period(self, size: int) -> float:
+        """Seconds a step is padded to (``--pace-step-ms``/``--pace-rate``): the fixed throughput curve."""
+        period = self.args.pace_step_ms / 1000
+        if self.args.pace_rate:
+            period = max(period, size * self.args.batch_size / self.args.pace_rate)
+        return period
+
+    def note_settled(self, size: int) -> None:
+        """Marks the first step at which the policy has settled and the cluster has its settled size (all workers)."""
+        policy = self.policy
+        if self.state.settled_step < 0 and getattr(policy, "settled", False) and policy.settled_size == size:
+            self.state.settled_step = self.state.step
 
     def warm_up(self, state: elastic.ElasticState) -> None:
         """A joiner traces the step alone before it is admitted (no peers yet: the all-reduce is local)."""
@@ -300,10 +339,13 @@ class Workload:
             rank, size = kungfu_tf.rank(), kungfu_tf.size()
             xb, yb = self.batch(state.samples, rank)
             with self.runner.step():
-                t0 = time.time()
+                t0, started = time.time(), time.perf_counter()
                 self.train_step(xb, yb)
                 if self.args.wait_ms:
                     time.sleep(self.args.wait_ms / 1000)
+                period = self.step_period(size)
+                if period:
+                    time.sleep(max(0.0, started + period - time.perf_counter()))
                 t1 = time.time()
                 state.samples += self.args.batch_size * size
                 state.commit()
@@ -315,6 +357,7 @@ class Workload:
             self.write_decisions()
             if self.runner.detached:
                 return True
+            self.note_settled(size)
             state.check()
             if self.note_change():  # a joiner admitted by check(), a shrink the policy applied, ...
                 self.restart_runner()
