@@ -1,5 +1,5 @@
-"""StragglerPolicy with real workers: ``kungfu-run --elastic -np 2 --max-np 3``, one worker slowed by a
-cgroup v1 CPU quota (0.15 of a core), in one job:
+"""StragglerPolicy with real workers: ``kungfu-run --elastic -np 2 --max-np 3``, one worker slowed by
+construction (its forward pass waits 0.2 s every step, a few ms of work besides), in one job:
 
 * the policy names the slowed worker and asks for a replacement;
 * the replacement joins before the straggler leaves, and the cluster never has fewer than 2 workers;
@@ -18,13 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cgroup_quota import CpuQuota
 from conftest import describe, run_job
 
 SLOW_RANK = 1
 EVERY = 5
 MAX_STEPS = 1000
-JOB_TIMEOUT = 170
+JOB_TIMEOUT = 400
+# The straggler's extra compute time per step. Algorithm 1's throughput fraction of the slowed worker is then
+# 2c / (2c + SLOW_SECONDS) for a fast worker's compute time c: 0.05 at c = 5 ms, still 0.5 at c = 100 ms (a loaded
+# machine), well below the policy's 0.8 either way. A CPU quota made it depend on how much CPU the fast worker got.
+SLOW_SECONDS = 0.2
 
 
 def load(record_dir: Path) -> dict[str, list[dict]]:
@@ -33,17 +36,11 @@ def load(record_dir: Path) -> dict[str, list[dict]]:
 
 
 def test_a_slowed_worker_is_replaced_first_then_evicted_and_the_size_never_drops(tmp_path):
-    # A 10 ms CFS period (not 100 ms): the 0.15 core is enforced within every step (~12 ms of compute),
-    # so the worker is several times slower on every step. With 100 ms (and 0.25) it ran two steps at full speed, then
-    # waited 75 ms: Algorithm 1's average throughput fraction was then ~0.75-0.9, too close to 0.8 to test.
-    with CpuQuota(0.15) as quota:
-        (quota.path / "cpu.cfs_period_us").write_text("10000")
-        (quota.path / "cpu.cfs_quota_us").write_text("1500")
-        rc, out, err = run_job(
-            2, "straggler_train.py", tmp_path, quota.path / "cgroup.procs", SLOW_RANK, EVERY, MAX_STEPS,
-            timeout=JOB_TIMEOUT,
-            extra_launcher_args=["--elastic", "--max-np", "3", "--timeout", "60"],
-        )  # fmt: skip
+    rc, out, err = run_job(
+        2, "straggler_train.py", tmp_path, SLOW_SECONDS, SLOW_RANK, EVERY, MAX_STEPS,
+        timeout=JOB_TIMEOUT,
+        extra_launcher_args=["--elastic", "--max-np", "3", "--timeout", "60"],
+    )  # fmt: skip
     report = describe(rc, out, err)
     assert rc == 0, report
     workers = load(tmp_path)
@@ -92,7 +89,6 @@ def test_a_slowed_worker_is_replaced_first_then_evicted_and_the_size_never_drops
             assert times[r["rank"]] == pytest.approx(r["compute_time"], rel=1e-6), r  # the rider rides as float32
             seen_sizes.add(r["size"])
     assert seen_sizes == {2, 3}
-    # and the slowed worker really was slow: its compute time against the fast worker's over the same steps
-    slow_times = {r["step"]: r["compute_time"] for r in steps[slow]}
-    pairs = np.array([(slow_times[r["step"]], r["compute_time"]) for r in steps[fast] if r["step"] in slow_times and r["step"] > 2])
-    assert pairs[:, 0].sum() > 1.5 * pairs[:, 1].sum(), pairs[:20]
+    # and the monitor saw the slowed worker's pause: its compute time includes SLOW_SECONDS every step
+    slow_times = np.array([r["compute_time"] for r in steps[slow] if r["step"] > 2])
+    assert len(slow_times) and np.all(slow_times >= SLOW_SECONDS), slow_times[:20]

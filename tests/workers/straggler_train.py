@@ -1,11 +1,14 @@
-"""A custom elastic loop with a ``StragglerPolicy``: one worker slowed by a CPU quota gets replaced.
+"""A custom elastic loop with a ``StragglerPolicy``: one slowed worker gets replaced.
 
-    kungfu-run --elastic -np 2 --max-np 3 python straggler_train.py RECORD_DIR SLOW_PROCS SLOW_RANK EVERY MAX_STEPS
+    kungfu-run --elastic -np 2 --max-np 3 python straggler_train.py RECORD_DIR SLOW_SECONDS SLOW_RANK EVERY MAX_STEPS
 
-The worker of initial rank SLOW_RANK (not a joiner) writes its pid into
-SLOW_PROCS (a cgroup v1 ``cgroup.procs`` with a small CPU quota) before its
-first step, so it computes several times slower than its peers. Every worker
-trains a CPU-bound MLP on synthetic data (batch 512 per worker, one TF thread)
+The worker of initial rank SLOW_RANK (not a joiner) is slow by construction:
+its forward pass waits SLOW_SECONDS (a ``tf.py_function`` sleep) before the
+gradients exist, so its compute time, as the ``GradientMonitor`` measures it
+(from the step's start to its gradients), is that much longer than its
+peers' on an idle and on a loaded machine alike (a CPU quota made the
+verdict depend on how much CPU the fast worker got). Every worker
+trains a small MLP on synthetic data (batch 512 per worker, one TF thread)
 inside ``kungfu_tf.elastic.run`` with ``ElasticState(policy=runner)``, and
 writes ``RECORD_DIR/<host_port>-<pid>.jsonl``: one line per step (step,
 rank, size, peers, compute_time, worker_compute_times), one at the end
@@ -33,17 +36,20 @@ from kungfu_tf import elastic
 from kungfu_tf.optimizers import GradientMonitor, SynchronousSGDOptimizer
 from kungfu_tf.policy import PolicyRunner, StragglerPolicy
 
-BATCH, FEATURES, HIDDEN, ROWS = 512, 512, 1024, 4096
+BATCH, FEATURES, HIDDEN, ROWS = 512, 512, 256, 4096
 
 
-def main(record_dir: str, slow_procs: str, slow_rank: int, every: int, max_steps: int) -> None:
+def main(record_dir: str, slow_seconds: float, slow_rank: int, every: int, max_steps: int) -> None:
     me = os.environ["KUNGFU_SELF"]
     joiner = elastic.is_joiner()
     out = open(os.path.join(record_dir, f"{me.replace(':', '_')}-{os.getpid()}.jsonl"), "a", buffering=1)  # noqa: SIM115
-    if not joiner and kungfu_tf.rank() == slow_rank:
-        with open(slow_procs, "w") as f:  # this process, every thread: slowed from the first step on
-            f.write(str(os.getpid()))
-        print(f"straggler {me} slowed by the CPU quota", flush=True)
+    straggler = not joiner and kungfu_tf.rank() == slow_rank
+    if straggler:
+        print(f"straggler {me} waits {slow_seconds} s in every forward pass", flush=True)
+
+    def pause() -> np.float32:
+        time.sleep(slow_seconds)
+        return np.float32(0.0)
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((ROWS, FEATURES)).astype(np.float32)
@@ -60,6 +66,8 @@ def main(record_dir: str, slow_procs: str, slow_rank: int, every: int, max_steps
 
     @tf.function(input_signature=(tf.TensorSpec([None, FEATURES], tf.float32), tf.TensorSpec([None], tf.int32)))
     def train_step(xb, yb):
+        if straggler:  # the forward pass waits for the pause, so the gradients do too
+            xb = xb + tf.ensure_shape(tf.py_function(pause, [], tf.float32), [])
         with tf.GradientTape() as tape:
             loss = loss_object(yb, model(xb, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
@@ -111,4 +119,4 @@ def main(record_dir: str, slow_procs: str, slow_rank: int, every: int, max_steps
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
