@@ -103,7 +103,7 @@ def test_shrink_grow_and_crash_keep_every_worker_identical():
             KUNGFU_ELASTIC="1",
             KUNGFU_JOB_SECRET=secret,
             KUNGFU_JOB_ID=job_id,
-            KUNGFU_TIMEOUT="30",
+            KUNGFU_TIMEOUT="120",
             VICTIM=members[0],
             ELASTIC_TEST_LOG=os.environ.get("ELASTIC_TEST_LOG", ""),
         )
@@ -201,7 +201,7 @@ def test_with_the_launcher_a_crashed_worker_is_replaced_and_the_replacement_catc
         "elastic_train.py",
         steps, -1, -1, 10, 4, "rank:1", "1:2",
         timeout=JOB_TIMEOUT,
-        extra_launcher_args=["--elastic", "--timeout", "30"],
+        extra_launcher_args=["--elastic", "--timeout", "120"],
     )
     report = describe(rc, out, err)
     assert rc == 0, report
@@ -224,7 +224,7 @@ def _serve(members: list[str], job_id: str, max_size: int) -> tuple[ConfigServer
     ).start()
     base = worker_env(
         KUNGFU_CONFIG_SERVER=server.address, KUNGFU_ELASTIC="1", KUNGFU_JOB_SECRET=secret, KUNGFU_JOB_ID=job_id,
-        KUNGFU_TIMEOUT="30", ELASTIC_TEST_LOG=os.environ.get("ELASTIC_TEST_LOG", ""),
+        KUNGFU_TIMEOUT="120", ELASTIC_TEST_LOG=os.environ.get("ELASTIC_TEST_LOG", ""),
     )
     return server, base
 
@@ -311,7 +311,7 @@ def test_resize_wait_with_joiners_admitted_in_separate_versions_and_a_member_fin
         rc, out = outputs[peer]
         assert rc == 0 and re.search(rf"the job is ending: [0-9.:, ]*{joiner_b}[0-9.:, ]* finished training", out), report
         assert f"detached at step {steps - 1}" in out, report
-    assert elapsed < 20, report  # below KUNGFU_TIMEOUT (30 s): nobody waited for a version that never comes
+    assert elapsed < 60, report  # below KUNGFU_TIMEOUT (120 s): nobody waited for a version that never comes
 
 
 def test_a_failure_without_loss_after_a_joiner_only_version_restarts_it_and_nobody_waits():
@@ -354,8 +354,8 @@ def test_a_failure_without_loss_after_a_joiner_only_version_restarts_it_and_nobo
         assert rc == 0 and match and (int(match[1]), int(match[2])) == (STEPS, STEPS * BATCH), report
         np.testing.assert_allclose([float(v) for v in match[3].split()], want, rtol=0, atol=1e-9, err_msg=report)
         assert re.search(r"change v\d+->v4 size 3", out), report
-        # Nobody waited for a peer in another version until the timeout (KUNGFU_TIMEOUT=30 s).
-        assert not [g for g in re.findall(r"gap before step \d+ ended: ([0-9.]+) s", out) if float(g) > 20], report
+        # Nobody waited for a peer in another version until the timeout (KUNGFU_TIMEOUT=120 s).
+        assert not [g for g in re.findall(r"gap before step \d+ ended: ([0-9.]+) s", out) if float(g) > 60], report
 
 
 def test_a_joiner_left_without_any_holder_of_the_state_fails_clearly():

@@ -36,9 +36,7 @@ RETRY_LINE = re.compile(r"^retry (\d+) (\w+) after ([\d.]+)s: (.*)$")
 def test_killed_worker():
     """Rank 2 SIGKILLs itself mid-loop; the others fail fast naming it."""
     np_, victim, timeout = 3, 2, 30
-    t0 = time.monotonic()
     rc, out, err = run_job(np_, "failure_kill.py", victim, 20, timeout=90, extra_launcher_args=["--timeout", str(timeout)])
-    wall = time.monotonic() - t0
     info = describe(rc, out, err)
     # The launcher reports the first failure, the victim's, and exits with its status.
     assert rc == 128 + 9, info
@@ -64,7 +62,6 @@ def test_killed_worker():
             assert kind in ("UnavailableError", "DeadlineExceededError"), info
             assert f"rank {victim}" in message, info
             assert float(elapsed) < timeout / 3, info
-    assert wall < 60, info
 
 
 MISMATCH_LINE = re.compile(r"^mismatch (\S+) after ([\d.]+)s: (.*)$")
@@ -74,9 +71,7 @@ def test_mismatched_shapes():
     """Shape, size or dtype differ across workers: InvalidArgumentError everywhere,
     naming the key and both shapes, fast; the job stays usable after."""
     np_ = 3
-    t0 = time.monotonic()
     rc, out, err = run_job(np_, "failure_mismatch.py", timeout=90, extra_launcher_args=["--timeout", "60"])
-    wall = time.monotonic() - t0
     topologies = ("STAR", "RING", "BINARY_TREE", "CLIQUE")
     # Per topology: set_topology, 3 x (key + 2 shapes + fast), a retry of each key.
     assert_job_ok(rc, out, err, np_, len(topologies) * (1 + 3 * 4 + 3))
@@ -93,8 +88,7 @@ def test_mismatched_shapes():
                 "dtype": ("float32[6]", "int32[6]"),
             }[key.split("_")[0]]
             assert all(s in message for s in shapes), message
-            assert float(m.group(2)) < 5
-    assert wall < 60, describe(rc, out, err)
+            assert float(m.group(2)) < 20  # detected, not timed out (--timeout 60)
 
 
 TIMEOUT_LINE = re.compile(r"^timeout (\S+) after ([\d.]+)s: (.*)$")
@@ -112,7 +106,7 @@ def test_timeout(tmp_path):
         assert len(found) == 1, describe(rc, out, err)
         key, elapsed, message = found[0].groups()
         assert key == f"lonely/{r}"
-        assert 2.9 <= float(elapsed) <= 8, describe(rc, out, err)
+        assert 2.9 <= float(elapsed) <= 20, describe(rc, out, err)  # the 3 s deadline, not a hang
         assert f"rank {other}" in message and "timed out" in message, message
 
 
@@ -289,12 +283,17 @@ def test_hung_job_is_killed(tmp_path):
     everything it started (here a worker and, in a session of its own, a
     grandchild that ignores SIGTERM), and the test fails with its output."""
     pidfile = tmp_path / "pids"
+    proc = start_job(1, "hang.py", pidfile)
+    deadline = time.monotonic() + 60
+    while not pidfile.exists():  # it hangs from here on (however long its start took)
+        assert time.monotonic() < deadline and proc.poll() is None, proc.poll()
+        time.sleep(0.05)
     t0 = time.monotonic()
-    with pytest.raises(JobTimeout, match=r"did not finish within 5s(.|\n)*\[0\] hanging"):
-        run_job(1, "hang.py", pidfile, timeout=5)
-    assert time.monotonic() - t0 < 30
+    with pytest.raises(JobTimeout, match=r"did not finish within 2s(.|\n)*\[0\] hanging"):
+        finish_job(proc, timeout=2)
+    assert time.monotonic() - t0 < 30  # torn down (kill_tree's grace), not left to its 600 s sleep
     pids = [int(p) for p in pidfile.read_text().split()]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 10
     while any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in pids):
         assert time.monotonic() < deadline, f"still running: {pids}"
         time.sleep(0.05)

@@ -47,7 +47,7 @@ MATRIX_SIZES = 3  # 1, 1001 and 3 MiB of float32
 MATRIX_CHECKS = 6 + TOPOLOGIES * (2 + 3 * MATRIX_SIZES)
 SHAPED_CHECKS = TOPOLOGIES * 2  # set_topology + one 4 MiB all_reduce
 
-JOB_TIMEOUT = 75  # seconds, for both launchers together
+JOB_TIMEOUT = 240  # seconds, for both launchers together (4 TF workers on 2 cores, maybe loaded)
 CHECKED = re.compile(r"^\[(\d+)\] checked (\d+) results$", re.MULTILINE)
 WORKER_LINE = re.compile(r"^\[(\d+)\]", re.MULTILINE)
 AUTHENTICATING = re.compile(

@@ -43,7 +43,7 @@ def test_request_at_least(tmp_path):
     lines = rank_lines(out)[1]
     found = [m for m in (re.match(r"^timeout after ([\d.]+)s: (.*)$", line) for line in lines) if m]
     assert len(found) == 1, describe(rc, out, err)
-    assert timeout - 0.1 <= float(found[0].group(1)) <= timeout + 3, describe(rc, out, err)
+    assert timeout - 0.1 <= float(found[0].group(1)) <= timeout + 15, describe(rc, out, err)  # the deadline, not a hang
 
 
 def test_rows():

@@ -201,7 +201,7 @@ def test_unreachable_ray_cluster_is_named_quickly():
         f"error: cannot reach the Ray cluster at --ray {address}: Connection refused"
         in res.stderr
     ), res.stderr
-    assert took < 20, f"took {took:.1f} s"
+    assert took < 50, f"took {took:.1f} s"  # named by our connect check, not after ray.init's own retries
 
 
 def test_missing_ray_names_the_extra(tmp_path):

@@ -158,6 +158,12 @@ class _Servicer(config_pb2_grpc.ConfigServiceServicer):
         # Non-blocking: a long poll over the limit is refused, never queued
         # (a queued one would hold a thread the short calls need).
         self._long_poll_slots = threading.BoundedSemaphore(max_long_polls)
+        self._waiting_lock = threading.Lock()
+        self.long_polls_waiting = 0  # WaitJobState calls holding a slot now
+
+    def _count_waiting(self, delta: int) -> None:
+        with self._waiting_lock:
+            self.long_polls_waiting += delta
 
     def Challenge(self, request, context):
         return config_pb2.ChallengeResponse(nonce=self._nonces.issue())
@@ -185,6 +191,7 @@ class _Servicer(config_pb2_grpc.ConfigServiceServicer):
                 "(ConfigServer(max_long_polls=...)); poll again later",
             )
         returned = False
+        self._count_waiting(1)
 
         def on_rpc_done():
             # A cancelled or expired call: wake the waiters so this one sees it.
@@ -197,6 +204,7 @@ class _Servicer(config_pb2_grpc.ConfigServiceServicer):
             return self._jobs.wait(request.after_state_version, timeout, cancelled=lambda: not context.is_active())
         finally:
             returned = True
+            self._count_waiting(-1)
             self._long_poll_slots.release()
 
     @_rpc
@@ -412,6 +420,11 @@ class ConfigServer:
         if timer is not None:
             self._jobs.stop_admission_timer()
             timer.join()
+
+    @property
+    def long_polls_waiting(self) -> int:
+        """WaitJobState calls waiting in the server now (each holds one of ``max_long_polls`` slots)."""
+        return self._servicer.long_polls_waiting
 
     def get_cluster(self) -> config_pb2.Cluster:
         """The current Cluster, read locally (no RPC, no secret needed)."""

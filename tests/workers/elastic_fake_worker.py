@@ -11,7 +11,9 @@ MODE (what the initial members do):
   grow-staggered N:S
                as grow, but the joiners warm up at different times: each
                waits S seconds times its position among the joiners (in the
-               order they were placed) before it reports READY.
+               order they were placed) before it reports READY; with S
+               "after-first", each but the first instead waits until the
+               first was admitted (cluster v2), however long that took.
   crash R      rank 0 sets the signature, rank R SIGKILLs itself; the others
                (and the replacement) exit 0 once the cluster is whole again
                at version 3 (v2 without R, v3 with its replacement).
@@ -121,7 +123,12 @@ if env.joiner and mode in ("stuck", "stuck-deaf"):
     sys.exit(3)
 if env.joiner and mode == "grow-staggered":
     placed = [cluster_peers_of(j) for j in client.get_job_state().joiners]
-    time.sleep(float(arg.split(":")[1]) * placed.index(me))
+    stagger = arg.split(":")[1]
+    if stagger == "after-first":
+        if placed.index(me) > 0:
+            wait_until(lambda s: s.cluster.version >= 2)
+    else:
+        time.sleep(float(stagger) * placed.index(me))
     mode, arg = "grow", arg.split(":")[0]
 if env.joiner:
     client.joiner_ready(me, OTHER_SIGNATURE if mode == "reject" else SIGNATURE)
@@ -188,9 +195,8 @@ elif mode == "reject":
         seen.update(cluster_peers_of(j) for j in state.joiners if j.state == j.REJECTED)
         return len(seen) >= int(arg)
 
-    state = wait_until(enough_rejected)
-    time.sleep(1)
-    state = client.get_job_state()
+    wait_until(enough_rejected)
+    state = wait_until(lambda s: not s.joiners)  # rejected joiners leave the list (within the 60 s deadline)
     print(f"saw {len(seen)} rejected joiners; {len(state.joiners)} joiners now", flush=True)
 elif mode == "finish-crash":
     pid_file = os.path.join(arg, "pid")

@@ -34,7 +34,8 @@ def expect_invalid(chk: Checker, key: str, x: tf.Tensor, needles: list[str]) -> 
         print(f"mismatch {key} after {elapsed:.3f}s: {message}", flush=True)
         for needle in [key, *needles]:
             chk.true(needle in message, f"{key}: {needle!r} is not in the error: {message}")
-        chk.true(elapsed < 5, f"{key}: the error took {elapsed:.1f}s")
+        # Detected when the shapes meet, not at the 60 s timeout (20 s: room for peers arriving apart under load).
+        chk.true(elapsed < 20, f"{key}: the error took {elapsed:.1f}s")
         return
     except tf.errors.OpError as e:
         chk.fail(f"{key}: expected InvalidArgumentError, got {type(e).__name__}: {e.message}")

@@ -52,6 +52,10 @@ def main() -> None:
     d = pathlib.Path(sys.argv[1])
     rank, size = _setup.env_rank(), _setup.env_size()
     chk = Checker(rank)
+    # --timeout 3 bounds every collective, the first too: the ranks meet (files) before it, however far apart
+    # their TensorFlow imports finished on a loaded machine.
+    (d / f"rank{rank}_ready").touch()
+    wait_for(d / f"rank{1 - rank}_ready")
     chk.equal(ops.all_reduce(tf.ones([3]), name="warmup").numpy(), [size] * 3, "warm-up")
     if rank == 0:
         lonely(chk, "lonely/0", 1)

@@ -4,7 +4,8 @@ Usage: request_at_least.py DIR
 
 Rank 0 saves versions 1..5 of blob 'clock', GAP seconds apart; each holds
 [version, time of the save]. Meanwhile rank 1 asks, eagerly, for at least
-version 3 (issued before version 3 exists), then, inside a tf.function, for
+version 3 (issued before version 3 exists: rank 0 saves it only GAP after
+rank 1 said, by a file in DIR, that it is asking), then, inside a tf.function, for
 at least version 5. Each answer must be a version >= the one asked for,
 hold that version as its value, and have arrived after that version was
 saved. Rank 0 then asks itself for at least version 4 (answered at once
@@ -59,8 +60,10 @@ def check_answer(chk: Checker, value, version, asked: int, where: str) -> float:
     return received
 
 
-def saver(chk: Checker) -> None:
+def saver(chk: Checker, d: pathlib.Path) -> None:
     for v in range(1, VERSIONS + 1):
+        if v == 3:  # not before rank 1 asks for it, however late that is on a loaded machine
+            wait_for(d / "asking")
         time.sleep(GAP)
         p2p.save("clock", tf.constant([v, time.time()], tf.float64), version=v)
     value, version = p2p.request_at_least(0, "clock", 4, LIKE)  # from ourselves, available at once
@@ -68,12 +71,12 @@ def saver(chk: Checker) -> None:
     chk.equal(value.numpy()[0], float(VERSIONS), "own request: value")
 
 
-def requester(chk: Checker) -> None:
+def requester(chk: Checker, d: pathlib.Path) -> None:
     asked_at = time.time()
+    (d / "asking").touch()
     value, version = p2p.request_at_least(0, "clock", 3, LIKE)
     check_answer(chk, value.numpy(), version.numpy(), 3, "eager")
-    # Issued right after the barrier, so before version 3 (at about 3 * GAP):
-    # the request must have waited on rank 0.
+    # Issued before version 3 (saved GAP after the file): the request must have waited on rank 0.
     chk.true(value.numpy()[1] > asked_at, "the eager request did not wait for version 3")
     value, version = request_in_function(tf.constant(5, tf.int64))
     check_answer(chk, value.numpy(), version.numpy(), 5, "tf.function")
@@ -99,12 +102,16 @@ def main() -> None:
     d = pathlib.Path(sys.argv[1])
     rank = _setup.env_rank()
     chk = Checker(rank)
+    # --timeout 3 bounds every collective, the first too: the ranks meet (files) before it, however far apart
+    # their TensorFlow imports finished on a loaded machine.
+    (d / f"rank{rank}_ready").touch()
+    wait_for(d / f"rank{1 - rank}_ready")
     ops.barrier(name="start")
     if rank == 0:
-        saver(chk)
+        saver(chk, d)
         wait_for(d / "rank1_done")
     else:
-        requester(chk)
+        requester(chk, d)
         never_saved(chk)
         (d / "rank1_done").touch()
     ops.barrier(name="end")
