@@ -191,7 +191,7 @@ $(SO): $(BUILD_INPUTS) | $(INSTALL_STAMP)
 	touch $@
 
 test: install cpp-test
-	$(PY) -m pytest -x -q -p no:cacheprovider tests
+	$(PY) -m pytest -x -q -p no:cacheprovider --durations=15 tests
 
 cpp-test: $(CPP_TESTS) fuzz-smoke
 	$(call run_cpp_tests,$(CPP_TESTS))
