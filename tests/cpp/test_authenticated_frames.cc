@@ -22,13 +22,18 @@ using kftest::contains;
 
 namespace {
 
-std::vector<std::unique_ptr<Runtime>> authenticated_cluster(int n, const std::vector<FrameAuthPolicy> &policy,
-                                                            TopologyKind topo, double timeout = 10,
+// One runtime per entry of `policy`. `timeouts`: rank r's (empty: 30 s each,
+// which only turns a hang into a failure: nothing here is meant to time out
+// unless a test says so).
+std::vector<std::unique_ptr<Runtime>> authenticated_cluster(const std::vector<FrameAuthPolicy> &policy,
+                                                            TopologyKind topo, std::vector<double> timeouts = {},
                                                             bool unix_sockets = true) {
+  const int n = static_cast<int>(policy.size());
+  if (timeouts.empty()) timeouts.assign(n, 30);
   std::vector<PeerID> peers = kftest::local_peers(n);
   std::vector<std::unique_ptr<Runtime>> rts(n);
   for (int r = 0; r < n; ++r) {
-    RuntimeOptions o = kftest::options(peers, r, topo, timeout);
+    RuntimeOptions o = kftest::options(peers, r, topo, timeouts[r]);
     o.frame_auth = policy[r];
     o.same_host_unix_sockets = unix_sockets;
     CHECK_OK(Runtime::create(o, &rts[r]));
@@ -39,7 +44,7 @@ std::vector<std::unique_ptr<Runtime>> authenticated_cluster(int n, const std::ve
 void test_exact_results_with_authenticated_frames() {
   for (TopologyKind topo : {TopologyKind::kStar, TopologyKind::kRing}) {
     const FrameAuthPolicy on = FrameAuthPolicy::kAlways;
-    auto rts = authenticated_cluster(3, {on, on, on}, topo);
+    auto rts = authenticated_cluster({on, on, on}, topo);
     for (size_t count : {size_t(1), size_t(1000), size_t(300000), size_t(4 << 20)}) {  // up to 16 MiB: partial writes
       std::vector<std::vector<float>> in(3);
       for (int r = 0; r < 3; ++r) {
@@ -71,7 +76,7 @@ void test_exact_results_with_authenticated_frames() {
 void test_same_host_connections_are_not_authenticated_by_default() {
   for (bool unix_sockets : {true, false}) {
     const FrameAuthPolicy dflt = FrameAuthPolicy::kAcrossHosts;
-    auto rts = authenticated_cluster(2, {dflt, dflt}, TopologyKind::kStar, 10, unix_sockets);
+    auto rts = authenticated_cluster({dflt, dflt}, TopologyKind::kStar, {}, unix_sockets);
     std::vector<std::vector<float>> in = {std::vector<float>(1000, 1), std::vector<float>(1000, 2)};
     std::vector<Status> st = all_reduce_everywhere(rts, "local", in);
     for (int r = 0; r < 2; ++r) {
@@ -107,7 +112,10 @@ void test_connects_two_hosts() {
 
 void test_disagreeing_workers_fail_their_handshake() {
   // A client fails at once, naming both sides' settings; a rank that cannot
-  // hear from its peer at all times out.
+  // hear from its peer at all times out. In a star of two, rank 1 is the
+  // client (it sends to the root first) and rank 0 the one that times out:
+  // its short timeout is what the test costs, while rank 1's is long, so its
+  // failure can only be the handshake's, however slow the machine.
   struct Case {
     FrameAuthPolicy a, b;
     std::vector<const char *> named;
@@ -117,7 +125,7 @@ void test_disagreeing_workers_fail_their_handshake() {
                         Case{FrameAuthPolicy::kAlways, FrameAuthPolicy::kAcrossHosts,
                              {"KUNGFU_AUTHENTICATE_FRAMES=1", "KUNGFU_AUTHENTICATE_FRAMES unset",
                               "sees the connection as within one host"}}}) {
-    auto rts = authenticated_cluster(2, {c.a, c.b}, TopologyKind::kStar, 2);
+    auto rts = authenticated_cluster({c.a, c.b}, TopologyKind::kStar, {2, 60});
     std::vector<std::vector<float>> in = {std::vector<float>(4, 1), std::vector<float>(4, 2)};
     std::vector<Status> st = all_reduce_everywhere(rts, "mixed", in);
     CHECK(!st[0].ok() && !st[1].ok());
@@ -214,7 +222,11 @@ void test_tampered_frame_is_caught() {
     BitFlippingProxy proxy({"127.0.0.3", proxy_port}, {"127.0.0.1", p0}, c.flip_at);
     std::vector<std::unique_ptr<Runtime>> rts(2);
     for (int r = 0; r < 2; ++r) {
-      RuntimeOptions o = kftest::options(r == 0 ? seen_by_0 : seen_by_1, r, TopologyKind::kStar, 3);
+      // The tampered op fails as soon as the connection breaks (or, without
+      // authentication, succeeds): the timeout only turns a hang into a
+      // failure, so it is far above that, or a slow machine would fail the
+      // op on the timeout before the tampering shows.
+      RuntimeOptions o = kftest::options(r == 0 ? seen_by_0 : seen_by_1, r, TopologyKind::kStar, 30);
       o.frame_auth = authenticate ? FrameAuthPolicy::kAlways : FrameAuthPolicy::kNever;
       CHECK_OK(Runtime::create(o, &rts[r]));
     }

@@ -1,5 +1,6 @@
 // Tests for HMAC-SHA256 (OpenSSL), key material, the connection handshake
 // and per-frame authentication (AES-256-GMAC).
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -232,6 +234,25 @@ std::function<void(int)> real_client(const std::string &secret,
 bool send_raw(int fd, const std::string &bytes) {
   std::string err;
   return kungfu::send_all(fd, bytes.data(), bytes.size(), &err);
+}
+
+// Reads and drops what arrives on `fd` until the peer closes it (true) or
+// `seconds` pass (false). One end of a handshake outwaits the other's
+// timeout this way, however late that fires, instead of sleeping for "longer
+// than the timeout" (a loaded machine can make the timeout fire later than
+// the sleep ends, and the peer would then see a close instead).
+bool closed_within(int fd, double seconds) {
+  auto start = std::chrono::steady_clock::now();
+  char buf[512];
+  while (true) {
+    double left = seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (left <= 0) return false;
+    struct pollfd p = {fd, POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (n <= 0) continue;  // EINTR, or the time is up (checked above)
+    ssize_t r = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+  }
 }
 
 std::string be32(uint32_t v) {
@@ -603,31 +624,42 @@ void test_handshake_replay() {
 void test_handshake_timeouts() {
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
+  // A client that sends nothing, and hangs up only once the server has.
   expect_server_rejects(
-      [](int, const std::string &) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(800));
-      },
+      [](int fd, const std::string &) { CHECK(closed_within(fd, 30)); },
       "timed out waiting for client magic", 0.2);
   // Each byte arrives well within the timeout, but the deadline covers the
-  // whole handshake, so dribbling cannot keep the server busy.
+  // whole handshake, so dribbling cannot keep the server busy: a valid hello
+  // (456 bytes, one every 100 ms: 46 s) is cut off after a few bytes, at the
+  // server's deadline. A server whose timeout covered each read alone would
+  // take it all and accept it. Which field the server waited for depends on
+  // how many bytes it read by then (the magic's, unless it was descheduled).
+  bool cut_off = false;
   expect_server_rejects(
-      [](int fd, const std::string &) {
-        const std::string magic = "KFAUTHC3";
-        for (char ch : magic) {
-          if (!send_raw(fd, std::string(1, ch))) return;
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      [&](int fd, const std::string &nonce) {
+        const std::string hello = client_msg("s3cret", nonce, std::string(kungfu::kHandshakeMaxIdLen, 'h'),
+                                             {std::string(kungfu::kHandshakeMaxJobIdLen, 'j'), 7});
+        for (char ch : hello) {
+          if (!send_raw(fd, std::string(1, ch)) || closed_within(fd, 0.1)) {
+            cut_off = true;
+            return;
+          }
         }
       },
-      "timed out waiting for client magic", 0.35);
+      "timed out waiting for client ", 0.35);
+  CHECK(cut_off);
+  // Both end at the server's deadline (0.2 s, 0.35 s), long before the
+  // clients would give up (30 s, 46 s): 10 s tells them apart on any machine.
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  CHECK(secs < 3);
+  CHECK(secs < 10);
 
-  // A server that goes silent after the hello cannot hold the client either.
+  // A server that goes silent after the hello cannot hold the client either
+  // (it hangs up only once the client has).
   Result c;
   run_pair(
       [](int fd) {
         send_raw(fd, kHello);
-        std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        CHECK(closed_within(fd, 30));
       },
       real_client("s3cret", "h:1", &c, 0.2));
   CHECK(!c.ok);

@@ -2,7 +2,6 @@
 // the failure are dropped, never consumed by the next operation under the
 // same name (a traced graph reuses its keys every step).
 #include <chrono>
-#include <thread>
 
 #include "test_util.h"
 
@@ -39,49 +38,81 @@ void test_retry_after_mismatch_is_exact() {
         }
       }
     }
-    // Late pieces of the failed attempts were dropped, not queued forever.
-    for (int i = 0; i < 100; ++i) {
+    // Late pieces of the failed attempts were dropped, not queued forever
+    // (they arrive within milliseconds; 30 s only rules out "never").
+    CHECK(kftest::eventually([&] {
       size_t pending = 0;
       for (auto &rt : rts) pending += rt->pending_messages();
-      if (pending == 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    size_t pending = 0;
-    for (auto &rt : rts) pending += rt->pending_messages();
-    CHECK(pending == 0);
+      return pending == 0;
+    }));
   }
 }
 
 // Every worker numbers the operations of one name in call order, and pieces
 // match by that number. A worker that joins an instance after a peer already
-// failed it (here: rank 1 is later than the timeout) fails its call at once
-// with the peer's reason, instead of pairing with the peer's next instance;
-// the next call on both is exact again.
+// failed it (here: rank 1 is later than rank 0's timeout) fails its call at
+// once with the peer's reason, instead of pairing with the peer's next
+// instance; the next call on both is exact again.
 void test_late_joiner_fails_its_instance_only() {
-  Cluster_ rts = make_cluster(2, TopologyKind::kStar, 1.0);
+  // Rank 0's timeout is what its lone op costs. Rank 1's is far longer than
+  // this test, so its call can only fail through rank 0's abort, never
+  // through a timeout of its own, however slow the machine.
+  constexpr double kRank0Timeout = 1.0, kRank1Timeout = 120;
+  Cluster_ rts = make_cluster({kRank0Timeout, kRank1Timeout}, TopologyKind::kStar);
+  const TensorDesc desc3{DType::kFloat32, {3}, 3};
   std::vector<float> a(3, 1.0f);
   Status s = kftest::wait_for([&](DoneCallback d) {
-    Buffer b{a.data(), a.data(), TensorDesc{DType::kFloat32, {3}, 3}, nullptr};
-    rts[0]->all_reduce("solo", b, ReduceOp::kSum, d);  // rank 1 is late
+    rts[0]->all_reduce("solo", Buffer{a.data(), a.data(), desc3, nullptr}, ReduceOp::kSum, d);  // rank 1 is late
   });
   CHECK(s.code() == Code::kDeadlineExceeded);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0's abort reaches rank 1
+  // Wait until rank 0's abort has reached rank 1. Rank 0 queued it before it
+  // reported the failure, frames to a peer travel in call order, and a peer
+  // handles each frame before it reads the next: once rank 1 has added a
+  // push that rank 0 sends now, it has recorded the abort.
+  float one = 1.0f;
+  const TensorDesc desc1{DType::kFloat32, {1}, 1};
+  CHECK_OK(kftest::wait_for([&](DoneCallback d) { rts[0]->push(1, "after-abort", Buffer{&one, nullptr, desc1, nullptr}, d); }));
+  int64_t pushed = 0;
+  Status taken;
+  CHECK(kftest::eventually([&] {
+    float sum = 0;
+    int64_t n = 0;
+    taken = rts[1]->take("after-abort", &sum, desc1, &n);
+    pushed += n;
+    return !taken.ok() || pushed > 0;
+  }));
+  CHECK_OK(taken);
+  CHECK(pushed == 1);
   std::vector<float> late(3, 2.0f);
   auto start = std::chrono::steady_clock::now();
   Status l = kftest::wait_for([&](DoneCallback d) {
-    Buffer b{late.data(), late.data(), TensorDesc{DType::kFloat32, {3}, 3}, nullptr};
-    rts[1]->all_reduce("solo", b, ReduceOp::kSum, d);
+    rts[1]->all_reduce("solo", Buffer{late.data(), late.data(), desc3, nullptr}, ReduceOp::kSum, d);
   });
   CHECK(l.code() == Code::kDeadlineExceeded);
   CHECK(contains(l.message(), "timed out"));
-  CHECK(kftest::seconds_since(start) < 0.5);  // the peer's reason, not a second timeout
-  CHECK(late[0] == 2.0f);                      // nothing landed in the output
+  // The peer's reason, not a timeout of rank 1's own: rank 0's message,
+  // named as reported by it, and long before rank 1's timeout (the call
+  // fails at once: milliseconds).
+  CHECK(contains(l.message(), "reported by"));
+  CHECK(kftest::seconds_since(start) < kRank1Timeout / 4);
+  CHECK(late[0] == 2.0f);  // nothing landed in the output
   for (int step = 0; step < 3; ++step) {
-    std::vector<std::vector<float>> in = {std::vector<float>(3, 5.0f), std::vector<float>(3, 7.0f)};
-    std::vector<Status> st = all_reduce_everywhere(rts, "solo", in);
-    CHECK_OK(st[0]);
-    CHECK_OK(st[1]);
-    CHECK(in[0][0] == 12.0f && in[1][2] == 12.0f);
+    // Rank 0 (root of the star) waits for rank 1's piece, and its timeout
+    // is short: rank 1 starts first, and rank 0 only once it holds that
+    // piece, so rank 0 waits on nothing and the short timeout never decides.
+    std::vector<float> in0(3, 5.0f), in1(3, 7.0f);
+    const size_t held = rts[0]->pending_messages();
+    auto p1 = std::make_shared<std::promise<Status>>();
+    auto f1 = p1->get_future();
+    rts[1]->all_reduce("solo", Buffer{in1.data(), in1.data(), desc3, nullptr}, ReduceOp::kSum,
+                       [p1](const Status &st) { p1->set_value(st); });
+    CHECK(kftest::eventually([&] { return rts[0]->pending_messages() > held; }));
+    Status s0 = kftest::wait_for([&](DoneCallback d) {
+      rts[0]->all_reduce("solo", Buffer{in0.data(), in0.data(), desc3, nullptr}, ReduceOp::kSum, d);
+    });
+    CHECK_OK(s0);
+    CHECK_OK(f1.get());
+    CHECK(in0[0] == 12.0f && in1[2] == 12.0f);
   }
 }
 

@@ -180,7 +180,8 @@ void test_per_call_topology() {
     CHECK(s.message().find("'mixed'") != std::string::npos);
     CHECK(s.message().find("STAR") != std::string::npos && s.message().find("RING") != std::string::npos);
   }
-  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 5);
+  // At once (milliseconds), not after the 30 s timeout: 10 s tells them apart on any machine.
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 10);
 }
 
 void test_shape_mismatch_fails_fast() {
@@ -203,7 +204,7 @@ void test_shape_mismatch_fails_fast() {
     CHECK(s.message().find("float32[10]") != std::string::npos || s.message().find("float32[11]") != std::string::npos);
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CHECK(secs < 5);  // an abort, not the 30 s timeout
+  CHECK(secs < 10);  // an abort (milliseconds), not the 30 s timeout
 }
 
 void test_rooted_and_gather() {
@@ -374,7 +375,7 @@ void test_consensus_barrier_topology_switch() {
 }
 
 void test_p2p() {
-  Cluster_ rts = make_cluster(2, TopologyKind::kAuto, 5);
+  Cluster_ rts = make_cluster(2, TopologyKind::kAuto, 20);  // nothing here may time out: 20 s only ends a hang
   std::vector<float> model(1000);
   for (size_t i = 0; i < model.size(); ++i) model[i] = i * 0.25f;
   rts[1]->save("model", 3, model.data(), model.size() * 4);
@@ -426,7 +427,7 @@ void test_dead_peer_and_timeout() {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     CHECK(s.code() == Code::kDeadlineExceeded);
     CHECK(s.message().find("rank 1") != std::string::npos);
-    CHECK(secs >= 0.9 && secs < 5);
+    CHECK(secs >= 0.9 && secs < 10);  // at the timeout, not before; later only by how loaded the machine is
   }
 }
 
@@ -474,7 +475,10 @@ void test_intruders_are_rejected() {
                             kHandshakeTimeoutSeconds, &skew));
     CHECK(err.find("at cluster version 0") != std::string::npos && skew == VersionSkew::kPeerBehind);
   }
-  for (int i = 0; i < 100 && rts[0]->rejected_connections() < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Counted as each server thread finishes (milliseconds; 30 s rules out
+  // "never"). The extra 100 ms only gives a wrongly counted fifth (the other
+  // cluster version) a chance to show: it cannot fail a correct count.
+  CHECK(kftest::eventually([&] { return rts[0]->rejected_connections() >= 4; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(rts[0]->rejected_connections() == 4);
   check_all_reduce<float>(rts, 1000, ReduceOp::kSum, "after-intruders");  // the job carries on

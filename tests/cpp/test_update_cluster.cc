@@ -169,10 +169,13 @@ void test_shrink_to_one_and_grow_again() {
 void test_in_flight_op_fails_at_the_change() {
   auto peers = kftest::local_peers(2);
   std::vector<float> x(10, 1.0f), y(10, 100.0f);  // outlive the runtimes (failed ops' sends)
-  Runtimes rts = make_runtimes(peers, 30);
+  // Far above the 20 s bounds below: an op failed by the change (within
+  // milliseconds) is told apart from one that timed out, on any machine.
+  const double timeout = 60;
+  Runtimes rts = make_runtimes(peers, timeout);
   CHECK(all_reduce_is_right(rts, {0, 1}, "warm-up"));
   // Rank 0 waits for rank 1, which never joins this all-reduce: it must fail
-  // when the cluster changes, not after the 30 s timeout.
+  // when the cluster changes, not after the timeout.
   auto p = std::make_shared<std::promise<Status>>();
   auto f = p->get_future();
   Buffer b{x.data(), x.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
@@ -183,16 +186,17 @@ void test_in_flight_op_fails_at_the_change() {
   auto g = q->get_future();
   Buffer c{y.data(), y.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
   rts[1]->all_reduce("stale", c, ReduceOp::kSum, [q](const Status &s) { q->set_value(s); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Rank 0 (the root) holds that piece before the change (milliseconds).
+  CHECK(kftest::eventually([&] { return rts[0]->pending_messages() > 0; }));
   auto start = std::chrono::steady_clock::now();
   for (const Status &s : update_all(rts, {0, 1}, cluster_of(peers, {1, 0}, 5))) CHECK_OK(s);
-  CHECK(f.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  CHECK(f.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
   Status s = f.get();
   CHECK(s.code() == Code::kUnavailable && contains(s.message(), "cluster changed to version 5") &&
         contains(s.message(), "stranded"));
-  CHECK(g.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  CHECK(g.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
   CHECK(g.get().code() == Code::kUnavailable);
-  CHECK(kftest::seconds_since(start) < 5);
+  CHECK(kftest::seconds_since(start) < 20);
   // Reordered: rank 1 is now rank 0. "stale" of the new version sums only new contributions.
   CHECK(rts[1]->rank() == 0 && rts[0]->rank() == 1);
   CHECK(all_reduce_is_right(rts, {1, 0}, "stale", 10));
@@ -256,10 +260,11 @@ void test_interrupt_fails_pending_and_new_ops() {
   auto start = std::chrono::steady_clock::now();
   std::thread watcher([&] { rts[0]->interrupt("peer lost: recovering"); });
   watcher.join();
-  CHECK(f.wait_for(std::chrono::seconds(2)) == std::future_status::ready);
+  // At once (milliseconds), not after the 30 s timeout: 10 s tells them apart on any machine.
+  CHECK(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   Status s = f.get();
   CHECK(s.code() == Code::kUnavailable && contains(s.message(), "peer lost: recovering"));
-  CHECK(kftest::seconds_since(start) < 2);
+  CHECK(kftest::seconds_since(start) < 10);
   // New ops fail too, one-worker fast paths and p2p included, until the next version.
   Status again = wait_for([&](DoneCallback done) { rts[0]->barrier("later", done); });
   CHECK(again.code() == Code::kUnavailable && contains(again.message(), "peer lost: recovering"));
@@ -290,9 +295,12 @@ void test_twenty_quick_changes() {
   std::printf("  update_cluster + first all-reduce, np=4 in one process: median %.1f ms, max %.1f ms\n", ms[10],
               ms.back());
   // Old connections are closed, old threads joined: nothing grows with the
-  // number of versions (a little slack for connections still closing).
-  CHECK(count_entries("/proc/self/fd") <= fds + 2);
-  CHECK(count_entries("/proc/self/task") <= threads + 2);
+  // number of versions (a little slack for connections still closing; a
+  // loaded machine may take a while to close the last ones, a leak never
+  // does: 30 s rules out "never").
+  CHECK(kftest::eventually([&] {
+    return count_entries("/proc/self/fd") <= fds + 2 && count_entries("/proc/self/task") <= threads + 2;
+  }));
   for (auto &rt : rts) CHECK(rt->lost_peers().empty() && rt->rejected_connections() == 0);
 }
 
@@ -324,11 +332,12 @@ void test_crashed_peer_is_lost_then_dropped() {
   for (const Status &s : kftest::all_reduce_everywhere(rts, "during", in)) {
     CHECK(s.code() == Code::kUnavailable && contains(s.message(), "rank 2"));
   }
-  CHECK(kftest::seconds_since(start) < 5);  // noticed, not timed out
+  // Noticed (milliseconds), not timed out (30 s): 10 s tells them apart on any machine.
+  CHECK(kftest::seconds_since(start) < 10);
   for (auto &rt : rts) {
     // A rank's op may fail from its peer's abort a moment before its own
     // connection from rank 2 reports the end of the stream.
-    for (int i = 0; i < 100 && rt->lost_peers().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(kftest::eventually([&] { return !rt->lost_peers().empty(); }));
     std::vector<PeerID> lost = rt->lost_peers();
     CHECK(lost.size() == 1 && lost[0] == peers[2]);
   }
@@ -369,7 +378,8 @@ void test_dead_member_refuses_fast() {
   for (const Status &s : kftest::all_reduce_everywhere(rts, "with the dead", in)) {
     CHECK(s.code() == Code::kUnavailable && contains(s.message(), "rank 2"));
   }
-  CHECK(kftest::seconds_since(start) < 5);
+  // At once (milliseconds), not retried until the 30 s timeout: 10 s tells them apart on any machine.
+  CHECK(kftest::seconds_since(start) < 10);
   // A fetch from rank 2 alone fails as fast, naming it. lost_peers() lists
   // what a worker saw itself (runtime.h): under load both ranks' ops may be
   // failed by aborts and a broken link before either sees the refusal (seen
@@ -379,7 +389,7 @@ void test_dead_member_refuses_fast() {
     rts[0]->request(2, "nothing", P2PStore::kLatest, fetched.data(), fetched.size() * sizeof(float), nullptr, done);
   });
   CHECK(fetch.code() == Code::kUnavailable && contains(fetch.message(), "rank 2"));
-  CHECK(kftest::seconds_since(start) < 5);
+  CHECK(kftest::seconds_since(start) < 10);
   std::vector<PeerID> lost0 = rts[0]->lost_peers(), lost1 = rts[1]->lost_peers();
   for (const auto &lost : {lost0, lost1}) CHECK(lost.empty() || (lost.size() == 1 && lost[0] == peers[2]));
 }
@@ -444,11 +454,12 @@ void test_staggered_swaps_never_fail_the_first_op() {
 // (the client's own hello meets a closed socket: EPIPE).
 enum class SwappingServer { kClosesBeforeHello, kClosesAfterOldHello };
 
-// Plays `peer` while it swaps: for `how_long` answers every same-host
-// connection to its port like a transport that is being stopped, then frees
-// the port (the real runtime takes it). The same-host socket name is the
-// transport's (transport.cc: unix_address).
-void play_swapping_peer(const PeerID &peer, SwappingServer how, std::chrono::milliseconds how_long,
+// Plays `peer` while it swaps: answers same-host connections to its port
+// like a transport that is being stopped until it has answered `cuts` of
+// them (or 30 s passed: a client that gave up), then frees the port (the
+// real runtime takes it). Sets *bound once the port is bound. The same-host
+// socket name is the transport's (transport.cc: unix_address).
+void play_swapping_peer(const PeerID &peer, SwappingServer how, int cuts, std::atomic<bool> *bound,
                         std::atomic<int> *answered) {
   Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   struct sockaddr_un addr = {};
@@ -458,11 +469,12 @@ void play_swapping_peer(const PeerID &peer, SwappingServer how, std::chrono::mil
   const socklen_t len = static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + 1 + name.size());
   CHECK(::bind(listener.get(), reinterpret_cast<struct sockaddr *>(&addr), len) == 0);
   CHECK(::listen(listener.get(), 16) == 0);
+  *bound = true;
   HandshakeIdentity old_version;
   old_version.job_id = kftest::kTestJobId;
   old_version.cluster_version = 0;
-  auto end = std::chrono::steady_clock::now() + how_long;
-  while (std::chrono::steady_clock::now() < end) {
+  auto start = std::chrono::steady_clock::now();
+  while (*answered < cuts && kftest::seconds_since(start) < 30) {
     struct pollfd p = {listener.get(), POLLIN, 0};
     if (::poll(&p, 1, 5) <= 0) continue;
     Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
@@ -487,11 +499,16 @@ void test_handshake_cut_by_a_swapping_peer_is_retried() {
     auto peers = kftest::local_peers(2);
     std::vector<std::vector<float>> in = {std::vector<float>(8, 1.0f), std::vector<float>(8, 2.0f)};
     std::atomic<int> answered{0};
-    // Rank 0 is the swapping peer: rank 1 sends to it first (the root of AUTO's tree).
-    std::thread swapping([&] { play_swapping_peer(peers[0], how, std::chrono::milliseconds(200), &answered); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its port is bound
+    std::atomic<bool> bound{false};
+    // Rank 0 is the swapping peer: rank 1 sends to it first (the root of AUTO's
+    // tree). It cuts two connections: a client that gave up at the first cut
+    // never makes a second one (then the swapping peer stops after 30 s).
+    const int kCuts = 2;
+    std::thread swapping([&] { play_swapping_peer(peers[0], how, kCuts, &bound, &answered); });
+    CHECK(kftest::eventually([&] { return bound.load(); }));
     Runtimes rts(2);
-    RuntimeOptions o = kftest::options(peers, 1, TopologyKind::kAuto, 5);
+    // Rank 1 retries until its timeout: far above the milliseconds the swap takes.
+    RuntimeOptions o = kftest::options(peers, 1, TopologyKind::kAuto, 60);
     o.cluster = Cluster(1, peers);  // version 1: the swapping peer answers at version 0
     CHECK_OK(Runtime::create(o, &rts[1]));
     auto p = std::make_shared<std::promise<Status>>();
@@ -499,7 +516,7 @@ void test_handshake_cut_by_a_swapping_peer_is_retried() {
     Buffer b{in[1].data(), in[1].data(), TensorDesc{DType::kFloat32, {8}, 8}, nullptr};
     rts[1]->all_reduce("first", b, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
     swapping.join();
-    CHECK(answered.load() >= 2);  // retried, not given up at the first cut
+    CHECK(answered.load() >= kCuts);  // retried, not given up at the first cut
     o.self_rank = 0;
     CHECK_OK(Runtime::create(o, &rts[0]));
     Buffer c{in[0].data(), in[0].data(), TensorDesc{DType::kFloat32, {8}, 8}, nullptr};

@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime.h"
@@ -56,6 +57,21 @@ inline int report() {
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Polls `done` every 5 ms until it holds; false if it still does not after
+// `deadline` seconds. Tests wait for an event this way instead of sleeping
+// for as long as it "should" take: the deadline only turns a hang into a
+// failure, so it is far above the event's usual latency (milliseconds) and a
+// loaded machine merely makes the wait longer.
+template <typename Pred>
+bool eventually(Pred done, double deadline = 30) {
+  auto start = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (seconds_since(start) > deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 inline bool contains(const std::string &text, const std::string &needle) {
@@ -113,19 +129,21 @@ inline kungfu::RuntimeOptions options(const std::vector<kungfu::PeerID> &peers, 
   return o;
 }
 
-// n runtimes in this process. A port that free_port() found free can be
-// taken before its runtime binds it (an ephemeral port of some connection,
-// or the same port picked twice): then the whole cluster is made again on
-// fresh ports, a few times, before giving up.
-inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(int n, kungfu::TopologyKind topo,
-                                                                   double timeout = 20, size_t chunk = 1 << 20) {
+// One runtime per entry of `timeouts` (rank r's timeout in seconds) in this
+// process. A port that free_port() found free can be taken before its
+// runtime binds it (an ephemeral port of some connection, or the same port
+// picked twice): then the whole cluster is made again on fresh ports, a few
+// times, before giving up.
+inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(const std::vector<double> &timeouts,
+                                                                   kungfu::TopologyKind topo, size_t chunk = 1 << 20) {
   constexpr int kAttempts = 5;
+  const int n = static_cast<int>(timeouts.size());
   for (int attempt = 1;; ++attempt) {
     std::vector<kungfu::PeerID> peers = local_peers(n);
     std::vector<std::unique_ptr<kungfu::Runtime>> rts(n);
     kungfu::Status failed;
     for (int r = 0; r < n && failed.ok(); ++r) {
-      kungfu::RuntimeOptions o = options(peers, r, topo, timeout);
+      kungfu::RuntimeOptions o = options(peers, r, topo, timeouts[r]);
       o.chunk_bytes = chunk;
       failed = kungfu::Runtime::create(o, &rts[r]);
     }
@@ -136,6 +154,12 @@ inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(int n, kungfu:
       std::exit(2);
     }
   }
+}
+
+// n runtimes, all with the same timeout.
+inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(int n, kungfu::TopologyKind topo,
+                                                                   double timeout = 20, size_t chunk = 1 << 20) {
+  return make_cluster(std::vector<double>(n, timeout), topo, chunk);
 }
 
 // Runs an async operation and waits for its status.
