@@ -54,3 +54,36 @@ def test_a_failed_bucket_leaves_every_variable_unchanged():
                 session.run(train)
             np.testing.assert_array_equal(session.run(a), np.zeros(4, np.float32), err_msg="a partial update was applied")
             np.testing.assert_array_equal(session.run(b), np.zeros(4, np.float32))
+
+
+def test_a_failed_step_leaves_the_optimizer_step_counter_unchanged():
+    """Keras's ``iterations.assign_add(1)`` has no data edge to the gradients: unless the
+    SynchronousSGDOptimizer orders the whole update after the averages, it ran while a gradient
+    was still being averaged, so a step that failed (a lost peer) advanced the counter on the
+    survivors, and Adam's bias correction was one step off for the rest of the run (the elastic
+    Keras test with Adam missed the one-process reference by 0.016 after a crash)."""
+    import keras
+
+    from kungfu_tf.optimizers import SynchronousSGDOptimizer
+
+    w = keras.Variable(np.ones(4, np.float32), name="w_counter")
+    opt = SynchronousSGDOptimizer(keras.optimizers.Adam(0.1))
+    opt.build([w])
+
+    def late_failure() -> np.ndarray:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while time.monotonic() < deadline:
+            if int(opt.iterations.numpy()) != 0:
+                break  # the counter advanced while the gradient was not even computed
+            time.sleep(0.01)
+        raise RuntimeError("a peer was lost")
+
+    @tf.function
+    def step() -> None:
+        grad = tf.numpy_function(late_failure, [], tf.float32, stateful=True)
+        opt.apply_gradients([(tf.reshape(grad, [4]), w)])
+
+    with pytest.raises(tf.errors.OpError, match="a peer was lost"):
+        step()
+    assert int(opt.iterations.numpy()) == 0
+    np.testing.assert_array_equal(w.numpy(), np.ones(4, np.float32))

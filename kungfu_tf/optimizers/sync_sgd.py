@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import keras
@@ -30,6 +31,21 @@ from kungfu_tf.optimizers.gradient_sync import (
 )
 from kungfu_tf.optimizers.sync_sgd_v1 import DEFAULT_NAME, SynchronousSGDOptimizerV1
 from kungfu_tf.strategy.source import StrategySource, check_source
+
+
+def _after(grads: list[Any]) -> Any:
+    """Inside tf.function: every op of the update waits for every averaged gradient.
+
+    The update's own ops have data edges to the gradients, but Keras's
+    ``iterations.assign_add(1)`` (and an optimizer's other per-step counters)
+    has none: when an all-reduce failed (a peer lost), the counter still
+    advanced on the survivors, and Adam's bias correction was one step off
+    for the rest of the run. Eagerly the averages exist already.
+    """
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    tensors = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+    return tf.control_dependencies(tensors)
 
 
 def _wrap_keras(
@@ -48,7 +64,8 @@ def _wrap_keras(
                 grads = average_gradients(
                     grads, self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, name=self._kungfu_name
                 )
-                return base.apply(self, grads, trainable_variables)
+                with _after(grads):
+                    return base.apply(self, grads, trainable_variables)
             local = monitor.local_statistics(grads)
             averaged, rider = average_gradients_with_rider(
                 grads, local.rider, self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, self._kungfu_name
@@ -56,7 +73,8 @@ def _wrap_keras(
             # Inside tf.function the monitor's assignments run by themselves
             # (automatic control dependencies); eagerly they already ran.
             monitor.update(local, rider, grads, averaged, self._kungfu_name)
-            return base.apply(self, averaged, trainable_variables)
+            with _after(averaged):
+                return base.apply(self, averaged, trainable_variables)
 
         return {"apply": apply}
 
