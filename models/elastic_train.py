@@ -17,6 +17,11 @@ the data position:
 * ``--api v1``: a ``tf.compat.v1`` graph under ``MonitoredSession`` with
   ``ElasticSessionCreator`` and ``ElasticHook`` (the hook feeds each step).
 
+``--optimizer momentum|adam`` trains with a Keras optimizer that builds its
+slots in its first step, as users write it; ``--state-form`` picks how the
+``ElasticState`` is given the variables (``model``: ``ElasticState(model=,
+optimizer=)``, the README's; ``callable``; ``list``).
+
 ``--resize-at STEP:SIZE,...`` resizes after that many steps (every member
 calls ``kungfu_tf.ops.resize(SIZE)``; a growth is admitted once the
 launcher's joiners are warm, at a later step, or at once with
@@ -64,7 +69,35 @@ from kungfu_tf.data import ElasticSampler
 from kungfu_tf.optimizers import SynchronousSGDOptimizer
 
 APIS = ("function", "keras", "v1")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+STATE_FORMS = ("model", "callable", "list")
 SEED = 1
+
+
+def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
+    """The Keras optimizer ``--optimizer`` names (not built: momentum and Adam build their slots in the first step).
+
+    Example:
+        >>> make_optimizer("adam", 0.01).built
+        False
+    """
+    if name == "momentum":
+        return keras.optimizers.SGD(lr, momentum=0.9)
+    if name == "adam":
+        return keras.optimizers.Adam(lr)
+    return keras.optimizers.SGD(lr)
+
+
+def make_state(form: str, model: keras.Model, optimizer: keras.optimizers.Optimizer, **kwargs: Any) -> elastic.ElasticState:
+    """``--state-form``: ``model`` (``ElasticState(model=, optimizer=)``, the README's), ``callable`` (variables
+    read at each sync; slots built lazily join the signature after the first step) or ``list`` (a fixed list:
+    the optimizer is built first, so that its slots are in it)."""
+    if form == "model":
+        return elastic.ElasticState(model=model, optimizer=optimizer, **kwargs)
+    if form == "callable":
+        return elastic.ElasticState(lambda: model.variables + list(optimizer.variables), **kwargs)
+    optimizer.build(model.trainable_variables)
+    return elastic.ElasticState(model.variables + list(optimizer.variables), **kwargs)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,7 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=1438, help="training samples used (digits has 1438)")
     p.add_argument("--batch-size", type=int, default=16, help="per-worker batch size")
     p.add_argument("--hidden", type=int, default=32, help="width of the hidden layer")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate")
+    p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+                   help="sgd, momentum (SGD with momentum 0.9) or adam; their slots are built in the first step")
+    p.add_argument("--state-form", default="model", choices=STATE_FORMS,
+                   help="how the ElasticState is given the variables (function and keras APIs; see make_state)")
     p.add_argument("--resize-at", default="", help="STEP:SIZE,...: resize after that many steps")
     p.add_argument("--resize-wait", action="store_true",
                    help="a growth blocks until the joiners are admitted (deterministic runs)")
@@ -88,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.schedule = parse_schedule(args.resize_at)
     except ValueError as e:
         p.error(str(e))
+    if args.api == "v1" and args.optimizer != "sgd":
+        p.error(f"--optimizer {args.optimizer} is for --api function and keras (v1 trains with GradientDescentOptimizer)")
     if args.epochs < 1 or args.batch_size < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
         p.error("--epochs, --batch-size, --samples and --steps must be positive")
     return args
@@ -198,8 +237,7 @@ def loss_fn() -> keras.losses.Loss:
 def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
     args = script.args
     model = build_model(args)
-    optimizer = SynchronousSGDOptimizer(keras.optimizers.SGD(args.lr))
-    optimizer.build(model.trainable_variables)
+    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr))
     loss_object = loss_fn()
     spec = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int32))
 
@@ -211,8 +249,7 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    state = elastic.ElasticState(lambda: model.variables + list(optimizer.variables), sampler=script.sampler,
-                                 check_every=args.check_every)  # fmt: skip
+    state = make_state(args.state_form, model, optimizer, sampler=script.sampler, check_every=args.check_every)
 
     def warm_up(state: elastic.ElasticState) -> None:
         train_step(script.x[: args.batch_size], script.y[: args.batch_size])  # trace and run alone
@@ -274,10 +311,8 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
 
     args = script.args
     model = build_model(args)
-    model.compile(optimizer=SynchronousSGDOptimizer(keras.optimizers.SGD(args.lr)), loss=loss_fn())
-    model.optimizer.build(model.trainable_variables)
-    state = elastic.ElasticState(lambda: model.variables + list(model.optimizer.variables), sampler=script.sampler,
-                                 check_every=args.check_every)  # fmt: skip
+    model.compile(optimizer=SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr)), loss=loss_fn())
+    state = make_state(args.state_form, model, model.optimizer, sampler=script.sampler, check_every=args.check_every)
     schedule = ScheduleCallback(script, state)
     total = min(args.epochs, 10**9)
 

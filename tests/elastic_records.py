@@ -48,19 +48,23 @@ def check_each_sample_once(records: dict[str, list[dict]], samples: int, epochs:
     assert steps == list(range(len(steps))), steps
 
 
-def reference_weights(steps: dict[int, dict[int, list[int]]], samples: int, hidden: int, lr: float) -> list[np.ndarray]:
-    """One process: from the same initial weights, each step's update is SGD on the mean of the shares'
-    mean-loss gradients (what S-SGD over those workers computes)."""
+def reference_weights(steps: dict[int, dict[int, list[int]]], samples: int, hidden: int, lr: float,
+                      optimizer: str = "sgd") -> list[np.ndarray]:  # fmt: skip
+    """One process: from the same initial weights, each step's update is ``optimizer`` (models/elastic_train.py
+    --optimizer: its slots carried from step to step) on the mean of the shares' mean-loss gradients (what
+    S-SGD over those workers computes)."""
     import keras
     import tensorflow as tf
 
     sys.path.insert(0, str(MODELS))
     from digits import build_digits_mlp, load_digits_split
+    from elastic_train import make_optimizer
 
     keras.utils.set_random_seed(1)
     x, y, _, _ = load_digits_split(test_fraction=0.2, seed=0)
     x, y = x[:samples], y[:samples]
     model = build_digits_mlp(hidden=(hidden,), seed=1)
+    opt = make_optimizer(optimizer, lr)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     for step in sorted(steps):
         shares = [ids for _, ids in sorted(steps[step].items())]
@@ -70,8 +74,7 @@ def reference_weights(steps: dict[int, dict[int, list[int]]], samples: int, hidd
                 loss = loss_fn(y[ids], model(x[ids], training=True))
             g = tape.gradient(loss, model.trainable_variables)
             grads = g if grads is None else [a + b for a, b in zip(grads, g)]
-        for v, g in zip(model.trainable_variables, grads):
-            v.assign_sub(lr * g / len(shares))
+        opt.apply_gradients([(g / len(shares), v) for g, v in zip(grads, model.trainable_variables)])
     return [w.numpy() for w in model.trainable_weights]
 
 

@@ -7,6 +7,12 @@ with the rest of the epoch. The launcher starts a replacement; at step 10 the wo
 and fit is re-entered on 3 workers. Checked: every sample of each epoch trained exactly once, steps
 numbered without gaps, the final epoch and step on every worker, identical final weights on the three
 final workers, and equal to a one-process reference of the same steps.
+
+The optimizer is ``SynchronousSGDOptimizer(keras.optimizers.Adam(...))``, not built before ``fit``: its slots
+appear in the first step, as users write it, and the state is ``ElasticState(model=, optimizer=)``, as the
+README writes it. Before the state built the optimizer itself, the job's signature lacked the slots that
+the replacement's warm-up had built, and every replacement was rejected (the run failed: no worker was
+admitted at step 10). The reference carries Adam's slots through the same steps.
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ from elastic_records import (
     steps_by_index,
 )
 
-SAMPLES, BATCH, EPOCHS, HIDDEN, LR = 96, 4, 2, 16, 0.1
+SAMPLES, BATCH, EPOCHS, HIDDEN, LR, OPTIMIZER = 96, 4, 2, 16, 0.01, "adam"
 
 
 def test_fit_survives_a_crash_and_takes_in_a_joiner(tmp_path):
     args = ["--api", "keras", "--samples", SAMPLES, "--batch-size", BATCH, "--epochs", EPOCHS, "--hidden", HIDDEN,
-            "--lr", LR, "--crash-at", 4, "--crash-rank", 1, "--resize-at", "10:3", "--resize-wait",
+            "--lr", LR, "--optimizer", OPTIMIZER, "--crash-at", 4, "--crash-rank", 1, "--resize-at", "10:3", "--resize-wait",
             "--record-dir", tmp_path]  # fmt: skip
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=150,
                            extra_launcher_args=["--elastic", "--max-np", "3"])  # fmt: skip
@@ -41,6 +47,6 @@ def test_fit_survives_a_crash_and_takes_in_a_joiner(tmp_path):
     assert len(ends) == 3, sorted(records)  # the crashed worker wrote no end
     assert {(e["step"], e["epoch"]) for e in ends.values()} == {(len(steps), EPOCHS)}
     assert len({e["weights_sha256"] for e in ends.values()}) == 1
-    want = reference_weights(steps, SAMPLES, HIDDEN, LR)
+    want = reference_weights(steps, SAMPLES, HIDDEN, LR, OPTIMIZER)
     for got, ref in zip(final_weights(tmp_path, next(iter(ends))), want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

@@ -26,7 +26,7 @@ bytes.
 
 Example (a custom loop; ``kungfu-run --elastic -np 2 python train.py``)::
 
-    state = kungfu_tf.elastic.ElasticState(model.variables + opt.variables, sampler=sampler)
+    state = kungfu_tf.elastic.ElasticState(model=model, optimizer=opt, sampler=sampler)
 
     @kungfu_tf.elastic.run
     def train(state):
@@ -82,10 +82,18 @@ class ElasticState:
     """The state of one elastic training job on this worker (see the module docstring).
 
     Args:
-        variables: the variables to keep identical on every worker: a list
-            (model variables, optimizer variables including slots, monitor
-            variables), or a callable returning it (read at each sync, so a
-            Keras optimizer may build its slots in the first step).
+        variables: variables to keep identical on every worker: a list, or a
+            callable returning it (read at each sync and after the first
+            step after it, so a Keras optimizer may build its slots in the
+            first step). With ``model``/``optimizer``, extra variables
+            besides theirs.
+        model: a Keras model (built): its ``variables`` are kept identical.
+        optimizer: a Keras optimizer (with ``model``): its ``variables``,
+            slots included, are kept identical. An optimizer that builds its
+            slots lazily (momentum, Adam: in its first ``apply_gradients``)
+            is built on ``model.trainable_variables`` before the first sync,
+            so the job's model signature has the slots from the start and a
+            joiner, whose warm-up built them, matches it.
         check_every: ``check()`` does its agreement round every this many steps.
         verify_all_syncs: also hash and compare the variables after changes
             that transferred none (a shrink, a crash at an agreed step); by
@@ -103,12 +111,20 @@ class ElasticState:
         >>> state = ElasticState([tf.Variable(1.0)], lr=0.1)
         >>> state.commit(); state.step, state.lr
         (1, 0.1)
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> opt = keras.optimizers.Adam(1e-3)                        # no slots yet
+        >>> state = ElasticState(model=model, optimizer=opt)
+        >>> len(state.variables())   # kernel, bias; iteration, learning rate, 2 + 2 slots
+        8
     """
 
     def __init__(
         self,
         variables: Sequence[object] | Callable[[], Sequence[object]] = (),
         *,
+        model: Any = None,
+        optimizer: Any = None,
         check_every: int = 1,
         verify_all_syncs: bool = False,
         **values: Any,
@@ -118,6 +134,16 @@ class ElasticState:
         for name in values:
             if name.startswith("_") or name in ("variables", "check_every", "verify_all_syncs") or hasattr(type(self), name):
                 raise ValueError(f"ElasticState: {name!r} cannot be the name of a value (it is reserved)")
+        if optimizer is not None and model is None:
+            raise ValueError("ElasticState: optimizer= needs model= (its slots are built on model.trainable_variables)")
+        if model is not None and not hasattr(model, "variables"):
+            raise TypeError(f"ElasticState: model= must be a Keras model, got {type(model).__name__}")
+        if optimizer is not None and not (hasattr(optimizer, "variables") and hasattr(optimizer, "build")):
+            raise TypeError(f"ElasticState: optimizer= must be a Keras optimizer, got {type(optimizer).__name__}")
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_signed_count", None)  # len(variables()) when the signature was last taken
+        object.__setattr__(self, "_recount", False)  # look again at the variables after the next commit
         object.__setattr__(self, "_verify_all_syncs", bool(verify_all_syncs))
         object.__setattr__(self, "_variables", variables)
         object.__setattr__(self, "_values", {"step": 0, "epoch": 0, **values})
@@ -146,9 +172,25 @@ class ElasticState:
             object.__setattr__(self, name, value)
 
     def variables(self) -> list[object]:
-        """The variables kept identical (the callable given is called now)."""
-        v = self._variables() if callable(self._variables) else self._variables
-        return list(v)
+        """The variables kept identical (the callable given is called now; an unbuilt ``optimizer`` is built)."""
+        extra = list(self._variables() if callable(self._variables) else self._variables)
+        if self._model is None:
+            return extra
+        model_variables = list(self._model.variables)
+        if not model_variables:
+            raise ElasticError(
+                f"ElasticState: the model {getattr(self._model, 'name', '')!r} has no variables yet: build it "
+                "(keras.Input, or call it on a batch) before the elastic state syncs"
+            )
+        out = model_variables
+        if self._optimizer is not None:
+            if not getattr(self._optimizer, "built", True):
+                # Momentum, Adam, ...: slots otherwise appear in the first step,
+                # after the job took its signature (joiners, warmed up, have them).
+                self._optimizer.build(self._model.trainable_variables)
+            out = out + list(self._optimizer.variables)
+        seen = {id(v) for v in out}
+        return out + [v for v in extra if id(v) not in seen]
 
     def python_state(self) -> dict[str, Any]:
         """The Python state as JSON-able values (objects give their ``state_dict()``)."""
@@ -170,6 +212,25 @@ class ElasticState:
     def commit(self) -> None:
         """Counts a successful step (step += 1). Call it right after the step returned."""
         self._values["step"] += 1
+        if self._recount:
+            self._recount = False
+            self._update_signature()
+
+    def _update_signature(self) -> None:
+        """After the first step since a sync: variables that step created (lazily built optimizer slots,
+        seen through a callable) join the job's signature, so that joiners, whose warm-up created them
+        too, are admitted. Every member created the same ones in the same synchronous step."""
+        if not callable(self._variables) or self._signed_count is None:
+            return
+        variables = self.variables()
+        if len(variables) == self._signed_count:
+            return
+        signature = model_signature(variables)
+        log.info("kungfu elastic: %d variables now (%d at the sync): the job's model signature grows",
+                 len(variables), self._signed_count)  # fmt: skip
+        self._signed_count = len(variables)
+        if em.is_elastic() and int(config.rank()) == 0:
+            em.config_client().set_signature(signature, grow=True)
 
     # ----------------------------------------------------------- membership
 
@@ -334,6 +395,8 @@ class ElasticState:
             )
         self._has_state = True
         self._last_checked_step = self._values["step"]
+        self._signed_count = len(variables)
+        self._recount = True
         if em.is_elastic() and not self._signature_sent and rank == 0:
             em.config_client().set_signature(signature)
             self._signature_sent = True

@@ -233,7 +233,7 @@ class _Servicer(config_pb2_grpc.ConfigServiceServicer):
 
     @_rpc
     def SetSignature(self, request, context):
-        return self._jobs.set_signature(request.signature)
+        return self._jobs.set_signature(request.signature, grow=request.grow)
 
     @_rpc
     def RemoveJoiner(self, request, context):
@@ -642,9 +642,9 @@ class ConfigClient:
         request = config_pb2.JoinerReadyRequest(peer=_peer_argument("peer", peer), signature=signature)
         return self._call("JoinerReady", request, config_pb2.JobState)
 
-    def set_signature(self, signature: str) -> config_pb2.JobState:
-        """Reports the members' model signature (the first call sets the job's)."""
-        request = config_pb2.SetSignatureRequest(signature=signature)
+    def set_signature(self, signature: str, grow: bool = False) -> config_pb2.JobState:
+        """Reports the members' model signature (the first call sets the job's; ``grow``: it gained variables)."""
+        request = config_pb2.SetSignatureRequest(signature=signature, grow=grow)
         return self._call("SetSignature", request, config_pb2.JobState)
 
     def remove_joiner(self, peer: str) -> config_pb2.JobState:

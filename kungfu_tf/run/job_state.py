@@ -177,6 +177,19 @@ def signature_difference(expected: str, got: str, *, got_name: str = "the joiner
     return None
 
 
+def extends_signature(old: str, new: str) -> bool:
+    """Whether ``new`` holds every line of ``old``, in order, and more (variables created after ``old``).
+
+    Example:
+        >>> extends_signature("w (2,) float32", "w (2,) float32\nsgd/w_momentum (2,) float32")
+        True
+        >>> extends_signature("w (2,) float32", "w (3,) float32\nsgd/w_momentum (3,) float32")
+        False
+    """
+    lines = iter(new.splitlines())
+    return len(new.splitlines()) > len(old.splitlines()) and all(line in lines for line in old.splitlines())
+
+
 def _key(peer: config_pb2.PeerID) -> tuple[str, int]:
     return (peer.host, peer.port)
 
@@ -561,18 +574,24 @@ class JobStateMachine:
             self._changed()
             return self._snapshot()
 
-    def set_signature(self, signature: str) -> config_pb2.JobState:
+    def set_signature(self, signature: str, grow: bool = False) -> config_pb2.JobState:
         """Members' model signature: the first call sets the job's; later ones must equal it.
 
-        Setting it judges the joiners that were already READY.
+        Setting it judges the joiners that were already READY. With ``grow``
+        (the members' first step created variables, e.g. an optimizer's
+        slots), a signature that holds every line of the job's, in order,
+        and more replaces it; READY joiners are judged again.
 
         Raises:
             FailedPreconditionError: ``signature`` differs from the job's (the
-                message names the first differing line).
+                message names the first differing line), and does not extend
+                it where ``grow`` was given.
         """
         self._require_elastic("SetSignature")
         self._check_signature(signature)
         with self._cond:
+            if self._signature and grow and extends_signature(self._signature, signature):
+                self._signature = ""  # set anew below
             if self._signature:
                 difference = signature_difference(self._signature, signature, got_name="this member")
                 if difference is not None:
