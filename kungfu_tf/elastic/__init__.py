@@ -14,7 +14,7 @@ Example (``kungfu-run --elastic -np 3 python train.py``)::
 
     import kungfu_tf.elastic as elastic
 
-    state = elastic.ElasticState(model.variables + optimizer.variables)
+    state = elastic.ElasticState(model=model, optimizer=optimizer)
 
     @elastic.run
     def train(state):

@@ -5,7 +5,7 @@ Example:
     >>> from kungfu_tf.data import ElasticSampler
     >>> from kungfu_tf.keras import elastic_fit
     >>> sampler = ElasticSampler(len(x), batch_size=32, seed=1)                    # doctest: +SKIP
-    >>> state = kungfu_tf.elastic.ElasticState(variables=model.variables + opt.variables,
+    >>> state = kungfu_tf.elastic.ElasticState(model=model, optimizer=model.optimizer,
     ...                                        sampler=sampler)                    # doctest: +SKIP
     >>> @kungfu_tf.elastic.run
     ... def train(state):
