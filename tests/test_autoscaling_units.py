@@ -147,6 +147,27 @@ def test_from_the_upper_bound_searches_down():
     assert policy.settled_size == 2 and sizes[-1] == 2
 
 
+def test_after_a_successful_climb_it_settles_without_searching_below_the_start():
+    """Or et al. §4.1 search down only when the first growth was not efficient. Started at 4 (bounds 1-8)
+    on a job that scales to 6, the search went 4 -> 5 -> 6 -> 7 -> 3 -> 6 before: it measured a size below
+    its start that could not change the verdict, and paid two resizes for it."""
+    linear_to_6 = {k: 100.0 * min(k, 6) for k in range(1, 9)}
+    policy = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.3)
+    sizes, ctx = simulate(policy, linear_to_6.get, start=4, bounds=(1, 8))
+    assert [new for _, new, _ in ctx.requests] == [5, 6, 7, 6]
+    assert sorted(policy.search.throughputs) == [4, 5, 6, 7]
+    assert policy.settled_size == 6 and sizes[-1] == 6
+
+
+def test_a_first_growth_that_fails_searches_down_from_the_start():
+    linear_to_2 = {k: 100.0 * min(k, 2) for k in range(1, 9)}
+    policy = AutoscalingPolicy(scale_every=5, efficiency_threshold=0.3)
+    sizes, ctx = simulate(policy, linear_to_2.get, start=4, bounds=(1, 8))
+    # 4 -> 5 fails at once: 4 -> 3 (3->4 fails) -> 2 (2->3 fails) -> 1: 1->2 passes: settle at 2
+    assert [new for _, new, _ in ctx.requests] == [5, 3, 2, 1, 2]
+    assert policy.settled_size == 2 and sizes[-1] == 2
+
+
 def test_stops_going_down_as_soon_as_the_condition_passes():
     linear_to_3 = {1: 100.0, 2: 200.0, 3: 300.0, 4: 310.0, 5: 305.0}
     policy = AutoscalingPolicy(scale_every=4, efficiency_threshold=0.3)

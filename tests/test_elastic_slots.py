@@ -20,7 +20,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import describe, run_job
-from elastic_records import MODELS, final_weights, load, reference_weights, steps_by_index
+from elastic_records import (
+    MODELS,
+    final_weights,
+    load,
+    reference_weights,
+    steps_by_index,
+)
 
 SAMPLES, BATCH, EPOCHS, HIDDEN = 96, 4, 2, 16
 

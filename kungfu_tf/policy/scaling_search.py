@@ -7,9 +7,12 @@ says which size to measure next, or that the search has settled and where:
   upper bound);
 * while the scaling condition passes from the previous size to the current
   one, add ``K`` more;
-* once it fails (or when scaling in from the top), go to the next lower size
-  without statistics until the condition from it to the next measured size
-  above passes;
+* once it fails after at least one growth passed, settle (below the start
+  nothing can change the verdict: §4.1 searches down only when the first
+  growth was not efficient);
+* when the first growth fails (or when scaling in from the top), go to the
+  next lower size without statistics until the condition from it to the next
+  measured size above passes;
 * settle at the largest size before the condition first fails: scanning the
   measured sizes upward from the lowest, the first ``s`` whose condition to the
   next measured size fails (the largest measured one if none fails).
@@ -137,6 +140,8 @@ class ScalingSearch:
                 if below is not None:
                     return self._settle(lo, hi, passes, f"condition {below}->{current} passed at the upper bound")
                 self.direction = "down"  # started at the upper bound: the first move is -K
+            elif self.start is not None and below > self.start:
+                return self._settle(lo, hi, passes, f"condition {below}->{current} failed after growing from {self.start}")
             else:
                 self.direction = "down"
         else:
