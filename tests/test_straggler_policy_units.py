@@ -20,8 +20,10 @@ ALPHA = 0.1
 
 def reference_averages(throughputs: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
     """Closed form of Algorithm 1 for workers measured at every step: throughputs [steps, workers] ->
-    averages [workers] = (1-a)^n * 1.0 + sum_k a (1-a)^(n-1-k) f_k, f = throughput / median of its step."""
-    fractions = throughputs / np.median(throughputs, axis=1, keepdims=True)
+    averages [workers] = (1-a)^n * 1.0 + sum_k a (1-a)^(n-1-k) f_k, f = throughput / median of the others' in
+    its step."""
+    others = [np.median(np.delete(throughputs, j, axis=1), axis=1) for j in range(throughputs.shape[1])]
+    fractions = throughputs / np.stack(others, axis=1)
     n = len(fractions)
     weights = alpha * (1 - alpha) ** np.arange(n - 1, -1, -1)
     return (1 - alpha) ** n + weights @ fractions
@@ -177,7 +179,11 @@ def test_averages_follow_peers_not_ranks_across_membership_changes():
     assert averages["h:2"] == pytest.approx(reference_averages(np.array([[100.0, 50.0, 100.0]] * 6))[1])
     assert averages["h:4"] == pytest.approx(reference_averages(np.array([[50.0, 100.0, 100.0]] * 3))[2])
     # keyed by rank instead, h:2's history would now belong to rank 0's new occupant and vice versa
-    assert averages["h:3"] == pytest.approx(averages["h:4"]) != averages["h:2"]
+    # After the change both run at 100 against the others' median 75: h:4 from 1.0, h:3 from its own history.
+    decay, fraction = (1 - ALPHA) ** 3, 100.0 / 75.0
+    h3_before = reference_averages(np.array([[100.0, 50.0, 100.0]] * 3))[2]
+    assert averages["h:3"] == pytest.approx(decay * h3_before + (1 - decay) * fraction)
+    assert averages["h:4"] == pytest.approx(decay * 1.0 + (1 - decay) * fraction)
 
 
 def test_replacement_joins_first_then_the_straggler_is_evicted_and_the_size_never_drops():
@@ -252,10 +258,19 @@ def test_the_policy_in_a_runner_gathers_one_row_per_worker_and_writes_metrics():
     assert runner.context.metrics["straggler/pending"] == 0.0
 
 
+def test_two_workers_a_1_3x_slower_one_is_a_straggler():
+    """Against the median of all, with two workers each was compared with their mean: a worker 1.3x slower
+    had the fraction 2 / 2.3 = 0.87 > 0.8 and was never replaced (up to 1.5x went unnoticed)."""
+    a = FractionAverages(alpha=1.0)
+    a.record({"h:1": 130.0, "h:2": 100.0})
+    assert a.averages["h:2"] == pytest.approx(100 / 130) and a.slowest_below(0.8, ["h:1", "h:2"]) == "h:2"
+
+
 def test_fraction_averages_skip_steps_with_fewer_than_two_measured_workers():
     a = FractionAverages(alpha=0.5)
     assert a.record({"h:1": 10.0, "h:2": math.nan}) == {} and a.averages == {}
-    assert a.record({"h:1": 10.0, "h:2": 5.0, "h:3": 0.0}) == {"h:1": pytest.approx(4 / 3), "h:2": pytest.approx(2 / 3)}
+    # each against the median of the others measured: h:3 (0: not measured) is left out
+    assert a.record({"h:1": 10.0, "h:2": 5.0, "h:3": 0.0}) == {"h:1": pytest.approx(2.0), "h:2": pytest.approx(0.5)}
     assert a.slowest_below(0.9, ["h:1", "h:2"]) == "h:2" and a.slowest_below(0.5, ["h:1", "h:2"]) is None
 
 

@@ -4,8 +4,8 @@ Example:
     >>> from kungfu_tf.policy import StragglerPolicy
     >>> policy = StragglerPolicy(threshold=0.8, alpha=0.1, every=10)
     >>> averages = FractionAverages(alpha=0.5)
-    >>> averages.record({"h:1": 100.0, "h:2": 100.0, "h:3": 25.0})  # throughput / median
-    {'h:1': 1.0, 'h:2': 1.0, 'h:3': 0.25}
+    >>> averages.record({"h:1": 100.0, "h:2": 100.0, "h:3": 25.0})  # throughput / the others' median
+    {'h:1': 1.6, 'h:2': 1.6, 'h:3': 0.25}
     >>> averages.averages["h:3"]  # new workers start at 1.0: 0.5 * 0.25 + 0.5 * 1.0
     0.625
 """
@@ -43,7 +43,13 @@ def _check_int(name: str, value: object, least: int) -> int:
 
 
 class FractionAverages:
-    """Algorithm 1's ``record_stats``: per worker, an EWMA of its throughput as a fraction of the median.
+    """Algorithm 1's ``record_stats``: per worker, an EWMA of its throughput as a fraction of the others' median.
+
+    The others' median, not the median of all: with two workers the median is
+    the mean of both, so a threshold of 0.8 let one worker be 1.5x slower than
+    the other (its fraction 1/1.25 = 0.8) before it counted; against the
+    other worker alone 0.8 means what the paper means, a 1.25x slowdown. With
+    many workers the two medians barely differ, except when several are slow.
 
     Keyed by peer ("host:port"), not rank: ranks move when workers join or
     leave, a peer names the same process for its whole life. A worker's
@@ -69,8 +75,7 @@ class FractionAverages:
         measured = {p: float(t) for p, t in throughputs.items() if math.isfinite(t) and t > 0}
         if len(measured) < 2:
             return {}
-        median = float(np.median(list(measured.values())))
-        fractions = {p: t / median for p, t in measured.items()}
+        fractions = {p: t / float(np.median([u for q, u in measured.items() if q != p])) for p, t in measured.items()}
         for peer, fraction in fractions.items():
             self.averages[peer] = self.alpha * fraction + (1 - self.alpha) * self.averages.get(peer, 1.0)
         return fractions
@@ -95,7 +100,7 @@ class StragglerPolicy(BasePolicy):
     Every ``every`` steps the workers all-gather these notes (one small
     collective), so every worker holds the same table, and replay
     Algorithm 1 over it step by step: each worker's throughput as a fraction
-    of the median of that step, smoothed by an EWMA with ``alpha``
+    of the median of the other workers' in that step, smoothed by an EWMA with ``alpha``
     (:class:`FractionAverages`), keyed by peer ("host:port") so that
     averages follow processes, not ranks, through membership changes. The
     first ``warmup_steps`` steps after each change of the cluster (and at
@@ -144,8 +149,9 @@ class StragglerPolicy(BasePolicy):
 
     Args:
         threshold: in [0, 1]: the lowest tolerated average fraction of the
-            median throughput (0.8: at most a 1.25x slowdown from a straggler;
-            0: nobody is a straggler; 1: anybody below the median is).
+            others' median throughput (0.8: at most a 1.25x slowdown, with 2
+            workers as with 100; 0: nobody is a straggler; 1: anybody slower
+            than the others' median is).
         alpha: in (0, 1]: the EWMA weight of the newest step (0.1 in the paper).
         every: check every this many steps (Algorithm 1's N).
         warmup_steps: steps not measured after a change of the cluster.
