@@ -61,6 +61,7 @@ from kungfu_tf.elastic.signature import model_signature
 from kungfu_tf.ops import config
 from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops.collective import all_gather
+from kungfu_tf.optimizers.gradient_monitor import is_per_worker
 
 log = logging.getLogger("kungfu_tf.elastic")
 
@@ -89,7 +90,8 @@ class ElasticState:
             besides theirs.
         model: a Keras model (built): its ``variables`` are kept identical.
         optimizer: a Keras optimizer (with ``model``): its ``variables``,
-            slots included, are kept identical. An optimizer that builds its
+            slots included, are kept identical, and its ``GradientMonitor``'s
+            ``synced_variables()`` (the smoothed estimates) if it has one. An optimizer that builds its
             slots lazily (momentum, Adam: in its first ``apply_gradients``)
             is built on ``model.trainable_variables`` before the first sync,
             so the job's model signature has the slots from the start and a
@@ -173,7 +175,8 @@ class ElasticState:
 
     def variables(self) -> list[object]:
         """The variables kept identical (the callable given is called now; an unbuilt ``optimizer`` is built)."""
-        extra = list(self._variables() if callable(self._variables) else self._variables)
+        # Per-worker values (a monitor's compute time, its previous gradient) differ by design: never synced.
+        extra = [v for v in (self._variables() if callable(self._variables) else self._variables) if not is_per_worker(v)]
         if self._model is None:
             return extra
         model_variables = list(self._model.variables)
@@ -189,6 +192,9 @@ class ElasticState:
                 # after the job took its signature (joiners, warmed up, have them).
                 self._optimizer.build(self._model.trainable_variables)
             out = out + list(self._optimizer.variables)
+            monitor = getattr(self._optimizer, "kungfu_monitor", None)
+            if monitor is not None:  # its smoothed estimate goes to joiners with the training state
+                out = out + monitor.synced_variables()
         seen = {id(v) for v in out}
         return out + [v for v in extra if id(v) not in seen]
 

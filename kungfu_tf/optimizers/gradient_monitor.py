@@ -23,9 +23,12 @@ gradient standing for ``B_big = np * B_small`` examples:
   exponential moving average (``smoothing`` is the decay; Adam's correction
   ``1 - smoothing^t``), and ``gns = ema(tr(Sigma)) / ema(|G|^2)``.
 
-With **one worker** (decided when the step is traced) there is no second
-batch size in a step, so the monitor pairs each gradient with the previous
-step's: ``|G_small|^2`` is the mean of the two squared norms
+The estimator follows the cluster **as it is at each step** (the size is
+read inside the step, as ``rank()``/``cluster_size()`` are): a step traced
+at one size runs right at any other, without re-tracing, so a job that
+grows or shrinks (``kungfu_tf.elastic``) keeps one estimate, equal on every
+worker. With **one worker** there is no second batch size in a step, so the
+monitor pairs each gradient with the previous step's: ``|G_small|^2`` is the mean of the two squared norms
 (``B_small = B``), ``|G_big|^2`` the squared norm of their mean
 (``B_big = 2B``). This assumes the parameters change little in one step (it
 is exact when they do not change); it keeps a copy of the previous gradient
@@ -35,7 +38,15 @@ changes has no pair (two unequal batches), the next one pairs again. The
 copy is per worker and never checkpointed (in a ``tf.compat.v1`` graph it is
 a local variable), so a restored or rebuilt monitor pairs from its second
 step on, and a checkpoint restores whatever the cluster size was when it
-was written.
+was written. A step at several workers leaves no copy to pair with: after a
+shrink to one worker the first step has no pair, the next one pairs. The
+copy exists where the step is traced at one worker or the job is elastic.
+
+**Elastic state.** :meth:`GradientMonitor.synced_variables` are the
+variables every worker holds alike (the smoothing state, the estimates,
+the step counter): ``ElasticState(model=, optimizer=)`` syncs them to
+joiners with the training state. This worker's compute times and previous
+gradient are per worker: never synced, compared or checkpointed.
 
 **Gradient variance** (``variance_interval > 0``): every
 ``variance_interval`` steps (``tf.cond`` inside the step, no re-trace) the
@@ -108,11 +119,25 @@ def _per_worker_variable(initial_value: Any, name: str, dtype: tf.DType | None =
     ``tf.compat.v1.local_variables_initializer()``) initializes it.
     """
     if tf.compat.v1.executing_eagerly_outside_functions():
-        return tf.Variable(initial_value, dtype=dtype, trainable=False, name=name)
-    return tf.compat.v1.Variable(
+        return mark_per_worker(tf.Variable(initial_value, dtype=dtype, trainable=False, name=name))
+    return mark_per_worker(tf.compat.v1.Variable(
         initial_value, dtype=dtype, trainable=False, name=name,
         collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], use_resource=True,
-    )  # fmt: skip
+    ))  # fmt: skip
+
+
+PER_WORKER = "_kungfu_per_worker"
+
+
+def mark_per_worker(variable: tf.Variable) -> tf.Variable:
+    """Marks a variable whose value differs between workers by design (``kungfu_tf.elastic`` neither syncs nor compares it)."""
+    setattr(variable, PER_WORKER, True)
+    return variable
+
+
+def is_per_worker(variable: object) -> bool:
+    """True for a variable :func:`mark_per_worker` marked (a monitor's compute time, its previous gradient)."""
+    return bool(getattr(variable, PER_WORKER, False))
 
 
 class _Untracked:
@@ -205,6 +230,7 @@ class GradientMonitor(tf.Module):
         with tf.init_scope(), tf.name_scope(name):
             self.local_batch_size = tf.Variable(int(batch_size), dtype=tf.int64, trainable=False, name="local_batch_size")
             self.tensors = {key: tf.Variable(nan, dtype=tf.float64, trainable=False, name=key) for key in FLOAT_KEYS}
+            mark_per_worker(self.tensors["compute_time"])
             self.tensors["worker_compute_times"] = tf.Variable(
                 tf.fill([kungfu_tf.size()], tf.constant(nan, tf.float64)),
                 dtype=tf.float64,
@@ -212,6 +238,7 @@ class GradientMonitor(tf.Module):
                 trainable=False,
                 name="worker_compute_times",
             )
+            mark_per_worker(self.tensors["worker_compute_times"])  # its length is the cluster size
             self.tensors["monitor_step"] = tf.Variable(0, dtype=tf.int64, trainable=False, name="monitor_step")
             # Uncorrected EMAs of the two estimates and how many updates they hold.
             self.ema_noise_trace = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="ema_noise_trace")
@@ -253,6 +280,16 @@ class GradientMonitor(tf.Module):
                 out[key] = float(value)
         return out
 
+    def synced_variables(self) -> list[tf.Variable]:
+        """The variables every worker holds alike: what an elastic state syncs to joiners (see the module docstring).
+
+        Example:
+            >>> [v.name for v in GradientMonitor(batch_size=8).synced_variables()][:2]
+            ['kungfu_monitor/local_batch_size:0', 'kungfu_monitor/gns:0']
+        """
+        shared = [v for k, v in self.tensors.items() if not is_per_worker(v)]
+        return [self.local_batch_size, *shared, self.ema_noise_trace, self.ema_grad_sq_norm, self.ema_count]
+
     def attach(self, owner: Any) -> None:
         """Binds this monitor to one optimizer; a second one is refused (it would update it twice per step)."""
         if self._owner is not None and self._owner is not owner:
@@ -270,9 +307,11 @@ class GradientMonitor(tf.Module):
         start = monitor_ops.step_clock_start(self._untracked.clock_anchor)
         ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
         compute_time = monitor_ops.step_clock_lap(start, ready)
-        if self.gns_enabled and not _traced_for_one_worker():
+        if self.gns_enabled:
+            # Whatever the size at tracing: a step traced alone (a joiner's
+            # warm-up) later runs in a cluster, whose mean needs this norm.
             local_sq = monitor_ops.squared_norm([_norm_operand(g) for g in present])
-        else:  # one worker: the GNS pairs with the previous gradient instead (one pass over both)
+        else:
             local_sq = tf.constant(0.0, tf.float64)
         size = ops.cluster_size()
         times = tf.one_hot(ops.rank(), size, on_value=compute_time, off_value=tf.constant(0.0, tf.float64))
@@ -316,30 +355,41 @@ class GradientMonitor(tf.Module):
     ) -> list[Any]:
         batch_size = self.local_batch_size.read_value()
         b = tf.cast(batch_size, tf.float64)
-        if self._pairs_previous_gradient(local):
-            current = [_dense(g) for g in local]
-            norms = monitor_ops.pair_squared_norms(current, [v.read_value() for v in self._previous.tensors])
-            small_sq, big_sq = 0.5 * (norms[0] + norms[1]), norms[2]
-            small_b, big_b = b, 2.0 * b
-            # No pair before the first step (0) nor across a batch-size change:
-            # the previous gradient's expected norm has another tr(Sigma) / B.
-            previous_batch_size = self._previous.batch_size.read_value()
-            valid = tf.equal(previous_batch_size, batch_size)
-            with tf.control_dependencies([norms, previous_batch_size]):
-                keep = [v.assign(g) for v, g in zip(self._previous.tensors, current)]
-                keep.append(self._previous.batch_size.assign(batch_size))
-        else:
-            small_sq, big_sq = mean_local_sq, monitor_ops.squared_norm([_norm_operand(a) for a in averaged])
-            small_b, big_b = b, b * size_f
-            # A cluster of one has a single batch size: no estimate this step.
+        big_sq_many = monitor_ops.squared_norm([_norm_operand(a) for a in averaged])
+
+        def many_workers() -> tuple[tf.Tensor, ...]:
+            return mean_local_sq, big_sq_many, b, b * size_f, tf.constant(True)
+
+        previous = self._previous_gradient(local)
+        if previous is None:  # never one worker: a cluster of one has a single batch size, no estimate
+            small_sq, big_sq, small_b, big_b, _ = many_workers()
             valid = size_f > 1.0
-            keep = []
+        else:
+
+            def one_worker() -> tuple[tf.Tensor, ...]:
+                current = [_dense(g) for g in local]
+                norms = monitor_ops.pair_squared_norms(current, [v.read_value() for v in previous.tensors])
+                # No pair before the first step (0), after steps at several
+                # workers (0), nor across a batch-size change: the previous
+                # gradient's expected norm has another tr(Sigma) / B.
+                previous_batch_size = previous.batch_size.read_value()
+                valid = tf.equal(previous_batch_size, batch_size)
+                with tf.control_dependencies([norms, previous_batch_size]):
+                    keep = [v.assign(g) for v, g in zip(previous.tensors, current)]
+                    keep.append(previous.batch_size.assign(batch_size))
+                with tf.control_dependencies(keep):
+                    return tf.identity(0.5 * (norms[0] + norms[1])), tf.identity(norms[2]), b, 2.0 * b, valid
+
+            def many_workers_forget() -> tuple[tf.Tensor, ...]:
+                with tf.control_dependencies([previous.batch_size.assign(0)]):
+                    return tuple(tf.identity(t) for t in many_workers())
+
+            small_sq, big_sq, small_b, big_b, valid = tf.cond(size_f > 1.0, many_workers_forget, one_worker)
         out = monitor_ops.gns_update(
             small_sq, big_sq, small_b, big_b, valid,
             self.ema_noise_trace, self.ema_grad_sq_norm, self.ema_count, self.smoothing,
         )  # fmt: skip
         return [
-            *keep,
             self.ema_noise_trace.assign(out["ema_noise_trace"]),
             self.ema_grad_sq_norm.assign(out["ema_grad_sq_norm"]),
             self.ema_count.assign(out["ema_count"]),
@@ -360,13 +410,12 @@ class GradientMonitor(tf.Module):
         # Every worker takes the same branch: the step counter is the same everywhere.
         return variance.assign(tf.cond(due, measure, variance.read_value))
 
-    def _pairs_previous_gradient(self, local: list[Any]) -> bool:
-        """True if this step is traced with one worker: then the previous gradient is the second batch."""
-        if not _traced_for_one_worker():
-            return False
-        if self._previous is None:
+    def _previous_gradient(self, local: list[Any]) -> _PreviousGradient | None:
+        """The copy of the last one-worker gradient, made where the step may run at one worker:
+        traced at one, or in an elastic job (which may shrink to one). None otherwise (no copy's memory)."""
+        if self._previous is None and (_traced_for_one_worker() or _elastic_job()):
             self._previous = _PreviousGradient([_dense(g) for g in local])
-        return True
+        return self._previous
 
     def _check_graph(self) -> None:
         """Refuses a step traced in another graph than the one holding the monitor's variables."""
@@ -397,6 +446,13 @@ def _traced_for_one_worker() -> bool:
     import kungfu_tf
 
     return kungfu_tf.size() == 1
+
+
+def _elastic_job() -> bool:
+    """True in a ``kungfu-run --elastic`` job (the cluster may change size while the step runs)."""
+    from kungfu_tf.ops import elastic_membership
+
+    return elastic_membership.is_elastic()
 
 
 def _is_graph_variable(v: tf.Variable) -> bool:
@@ -430,4 +486,4 @@ def _norm_operand(g: Any) -> tf.Tensor:
     return tf.math.unsorted_segment_sum(g.values, position, tf.size(unique))
 
 
-__all__ = ["GradientMonitor", "LocalStatistics"]
+__all__ = ["GradientMonitor", "LocalStatistics", "is_per_worker", "mark_per_worker"]
