@@ -212,6 +212,7 @@ def test_replacement_joins_first_then_the_straggler_is_evicted_and_the_size_neve
         "straggler h:3: waiting for its replacement (asked at step 5, 3 workers); keeping it until then",
         "evicting straggler h:3: its replacement has joined (3 -> 4 workers)",
         "straggler h:3 has left the cluster (3 workers): replacement done",
+        "no straggler: every average is >= 0.8",  # the round is over: the same check looks again
     ]
     assert sim.policy().state_dict()["replaced"] == 1 and sim.policy().pending is None
     assert sim.ctx("h:1").metrics["straggler/replaced"] == 1.0
@@ -227,12 +228,42 @@ def test_at_max_np_the_straggler_is_kept_and_logged():
                                  (8, reference_averages(np.array([[20.0, 100, 100]] * 8))[0]))]  # fmt: skip
 
 
-def test_one_straggler_at_a_time_the_slowest_first():
+def test_every_straggler_of_a_check_in_one_round_the_slowest_first():
+    """Or et al. Fig. 9 replaces up to 10 stragglers at once; one per round took a round (the replacement's
+    start-up and `every` steps) per straggler."""
     speeds = {"h:1": 50.0, "h:2": 30.0, "h:3": 100.0, "h:4": 100.0}
     sim = Simulation(list(speeds), lambda s, p: speeds[p], bounds=(1, 8), every=5, warmup_steps=0)
     sim.run(15)
-    assert [r[1] for r in sim.ctx().requests] == [5]  # one replacement asked for; h:2 is slowest
-    assert sim.policy().pending == {"peer": "h:2", "size": 4, "step": 5}
+    assert [r[1] for r in sim.ctx().requests] == [6]  # two replacements asked for at once
+    assert sim.policy().pending == {"peers": ["h:2", "h:1"], "size": 4, "step": 5}
+
+
+def test_replacements_that_arrive_one_by_one_evict_one_straggler_each_and_max_np_limits_the_round():
+    speeds = {"h:1": 50.0, "h:2": 30.0, "h:3": 100.0, "h:4": 100.0, "h:5": 100.0, "h:6": 100.0}
+    sim = Simulation(["h:1", "h:2", "h:3", "h:4"], lambda s, p: speeds[p], bounds=(1, 5), every=5, warmup_steps=0)
+    evictions = []
+
+    def apply(requests):
+        (_step, _new_size, workers, _reason) = requests[-1]
+        if workers is not None:
+            evictions.append(sorted(set(sim.peers) - set(workers)))
+            for p in [p for p in sim.peers if p not in workers]:
+                sim.leave(p)
+
+    sim.run(5, apply)  # --max-np 5: room for one replacement, the slowest (h:2); h:1 kept for now
+    assert [r[1] for r in sim.ctx().requests] == [5] and sim.policy().pending["peers"] == ["h:2"]
+    assert any("stragglers h:1 kept for now: --max-np 5 leaves room for 1" in line for line in sim.ctx().lines)
+    sim.join("h:5", state_from="h:3")
+    sim.run(5, apply)
+    assert evictions == [["h:2"]] and sim.peers == ["h:1", "h:3", "h:4", "h:5"]
+    sim.run(5, apply)  # the next round takes h:1
+    assert sim.policy().pending["peers"] == ["h:1"] and len(sim.peers) == 4
+
+
+def test_a_pending_replacement_saved_by_the_one_straggler_version_is_adopted():
+    policy = StragglerPolicy()
+    policy.load_state_dict({"averages": {"h:2": 0.5}, "pending": {"peer": "h:2", "size": 3, "step": 7}, "replaced": 1})
+    assert policy.pending == {"peers": ["h:2"], "size": 3, "step": 7}
 
 
 def test_the_policy_in_a_runner_gathers_one_row_per_worker_and_writes_metrics():

@@ -86,8 +86,13 @@ class FractionAverages:
 
     def slowest_below(self, threshold: float, peers: Sequence[str]) -> str | None:
         """Algorithm 1's ``is_straggler``: the member with the lowest average below ``threshold`` (ties: lowest rank)."""
-        below = [(self.averages[p], i, p) for i, p in enumerate(peers) if p in self.averages and self.averages[p] < threshold]
-        return min(below)[2] if below else None
+        below = self.all_below(threshold, peers)
+        return below[0] if below else None
+
+    def all_below(self, threshold: float, peers: Sequence[str]) -> list[str]:
+        """Every member whose average is below ``threshold``, slowest first (ties: lowest rank)."""
+        return [p for _, _, p in sorted((self.averages[p], i, p) for i, p in enumerate(peers)
+                                        if p in self.averages and self.averages[p] < threshold)]  # fmt: skip
 
 
 class StragglerPolicy(BasePolicy):
@@ -110,17 +115,19 @@ class StragglerPolicy(BasePolicy):
 
     * a member whose average is below ``threshold`` is a persistent
       straggler (a worker slow on most steps but fast every so often is
-      still caught: only its average counts). The slowest one is handled;
-      one straggler at a time.
-    * First a replacement is asked for: ``ctx.resize(size + 1)``. Growth is
-      asynchronous: the launcher warms a joiner up and admits it at a later
-      step boundary.
-    * At a later check, once the cluster has grown beyond the size it had
-      when the replacement was asked for, the straggler is evicted:
-      ``ctx.resize(workers=[every member but the straggler])`` (it detaches
-      and exits). The cluster is never smaller than before the replacement.
-      The eviction stands even if the straggler's average recovered while
-      the replacement warmed up (the replacement was started for it).
+      still caught: only its average counts). Every straggler of a check is
+      handled in one round (Or et al. Fig. 9 replaces up to 10 at once),
+      slowest first, as many as ``--max-np`` leaves room for.
+    * First replacements are asked for: ``ctx.resize(size + k)``. Growth is
+      asynchronous: the launcher warms joiners up and admits them at later
+      step boundaries.
+    * At a later check, for each replacement that has joined (the cluster
+      grew beyond the size it had when they were asked for), one straggler
+      is evicted, the slowest first: ``ctx.resize(workers=[every member but
+      them])`` (they detach and exit). The cluster is never smaller than
+      before the round. The eviction stands even if a straggler's average
+      recovered while its replacement warmed up (the replacement was
+      started for it).
     * At the job's ``--max-np`` there is no room for a replacement: the
       straggler is kept (and logged at every check); outside an elastic job
       likewise.
@@ -173,7 +180,7 @@ class StragglerPolicy(BasePolicy):
         self.every = _check_int("every", every, 1)
         self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
         self._averages = FractionAverages(self.alpha)
-        # The straggler whose replacement was asked for: {"peer", "size" (the cluster size then), "step"}.
+        # The stragglers whose replacements were asked for: {"peers", "size" (the cluster size then), "step"}.
         self._pending: dict[str, Any] | None = None
         self._replaced = 0
         # This worker's own measurements (not shared state): step -> throughput.
@@ -188,8 +195,8 @@ class StragglerPolicy(BasePolicy):
 
     @property
     def pending(self) -> dict[str, Any] | None:
-        """The straggler waiting for its replacement (``peer``, ``size`` when asked, ``step``), or None."""
-        return None if self._pending is None else dict(self._pending)
+        """The stragglers waiting for their replacements (``peers``, the ``size`` to keep, ``step``), or None."""
+        return None if self._pending is None else {**self._pending, "peers": list(self._pending["peers"])}
 
     def config(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "alpha": self.alpha, "every": self.every, "warmup_steps": self.warmup_steps}
@@ -199,7 +206,10 @@ class StragglerPolicy(BasePolicy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._averages.averages = {str(k): float(v) for k, v in state.get("averages", {}).items()}
-        self._pending = state.get("pending")
+        pending = state.get("pending")
+        if pending is not None and "peer" in pending:  # a state saved when one straggler was handled per round
+            pending = {"peers": [pending["peer"]], "size": pending["size"], "step": pending["step"]}
+        self._pending = pending
         self._replaced = int(state.get("replaced", 0))
 
     # ----------------------------------------------------------- hooks
@@ -256,41 +266,56 @@ class StragglerPolicy(BasePolicy):
     def _decide(self, ctx: PolicyContext, peers: tuple[str, ...]) -> None:
         size = len(peers)
         if self._pending is not None:
-            slow, asked_at_size = self._pending["peer"], int(self._pending["size"])
-            if slow not in peers:
-                self._replaced += 1
-                ctx.log(f"straggler {slow} has left the cluster ({size} workers): replacement done")
-                self._pending = None
+            self._follow_round(ctx, peers)
+            if self._pending is not None:
                 return
-            if size > asked_at_size:
-                keep = [p for p in peers if p != slow]
-                ctx.resize(
-                    workers=keep,
-                    reason=f"evict straggler {slow} (average {self._averages.averages.get(slow, math.nan):.3f}): "
-                    f"the cluster grew from {asked_at_size} to {size} workers",
-                )
-                ctx.log(f"evicting straggler {slow}: its replacement has joined ({asked_at_size} -> {size} workers)")
-                return
-            ctx.log(
-                f"straggler {slow}: waiting for its replacement (asked at step {self._pending['step']}, "
-                f"{size} workers); keeping it until then"
-            )
-            return
-        slow = self._averages.slowest_below(self.threshold, peers)
-        if slow is None:
+        slow = self._averages.all_below(self.threshold, peers)
+        if not slow:
             ctx.log(f"no straggler: every average is >= {self.threshold:g}")
             return
-        average = self._averages.averages[slow]
+        named = ", ".join(f"{p} (average {self._averages.averages[p]:.3f})" for p in slow)
         bounds = ctx.size_bounds
         if bounds is None:
-            ctx.log(f"straggler {slow} (average {average:.3f}) kept: not an elastic job, no replacement can be added")
+            ctx.log(f"straggler {named} kept: not an elastic job, no replacement can be added")
             return
-        if bounds[1] and size + 1 > bounds[1]:
-            ctx.log(
-                f"straggler {slow} (average {average:.3f}) kept: the job is at --max-np {bounds[1]}, "
-                "no room for a replacement"
+        room = len(slow) if not bounds[1] else max(0, bounds[1] - size)
+        if room == 0:
+            ctx.log(f"straggler {named} kept: the job is at --max-np {bounds[1]}, no room for a replacement")
+            return
+        chosen = slow[:room]
+        if len(chosen) < len(slow):
+            ctx.log(f"stragglers {', '.join(slow[room:])} kept for now: --max-np {bounds[1]} leaves room for {room}")
+        shown = ", ".join(f"{p} (average {self._averages.averages[p]:.3f} < {self.threshold:g})" for p in chosen)
+        what = "a replacement" if len(chosen) == 1 else f"{len(chosen)} replacements"
+        ctx.resize(size + len(chosen), reason=f"{what} for straggler {shown}")
+        ctx.log(f"straggler {shown}: asked for {what} ({size} -> {size + len(chosen)})")
+        self._pending = {"peers": chosen, "size": size, "step": ctx.step + 1}
+
+    def _follow_round(self, ctx: PolicyContext, peers: tuple[str, ...]) -> None:
+        """A round in progress: forget stragglers that left, evict one per replacement that has joined."""
+        assert self._pending is not None
+        size, asked_at_size = len(peers), int(self._pending["size"])
+        waiting = list(self._pending["peers"])
+        for gone in [p for p in waiting if p not in peers]:
+            self._replaced += 1
+            waiting.remove(gone)
+            ctx.log(f"straggler {gone} has left the cluster ({size} workers): replacement done")
+        # Stragglers that left free a place each: the cluster the round must keep is smaller by as many.
+        floor = asked_at_size - (len(self._pending["peers"]) - len(waiting))
+        self._pending = {**self._pending, "peers": waiting, "size": floor} if waiting else None
+        if not waiting:
+            return
+        arrived = size - floor
+        if arrived > 0:
+            leaving = waiting[:arrived]
+            ctx.resize(
+                workers=[p for p in peers if p not in leaving],
+                reason=f"evict straggler {', '.join(leaving)}: the cluster grew from {floor} to {size} workers",
             )
+            ctx.log(f"evicting straggler {', '.join(leaving)}: {'its replacement has' if arrived == 1 else 'replacements have'} "
+                    f"joined ({floor} -> {size} workers)")  # fmt: skip
             return
-        ctx.resize(size + 1, reason=f"replacement for straggler {slow} (average {average:.3f} < {self.threshold:g})")
-        ctx.log(f"straggler {slow} (average {average:.3f} < {self.threshold:g}): asked for a replacement ({size} -> {size + 1})")
-        self._pending = {"peer": slow, "size": size, "step": ctx.step + 1}
+        ctx.log(
+            f"straggler {', '.join(waiting)}: waiting for {'its replacement' if len(waiting) == 1 else 'replacements'} "
+            f"(asked at step {self._pending['step']}, {size} workers); keeping {'it' if len(waiting) == 1 else 'them'} until then"
+        )
