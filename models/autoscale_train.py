@@ -88,6 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=3, help="hidden layers")
     p.add_argument("--bank", type=int, default=8192, help="synthetic samples generated (batches cycle over them)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--lr-rule", default=None, choices=("linear", "sqrt", "adascale"),
+                   help="how the learning rate follows the global batch (a resize's change too)")
+    p.add_argument("--on-resize", default="keep_local", choices=("keep_local", "keep_global"),
+                   help="what a resize does to the batch (PolicyRunner(on_resize=))")
+    p.add_argument("--max-global-batch", type=int, default=None,
+                   help="keep_local: the largest global batch; past it the per-worker batch shrinks")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait-ms", type=float, default=0.0, help="time per step that uses no CPU (see the docstring)")
     p.add_argument("--pace-step-ms", type=float, default=0.0,
@@ -124,8 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.pace_rate and not args.pace_step_ms:
         p.error("--pace-rate needs --pace-step-ms (the step period below the cap)")
-    if args.after_settled is not None and (args.after_settled < 1 or args.policy not in ("autoscaling", "provisioning")):
-        p.error(f"--after-settled must be positive and needs --policy autoscaling or provisioning, got "
+    if args.after_settled is not None and (args.after_settled < 1 or args.policy not in ("autoscaling", "provisioning",
+                                                                                           "schedule")):
+        p.error(f"--after-settled must be positive and needs --policy autoscaling, provisioning or schedule, got "
                 f"{args.after_settled} with --policy {args.policy}")  # fmt: skip
     try:
         args.schedule = {int(a): int(b) for a, b in (part.split(":") for part in args.resize_at.split(",") if part)}
@@ -177,16 +184,30 @@ class ScheduledResize(BasePolicy):
     def __init__(self, schedule: dict[int, int]):
         self.schedule = dict(schedule)
 
+    @property
+    def settled(self) -> bool:
+        """True once the last resize of the schedule was asked for (``--after-settled`` counts from there)."""
+        return bool(self.schedule) and self._last_asked
+
+    @property
+    def settled_size(self) -> int | None:
+        return self.schedule[max(self.schedule)] if self.schedule else None
+
+    _last_asked = False
+
     def after_step(self, ctx: Any) -> None:
         size = self.schedule.get(ctx.step)
         if size is not None and size != ctx.size:
             ctx.resize(size, reason=f"--resize-at {ctx.step}:{size}")
+        if self.schedule and ctx.step >= max(self.schedule):
+            self._last_asked = True
 
     def state_dict(self) -> dict[str, Any]:
-        return {"schedule": {str(k): v for k, v in self.schedule.items()}}
+        return {"schedule": {str(k): v for k, v in self.schedule.items()}, "last_asked": self._last_asked}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule = {int(k): v for k, v in state["schedule"].items()}
+        self._last_asked = bool(state.get("last_asked", False))
 
 
 def synthetic_data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
@@ -239,7 +260,9 @@ class Workload:
         policy = make_policy(args)
         self.policy = policy
         self.runner = PolicyRunner([policy] if policy else [], batch_size=args.batch_size * kungfu_tf.size(),
-                                   optimizer=self.optimizer, log_dir=args.log_dir, verbose=not args.quiet)  # fmt: skip
+                                   optimizer=self.optimizer, log_dir=args.log_dir, verbose=not args.quiet,
+                                   lr_rule=args.lr_rule, on_resize=args.on_resize,
+                                   max_global_batch_size=args.max_global_batch)  # fmt: skip
         self.state = elastic.ElasticState(lambda: self.model.variables + list(self.optimizer.variables),
                                           policy=self.runner, samples=0, settled_step=-1)  # fmt: skip
         self.record = Record(args.record)
@@ -263,9 +286,13 @@ class Workload:
         """Sum of all weights in float64: equal on every worker after each step iff they stayed in sync (~1 ms)."""
         return float(sum(np.sum(w.numpy(), dtype=np.float64) for w in self.model.trainable_weights))
 
+    def local_batch(self) -> int:
+        """This step's per-worker batch: the runner's (``--on-resize`` decides how it follows the cluster)."""
+        return int(self.runner.local_batch_size.numpy())
+
     def batch(self, samples: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """This worker's share of the global batch that starts at sample ``samples`` (cycling over the bank)."""
-        b = self.args.batch_size
+        b = self.local_batch()
         ids = (samples + rank * b + np.arange(b)) % self.args.bank
         return self.x[ids], self.y[ids]
 
@@ -275,11 +302,11 @@ class Workload:
             return s.settled_step >= 0 and s.step - s.settled_step >= self.args.after_settled
         return s.samples >= self.args.samples or (self.args.steps is not None and s.step >= self.args.steps)
 
-    def step_period(self, size: int) -> float:
+    def step_period(self, size: int, local: int) -> float:
         """Seconds a step is padded to (``--pace-step-ms``/``--pace-rate``): the fixed throughput curve."""
         period = self.args.pace_step_ms / 1000
         if self.args.pace_rate:
-            period = max(period, size * self.args.batch_size / self.args.pace_rate)
+            period = max(period, size * local / self.args.pace_rate)
         return period
 
     def note_settled(self, size: int) -> None:
@@ -336,22 +363,23 @@ class Workload:
         self.note_change()
         self.restart_runner()
         while not self.finished():
-            rank, size = kungfu_tf.rank(), kungfu_tf.size()
+            rank, size, local = kungfu_tf.rank(), kungfu_tf.size(), self.local_batch()
             xb, yb = self.batch(state.samples, rank)
             with self.runner.step():
                 t0, started = time.time(), time.perf_counter()
                 self.train_step(xb, yb)
                 if self.args.wait_ms:
                     time.sleep(self.args.wait_ms / 1000)
-                period = self.step_period(size)
+                period = self.step_period(size, local)
                 if period:
                     time.sleep(max(0.0, started + period - time.perf_counter()))
                 t1 = time.time()
-                state.samples += self.args.batch_size * size
+                state.samples += local * size
                 state.commit()
             metrics = self.runner.context.metrics
-            self.record.write("step", step=state.step - 1, t0=t0, t1=t1, size=size, rank=rank,
-                              samples=state.samples, throughput=self.args.batch_size * size / (t1 - t0),
+            self.record.write("step", step=state.step - 1, t0=t0, t1=t1, size=size, rank=rank, local_batch=local,
+                              learning_rate=float(self.optimizer.learning_rate.numpy()),
+                              samples=state.samples, throughput=local * size / (t1 - t0),
                               compute_time=_number(metrics.get("compute_time")),
                               checksum=self.checksum())  # fmt: skip
             self.write_decisions()

@@ -193,7 +193,7 @@ def test_a_membership_change_is_seen_before_the_next_step_is_counted(monkeypatch
 
     listeners = []
     monkeypatch.setattr(em, "is_elastic", lambda: True)
-    monkeypatch.setattr(em, "add_apply_listener", lambda f: listeners.append(f) or (lambda: None))
+    monkeypatch.setattr(em, "add_apply_listener", lambda f, first=False: listeners.append(f) or (lambda: None))
     runner = PolicyRunner([], batch_size=8, verbose=False)
     run_steps(runner, 1)
     assert runner.samples == 8 and len(listeners) == 1
@@ -295,7 +295,7 @@ def test_before_train_again_after_a_membership_change_keeps_the_new_clusters_bat
 
     listeners = []
     monkeypatch.setattr(em, "is_elastic", lambda: True)
-    monkeypatch.setattr(em, "add_apply_listener", lambda f: listeners.append(f) or (lambda: None))
+    monkeypatch.setattr(em, "add_apply_listener", lambda f, first=False: listeners.append(f) or (lambda: None))
     runner = PolicyRunner([], batch_size=16, verbose=False)  # one worker: local batch 16
     run_steps(runner, 2)
     monkeypatch.setattr(runner_module, "config", types.SimpleNamespace(

@@ -218,10 +218,18 @@ def self_peer() -> str:
     return _state.self_peer
 
 
-def add_apply_listener(listener: Callable[[Change], None]) -> Callable[[], None]:
-    """Calls ``listener(change)`` after each version this worker applies and stays in; returns a remover."""
+def add_apply_listener(listener: Callable[[Change], None], first: bool = False) -> Callable[[], None]:
+    """Calls ``listener(change)`` after each version this worker applies and stays in; returns a remover.
+
+    Listeners run in the order added; ``first`` puts this one before those
+    added so far (a policy runner's batch follows the size before the
+    elastic state syncs).
+    """
     with _state.lock:
-        _state.listeners.append(listener)
+        if first:
+            _state.listeners.insert(0, listener)
+        else:
+            _state.listeners.append(listener)
 
     def remove() -> None:
         with _state.lock, contextlib.suppress(ValueError):

@@ -45,6 +45,7 @@ from kungfu_tf.policy.context import PolicyContext
 from kungfu_tf.policy.errors import PeerPolicyError, PolicyDisagreementError
 from kungfu_tf.policy.hysteresis import Hysteresis
 from kungfu_tf.policy.learning_rate_rule import check_rule, scaled_learning_rate
+from kungfu_tf.policy.resize_batch import ResizeBatchRule
 from kungfu_tf.policy.summary_log import SummaryLog
 from kungfu_tf.policy.variable_access import EagerVariableAccess, VariableAccess
 
@@ -105,6 +106,13 @@ class PolicyRunner:
         lr_rule: "linear", "sqrt", "adascale" or None: how the learning rate
             follows a batch-size change (see
             :func:`~kungfu_tf.policy.learning_rate_rule.scaled_learning_rate`).
+        on_resize, max_global_batch_size: what a change of the cluster size
+            does to the batch (:mod:`~kungfu_tf.policy.resize_batch`):
+            "keep_local" (default) keeps the per-worker batch (the global
+            batch follows the size, up to ``max_global_batch_size``, then
+            the per-worker batch shrinks); "keep_global" keeps the global
+            batch (``global // size`` per worker). ``lr_rule`` follows every
+            change of the global batch, a resize's too.
         min_dwell_steps, min_relative_change: batch-size hysteresis
             (:class:`~kungfu_tf.policy.hysteresis.Hysteresis`).
         log_dir: rank 0 writes TensorBoard scalars of every metric there,
@@ -155,6 +163,8 @@ class PolicyRunner:
         learning_rate: Any = None,
         monitor: Any = None,
         lr_rule: str | None = None,
+        on_resize: str = "keep_local",
+        max_global_batch_size: int | None = None,
         min_dwell_steps: int = 0,
         min_relative_change: float = 0.0,
         log_dir: str | None = None,
@@ -176,6 +186,11 @@ class PolicyRunner:
         self.size = config.current_int(config.cluster_size)
         if batch_size is not None and batch_size % self.size:
             raise ValueError(f"batch_size {batch_size} (global) is not a multiple of the cluster size {self.size}")
+        self.resize_rule = ResizeBatchRule(on_resize, max_global_batch_size)
+        # The batch the job wants (per worker, or global: see ResizeBatchRule); set by batch_size= and set_batch_size.
+        self._wanted_batch = None if batch_size is None else self.resize_rule.wanted(batch_size, self.size)
+        if batch_size is not None:
+            batch_size = self.resize_rule.local_batch(self.size, self._wanted_batch) * self.size
         self.batch_size = batch_size
         local = 0 if batch_size is None else batch_size // self.size
         self.access = access if access is not None else EagerVariableAccess(local, optimizer, learning_rate, monitor)
@@ -348,6 +363,7 @@ class PolicyRunner:
                     f"the restored global batch_size {counters['batch_size']} is not a multiple of the cluster size {self.size}"
                 )
             self.batch_size = counters["batch_size"]
+            self._wanted_batch = self.resize_rule.wanted(self.batch_size, self.size)
         change = counters["last_batch_change"]
         self._last_batch_change = None if change < 0 else change
         self.steps_done, self.samples, self.epoch = counters["steps_done"], counters["samples"], counters["epoch"]
@@ -375,11 +391,13 @@ class PolicyRunner:
         a worker that joins (or a survivor behind the others) then continues
         with the members' counters, batch size and policy references.
 
-        The batch size travels per worker (``local_batch_size``), not as the
-        global batch: the members give their state while still sized for
-        the old cluster (they refresh at their next phase), and the joiner,
-        already in the new one, multiplies it by the new size; so both hold
-        the same state_dict (the sync compares them).
+        The batch size travels per worker (``local_batch_size``), with the
+        batch the job wants (``wanted_batch``, see ``on_resize``): the
+        members refresh for the new cluster before the state syncs, and the
+        joiner, already in the new one, multiplies the per-worker batch by
+        the new size; so both hold the same state_dict (the sync compares
+        them), and the joiner adopts the learning rate the sync gave it
+        instead of scaling its own.
 
         Example:
             >>> from kungfu_tf.policy import PolicyRunner
@@ -389,7 +407,8 @@ class PolicyRunner:
         counters = self.state_counters()
         del counters["batch_size"]  # depends on the cluster size: see local_batch_size
         local = 0 if self.batch_size is None else self.batch_size // self.size
-        return {"counters": counters, "local_batch_size": local, "policies": [p.state_dict() for p in self.policies]}
+        return {"counters": counters, "local_batch_size": local, "wanted_batch": self._wanted_batch,
+                "policies": [p.state_dict() for p in self.policies]}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Adopts another worker's :meth:`state_dict` (of a runner with the same policies), for this cluster.
@@ -411,12 +430,19 @@ class PolicyRunner:
         for policy, entry in zip(self.policies, policies):
             policy.load_state_dict(entry)
         self._policies_ran = True
-        self.refresh_cluster()
+        # The members' batch and learning rate are theirs after the change: adopt, do not scale again.
+        with tf.init_scope():
+            self.rank, self.size = config.current_int(config.rank), config.current_int(config.cluster_size)
+        self._peers = None
+        if state.get("wanted_batch") is not None:
+            self._wanted_batch = int(state["wanted_batch"])
         local = int(state.get("local_batch_size", 0))
         if self.batch_size is not None and local > 0:
             self.batch_size = local * self.size
             if self._started:
                 self.access.assign_local_batch_size(self.batch_size // self.size)
+        if self.learning_rate is not None and self.access.has_learning_rate() and self.access.learning_rate_error() is None:
+            self.learning_rate = self.access.read_learning_rate()  # the elastic sync assigned the members' before this
         self._save_state()
 
     def _save_state(self) -> None:
@@ -462,6 +488,7 @@ class PolicyRunner:
             "log_every": self.log_every,
             "steps_done": self.steps_done,
             "lr_rule": self.lr_rule,
+            "on_resize": self.resize_rule.config(),
             "hysteresis": [self.hysteresis.min_dwell_steps, self.hysteresis.min_relative_change],
         }
         # Parameters too, one key each (the error names the one that differs):
@@ -588,6 +615,7 @@ class PolicyRunner:
                     by["learning_rate"] = f"lr_rule={self.lr_rule}"
                 self.access.assign_local_batch_size(new // self.size)
                 self.batch_size = new
+                self._wanted_batch = self.resize_rule.wanted(new, self.size)
                 self._last_batch_change = step
         if "learning_rate" in requests and requests["learning_rate"] != self.learning_rate:
             old_lr, new_lr = self.learning_rate, float(requests["learning_rate"])
@@ -703,19 +731,38 @@ class PolicyRunner:
         from kungfu_tf.ops import elastic_membership as em
 
         if self._stop_following is None and em.is_elastic():
-            self._stop_following = em.add_apply_listener(lambda change: self.refresh_cluster())
+            # First: the batch and learning rate follow the new size before the state syncs.
+            self._stop_following = em.add_apply_listener(lambda change: self.refresh_cluster(), first=True)
 
     def refresh_cluster(self) -> None:
-        """Reads rank and size again (after an elastic resize); the global batch follows the cluster.
+        """Reads rank and size again (after an elastic resize); the batch follows the cluster.
 
-        Each worker keeps its per-worker batch, so ``batch_size`` becomes
-        ``local_batch_size * size``. Called by the runner before each phase in
-        which a policy runs, and by the elastic surfaces after a membership change.
+        The per-worker batch at the new size is the ``on_resize`` rule's
+        (:class:`~kungfu_tf.policy.resize_batch.ResizeBatchRule`); when the
+        global batch changes, ``lr_rule`` scales the learning rate, as for a
+        policy's ``set_batch_size``. Called by the runner before each phase in
+        which a policy runs, and after every membership change this worker
+        applies, before the elastic state syncs (so joiners receive the new
+        batch and learning rate).
         """
         with tf.init_scope():
             rank, size = config.current_int(config.rank), config.current_int(config.cluster_size)
-        if size != self.size and self.batch_size is not None:
-            self.batch_size = self.batch_size // self.size * size
+        if size != self.size and self.batch_size is not None and self._wanted_batch is not None:
+            old = self.batch_size
+            local = self.resize_rule.local_batch(size, self._wanted_batch)
+            self.batch_size = local * size
+            if self._started:
+                self.access.assign_local_batch_size(local)
+            reason = f"the cluster went from {self.size} to {size} workers (on_resize={self.resize_rule.mode})"
+            if self.batch_size != old:
+                self._decide(Decision(self.steps_done, "batch_size", old, self.batch_size, "resize", reason))
+                if self.lr_rule is not None and self._started and self.learning_rate is not None:
+                    new_lr = scaled_learning_rate(self.lr_rule, self.learning_rate, old, self.batch_size,
+                                                  self.context.metrics)  # fmt: skip
+                    self.access.assign_learning_rate(new_lr)
+                    self._decide(Decision(self.steps_done, "learning_rate", self.learning_rate, new_lr,
+                                          f"lr_rule={self.lr_rule}", reason))  # fmt: skip
+                    self.learning_rate = new_lr
         self.rank, self.size = rank, size
         self._peers = None
         if self._asked_size is not None and size >= self._asked_size:
