@@ -67,11 +67,45 @@ from kungfu_tf import (
 )
 from kungfu_tf.data import ElasticSampler
 from kungfu_tf.optimizers import SynchronousSGDOptimizer
+from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 STATE_FORMS = ("model", "callable", "list")
 SEED = 1
+
+
+class ResizeAt(BasePolicy):
+    """A policy that resizes at fixed steps (``--policy-resize-at``): ``ctx.resize(size)`` after that many steps.
+
+    Its state (the entries already asked for) travels to joiners with the
+    runner's (``ElasticState(policy=runner)``): a joiner admitted later
+    neither asks again nor disagrees with the members.
+
+    Example:
+        >>> ResizeAt({12: 2}).state_dict()
+        {'asked': []}
+    """
+
+    def __init__(self, schedule: dict[int, int]):
+        self.schedule = dict(schedule)
+        self.asked: list[int] = []
+
+    def after_step(self, ctx: Any) -> None:
+        step = ctx.step + 1  # steps done once this one ends, as --resize-at counts
+        size = self.schedule.get(step)
+        if size is not None and step not in self.asked:
+            self.asked.append(step)
+            ctx.resize(size, reason=f"--policy-resize-at {step}:{size}")
+
+    def config(self) -> dict[str, Any]:
+        return {"schedule": {str(k): v for k, v in sorted(self.schedule.items())}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"asked": list(self.asked)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.asked = [int(s) for s in state.get("asked", [])]
 
 
 def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
@@ -118,13 +152,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a growth blocks until the joiners are admitted (deterministic runs)")
     p.add_argument("--crash-at", type=int, default=None, help="the --crash-rank worker dies when this many steps are done")
     p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--policy-resize-at", default="",
+                   help="STEP:SIZE,...: a policy (PolicyCallback in elastic_fit; --api keras) resizes after that many steps")
     p.add_argument("--check-every", type=int, default=1, help="membership check every this many steps")
     p.add_argument("--record-dir", default=None, help="write per-step records here (one file per worker)")
     args = p.parse_args(argv)
     try:
         args.schedule = parse_schedule(args.resize_at)
+        args.policy_schedule = parse_schedule(args.policy_resize_at)
     except ValueError as e:
         p.error(str(e))
+    if args.policy_schedule and args.api != "keras":
+        p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit)")
     if args.api == "v1" and args.optimizer != "sgd":
         p.error(f"--optimizer {args.optimizer} is for --api function and keras (v1 trains with GradientDescentOptimizer)")
     if args.epochs < 1 or args.batch_size < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
@@ -312,7 +351,15 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
     args = script.args
     model = build_model(args)
     model.compile(optimizer=SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr)), loss=loss_fn())
-    state = make_state(args.state_form, model, model.optimizer, sampler=script.sampler, check_every=args.check_every)
+    extra: dict[str, Any] = {}
+    policies: list[keras.callbacks.Callback] = []
+    if args.policy_schedule:
+        from kungfu_tf.keras import PolicyCallback
+
+        policies.append(PolicyCallback([ResizeAt(args.policy_schedule)], verbose=True))
+        extra["policy"] = policies[0].runner  # joiners get the policy's state
+    state = make_state(args.state_form, model, model.optimizer, sampler=script.sampler, check_every=args.check_every,
+                       **extra)  # fmt: skip
     schedule = ScheduleCallback(script, state)
     total = min(args.epochs, 10**9)
 
@@ -322,9 +369,11 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
     @elastic.run(warm_up=warm_up)
     def train(state: elastic.ElasticState) -> bool:
         history = elastic_fit(model, state, script.sampler, (script.x, script.y), epochs=total,
-                              callbacks=[schedule], check_every=args.check_every, verbose=0)  # fmt: skip
+                              callbacks=[schedule, *policies], check_every=args.check_every, verbose=0)  # fmt: skip
         script.note_change(state)
-        return history is None and (schedule.detached or bool(getattr(state.last_change, "detached", False)))
+        detached_by_policy = any(cb.runner.detached for cb in policies)
+        return history is None and (schedule.detached or detached_by_policy
+                                    or bool(getattr(state.last_change, "detached", False)))  # fmt: skip
 
     if args.steps is not None:
         raise SystemExit("--steps is not supported with --api keras (fit runs whole epochs); use --epochs")

@@ -50,3 +50,31 @@ def test_fit_survives_a_crash_and_takes_in_a_joiner(tmp_path):
     want = reference_weights(steps, SAMPLES, HIDDEN, LR, OPTIMIZER)
     for got, ref in zip(final_weights(tmp_path, next(iter(ends))), want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_policy_callback_resizes_inside_elastic_fit_beside_a_crash(tmp_path):
+    """A ``PolicyCallback`` inside ``elastic_fit`` (a policy that shrinks 3 -> 2 after step 14), in the same run as
+    a crash (rank 1 at step 4) and its replacement (admitted at step 10): the policy's state goes to the
+    joiner with the runner's (the sync compares it on every worker), the worker the policy's resize
+    detaches stops ``fit`` and exits 0, and the two that remain hold the one-process reference weights."""
+    args = ["--api", "keras", "--samples", SAMPLES, "--batch-size", BATCH, "--epochs", EPOCHS, "--hidden", HIDDEN,
+            "--lr", LR, "--optimizer", OPTIMIZER, "--crash-at", 4, "--crash-rank", 1, "--resize-at", "10:3",
+            "--resize-wait", "--policy-resize-at", "14:2", "--record-dir", tmp_path]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=150,
+                           extra_launcher_args=["--elastic", "--max-np", "3"])  # fmt: skip
+    report = describe(rc, out, err)
+    assert rc == 0, report
+    assert "identical weights on all workers: True" in out, report
+    assert "size 3 -> 2 [ResizeAt (--policy-resize-at 14:2)]" in out, report
+    records = load(tmp_path)
+    check_each_sample_once(records, SAMPLES, EPOCHS)
+    steps = steps_by_index(records)
+    assert [len(steps[s]) for s in (3, 4, 9, 10, 13, 14)] == [3, 2, 2, 3, 3, 2], report
+    ends = [lines[-1] for lines in records.values() if lines and lines[-1]["event"] == "end"]
+    left = [e for e in ends if e["detached"]]
+    assert len(left) == 1 and left[0]["step"] == 14, ends
+    members = [e for e in ends if not e["detached"]]
+    assert len(members) == 2 and len({e["weights_sha256"] for e in members}) == 1, ends
+    stem = next(stem for stem, lines in records.items() if lines and lines[-1] in members)
+    for got, ref in zip(final_weights(tmp_path, stem), reference_weights(steps, SAMPLES, HIDDEN, LR, OPTIMIZER)):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

@@ -207,6 +207,14 @@ def epoch_rest_dataset(sampler: Any, arrays: Any, rank: int, size: int) -> tf.da
     return sampler.dataset(arrays, rank, size).apply(tf.data.experimental.assert_cardinality(steps))
 
 
+def _left_the_job() -> bool:
+    """True if this worker applied a cluster version that does not contain it (the listeners of a change never
+    hear of one that detaches: a ``PolicyCallback`` whose policy resized stops ``fit`` by itself)."""
+    from kungfu_tf.ops import elastic_membership as em
+
+    return em.is_elastic() and em.self_peer() not in em.current()[1]
+
+
 def elastic_fit(
     model: keras.Model,
     state: Any,
@@ -239,8 +247,8 @@ def elastic_fit(
         dataset = epoch_rest_dataset(sampler, arrays, config.current_int(config.rank), config.current_int(config.cluster_size))
         history = model.fit(dataset, epochs=epochs, initial_epoch=state.epoch,
                             callbacks=[elastic, *callbacks, elastic.watcher], **fit_args)  # fmt: skip
-        if elastic.detached:
-            return None
+        if elastic.detached or _left_the_job():
+            return None  # a resize (this callback's check, or another callback's, a policy's) took it out
         if not elastic.interrupted:
             break
     return history

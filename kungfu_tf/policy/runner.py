@@ -224,6 +224,7 @@ class PolicyRunner:
         self._policies_ran = True  # write the policies' (initial) state at the first save
         self._policies_json: str | None = None
         self._stop_following: Any = None  # removes the elastic apply listener (see _follow_membership)
+        self._changed_in_step = False  # a membership change was applied between before_step and after_step
 
     @property
     def local_batch_size(self) -> Any:
@@ -292,10 +293,19 @@ class PolicyRunner:
     def after_step(self) -> None:
         elapsed = None if self._step_started is None else time.perf_counter() - self._step_started
         self._step_started = None
+        changed, self._changed_in_step = self._changed_in_step, False
         self.hook_step = self.steps_done
         self.steps_done += 1
         if self.batch_size is not None:
             self.samples += self.batch_size
+        if changed:
+            # The cluster changed after this step ran (a callback before this
+            # one resized, a joiner was admitted): the policies measured the
+            # old cluster, and a round now would be with peers that are not
+            # in this phase (a joiner is entering fit). The step counts; the
+            # policies run again from the next step, with every member.
+            self._save_state()
+            return
         # Reading the monitor and the link rates costs eager ops: only a phase
         # where a policy runs, or the log writes, reads them (see _run).
         self.context.metrics = self._light_metrics(elapsed)
@@ -404,7 +414,9 @@ class PolicyRunner:
             >>> PolicyRunner([], batch_size=8).state_dict()["local_batch_size"]
             8
         """
-        counters = self.state_counters()
+        # Taken by the elastic sync between a step's before_step and after_step
+        # (a Keras callback resized after the step): as the step will count.
+        counters = self.state_counters(after_this_step=self._step_started is not None)
         del counters["batch_size"]  # depends on the cluster size: see local_batch_size
         local = 0 if self.batch_size is None else self.batch_size // self.size
         return {"counters": counters, "local_batch_size": local, "wanted_batch": self._wanted_batch,
@@ -732,7 +744,12 @@ class PolicyRunner:
 
         if self._stop_following is None and em.is_elastic():
             # First: the batch and learning rate follow the new size before the state syncs.
-            self._stop_following = em.add_apply_listener(lambda change: self.refresh_cluster(), first=True)
+            self._stop_following = em.add_apply_listener(self._on_membership_change, first=True)
+
+    def _on_membership_change(self, change: Any) -> None:
+        self.refresh_cluster()
+        if self._step_started is not None:
+            self._changed_in_step = True  # see after_step
 
     def refresh_cluster(self) -> None:
         """Reads rank and size again (after an elastic resize); the batch follows the cluster.
