@@ -380,3 +380,50 @@ def test_a_sync_without_receivers_reads_the_variables_only_when_asked(monkeypatc
     assert reads == []
     state_module.ElasticState(variables, verify_all_syncs=True).sync()
     assert reads == [2]
+
+
+@pytest.mark.parametrize("me", ["h:1", "h:2"], ids=["rank 0 asks the service", "another member"])
+def test_a_refused_cancel_of_a_pending_growth_raises_the_same_error_on_every_member(monkeypatch, me):
+    """``resize(size)`` at the current size cancels a pending growth: only rank 0 calls the service. Before, a
+    refusal raised a bare grpc error on rank 0 alone, while the others returned and went on into a
+    collective rank 0 never joined (they waited for the timeout). Now every member learns the outcome from
+    one all-reduce (here one process: the all-reduce of rank 0's refusal is passed in as the other
+    members would receive it) and raises the same ResizeError."""
+    import contextlib
+    import importlib
+
+    import grpc
+
+    resize_module = importlib.import_module("kungfu_tf.ops.resize")  # kungfu_tf.ops.resize is also the function
+    from kungfu_tf.proto import config_pb2
+    from kungfu_tf.run.config_server import make_cluster
+    from kungfu_tf.run.peer_string import parse_peer_string
+
+    em = __import__("kungfu_tf.ops.elastic_membership", fromlist=["x"])
+    peers = ("h:1", "h:2")
+
+    class Refused(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.FAILED_PRECONDITION
+
+        def details(self):
+            return "the job is ending"
+
+    def request_size(n):
+        raise Refused()
+
+    state = config_pb2.JobState(target_size=3, min_size=1, max_size=4)
+    state.cluster.CopyFrom(make_cluster(5, [parse_peer_string(p) for p in peers]))
+    monkeypatch.setattr(em, "watcher", lambda: None)
+    monkeypatch.setattr(em, "current", lambda: (5, peers))
+    monkeypatch.setattr(em, "self_peer", lambda: me)
+    monkeypatch.setattr(em, "job_state", lambda: state)
+    monkeypatch.setattr(em, "resizing", lambda v: contextlib.nullcontext())
+    monkeypatch.setattr(em, "config_client", lambda: type("C", (), {"request_size": staticmethod(request_size)})())
+    monkeypatch.setattr(resize_module, "_agree", lambda request, version: None)
+    outcomes = []
+    # What the all-reduce(min) of the outcomes gives every member: rank 0's refusal.
+    monkeypatch.setattr(resize_module, "_confirm", lambda code, v, what: outcomes.append(code) or resize_module._REFUSED)
+    with pytest.raises(resize_module.ResizeError, match="refused to set the target back to 2 workers"):
+        resize_module._resize_now(2, None, False, 1.0)
+    assert outcomes == [resize_module._REFUSED if me == "h:1" else resize_module._COMMITTED]

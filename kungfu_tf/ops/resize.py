@@ -183,6 +183,30 @@ def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
     return em.wait_for_size(n, timeout), False
 
 
+def _cancel_growth(n: int, state, version: int, peers: tuple[str, ...]) -> None:
+    """``resize(size)`` at the current size: rank 0 sets the target back (cancelling a pending growth).
+
+    Every member then learns the outcome (one all-reduce, whether or not a
+    growth was pending: the job state each worker read may differ by a
+    moment), so a refusal raises the same ResizeError everywhere instead of
+    on rank 0 alone while the others go on into a collective it never joins.
+    """
+    code, detail = _COMMITTED, ""
+    if em.self_peer() == peers[0] and int(state.target_size) != n:
+        import grpc
+
+        try:
+            em.config_client().request_size(n)
+        except grpc.RpcError as e:
+            detail = f"{e.code().name}: {e.details()}"
+            code = _REFUSED
+    if _confirm(code, version, "cancel_growth") == _REFUSED:
+        raise ResizeError(
+            f"resize: the config service refused to set the target back to {n} workers (cancelling a pending "
+            "growth)" + (f" ({detail})" if detail else f" (see the log of {peers[0]})") + "; nothing changed"
+        )
+
+
 def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: bool, timeout: float) -> tuple[bool, bool]:
     em.watcher()  # started before anything else, so that seen versions are known
     version, peers = em.current()
@@ -214,8 +238,7 @@ def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: boo
         if new_size < len(peers):
             return _shrink_to(peers[:new_size], version, peers)
         if new_size == len(peers):
-            if int(state.target_size) != new_size and em.self_peer() == peers[0]:
-                em.config_client().request_size(new_size)  # cancels a pending growth
+            _cancel_growth(new_size, state, version, peers)
             return False, False
         return _grow_to(new_size, state, wait, timeout)
 
