@@ -414,19 +414,22 @@ def test_policy_config_holds_parameters_not_runtime_state():
     assert Custom().config() == {"factor": 2.0, "name": "x"}  # default: public JSON-able attributes
 
 
+class TopologyContext(FakeContext):
+    """One worker's context for AdaptiveTopologyPolicy: records the topologies it switches to."""
+
+    topology = "RING"
+
+    def all_reduce(self, value, op="mean", name=None):
+        return value  # one worker
+
+    def set_topology(self, name, reason=""):
+        self.requests.append(name)
+
+
 def test_adaptive_topology_reacts_by_default_to_the_papers_own_drop():
     """KungFu §6.2 (2): contention took the job from 6.5 to 5.5 images/s (-15 %). The old default drop
     (0.2) never started a trial on it."""
     from kungfu_tf.policy import AdaptiveTopologyPolicy
-
-    class TopologyContext(FakeContext):
-        topology = "RING"
-
-        def all_reduce(self, value, op="mean", name=None):
-            return value  # one worker
-
-        def set_topology(self, name, reason=""):
-            self.requests.append(name)
 
     policy = AdaptiveTopologyPolicy(candidates=("RING", "STAR"))
     ctx = TopologyContext(batch_size=64, size=1)
@@ -438,15 +441,6 @@ def test_adaptive_topology_reacts_by_default_to_the_papers_own_drop():
 
 def test_adaptive_topology_forgets_its_reference_when_the_batch_changes_and_rejects_a_list_metric():
     from kungfu_tf.policy import AdaptiveTopologyPolicy
-
-    class TopologyContext(FakeContext):
-        topology = "RING"
-
-        def all_reduce(self, value, op="mean", name=None):
-            return value  # one worker
-
-        def set_topology(self, name, reason=""):
-            self.requests.append(name)
 
     policy = AdaptiveTopologyPolicy(candidates=("RING", "STAR"), drop=0.2, window=2)
     ctx = TopologyContext(batch_size=64, size=1)

@@ -160,36 +160,13 @@ def _adopt_pending() -> bool:
     return em.adopt_next() is not None
 
 
-def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
-    version, peers = em.current()
-    code, detail = _COMMITTED, ""
-    if em.self_peer() == peers[0] and int(state.target_size) != n:
-        import grpc
+def _set_target_everywhere(n: int, state, version: int, peers: tuple[str, ...], what: str, refused: str) -> None:
+    """Rank 0 sets the job's target size to ``n`` (if it differs); every member learns the outcome.
 
-        try:
-            em.config_client().request_size(n)
-        except grpc.RpcError as e:
-            detail = f"{e.code().name}: {e.details()}"
-            code = _REFUSED
-    if _confirm(code, version, "request_size") == _REFUSED:
-        raise ResizeError(
-            f"resize: the config service refused target size {n}"
-            + (f" ({detail})" if detail else f" (see the log of {peers[0]})")
-        )
-    if not wait:
-        return _adopt_pending(), False
-    # Every version applied while waiting (the first included) tells its
-    # joiners that the members wait, so they wait with them.
-    return em.wait_for_size(n, timeout), False
-
-
-def _cancel_growth(n: int, state, version: int, peers: tuple[str, ...]) -> None:
-    """``resize(size)`` at the current size: rank 0 sets the target back (cancelling a pending growth).
-
-    Every member then learns the outcome (one all-reduce, whether or not a
-    growth was pending: the job state each worker read may differ by a
-    moment), so a refusal raises the same ResizeError everywhere instead of
-    on rank 0 alone while the others go on into a collective it never joins.
+    One all-reduce, whether or not rank 0 called the service (the job state
+    each worker read may differ by a moment), so a refusal raises the same
+    ResizeError everywhere instead of on rank 0 alone while the others go on
+    into a collective it never joins. ``refused`` begins the error message.
     """
     code, detail = _COMMITTED, ""
     if em.self_peer() == peers[0] and int(state.target_size) != n:
@@ -200,11 +177,24 @@ def _cancel_growth(n: int, state, version: int, peers: tuple[str, ...]) -> None:
         except grpc.RpcError as e:
             detail = f"{e.code().name}: {e.details()}"
             code = _REFUSED
-    if _confirm(code, version, "cancel_growth") == _REFUSED:
-        raise ResizeError(
-            f"resize: the config service refused to set the target back to {n} workers (cancelling a pending "
-            "growth)" + (f" ({detail})" if detail else f" (see the log of {peers[0]})") + "; nothing changed"
-        )
+    if _confirm(code, version, what) == _REFUSED:
+        raise ResizeError(f"resize: {refused}" + (f" ({detail})" if detail else f" (see the log of {peers[0]})"))
+
+
+def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
+    version, peers = em.current()
+    _set_target_everywhere(n, state, version, peers, "request_size", f"the config service refused target size {n}")
+    if not wait:
+        return _adopt_pending(), False
+    # Every version applied while waiting (the first included) tells its
+    # joiners that the members wait, so they wait with them.
+    return em.wait_for_size(n, timeout), False
+
+
+def _cancel_growth(n: int, state, version: int, peers: tuple[str, ...]) -> None:
+    """``resize(size)`` at the current size: the target goes back to it (a pending growth is cancelled)."""
+    refused = f"the config service refused to set the target back to {n} workers (cancelling a pending growth)"
+    _set_target_everywhere(n, state, version, peers, "cancel_growth", refused)
 
 
 def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: bool, timeout: float) -> tuple[bool, bool]:
