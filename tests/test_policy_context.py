@@ -39,7 +39,7 @@ def run_steps(runner: PolicyRunner, steps: int) -> None:
     with runner.training():
         for _ in range(steps):
             with runner.step():
-                pass
+                pass  # no training work: the test checks the runner's bookkeeping afterwards
 
 
 def read_events(log_dir: str) -> tuple[dict[str, list[tuple[int, float]]], list[tuple[int, str]]]:
@@ -201,7 +201,7 @@ def test_a_membership_change_is_seen_before_the_next_step_is_counted(monkeypatch
         current_int=lambda op: op(), rank=lambda: 0, cluster_size=lambda: 3))  # fmt: skip
     listeners[0](types.SimpleNamespace(detached=False))  # a version with 2 joiners applied at the step boundary
     with runner.step():
-        pass
+        pass  # no training work: the test checks the runner's bookkeeping afterwards
     assert (runner.size, runner.batch_size, runner.samples) == (3, 24, 8 + 24)
 
 
