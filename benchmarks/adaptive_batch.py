@@ -3,18 +3,22 @@
     .venv/bin/python benchmarks/adaptive_batch.py                 # every experiment
     .venv/bin/python benchmarks/adaptive_batch.py batch-size --np 4 --epochs 4
 
-``batch-size`` (KungFu §6.2 (1), Taming §4, Fig. 5): time-to-accuracy and
-final accuracy of ``GNSBatchSizePolicy`` against a static small and a static
-large global batch, on scikit-learn's digits enlarged by seeded augmentation
+``batch-size`` (KungFu §6.2 (1), Taming §4, Fig. 5; Pollux §3): time-to-
+accuracy and final accuracy of ``GNSBatchSizePolicy`` and
+``GoodputBatchSizePolicy`` against a static small and a static large global
+batch, on scikit-learn's digits enlarged by seeded augmentation
 (benchmarks/digits_augmented.py; the held-out set is the real test split),
-the same MLP, SGD with momentum and learning-rate rule (square root of the
-batch ratio) and the same number of epochs in all three runs, each with
-``--np`` workers on this machine (adaptive_batch_worker.py). The target
-accuracy is the small batch's final accuracy minus ``--margin``; the time to
-reach it counts training only (rank 0 pauses its clock to evaluate).
-Prints a markdown table, writes the records as JSON (build/bench/) and a
-PNG plot of accuracy and batch size against training time
-(benchmarks/results/adaptive_batch.png by default; the table next to it, .md).
+the same MLP and SGD with momentum in every run, each with ``--np`` workers
+on this machine (adaptive_batch_worker.py), for each of ``--seeds``. Per
+seed, the small batch trains ``--epochs`` epochs first; its training time is
+the time budget of the other runs of that seed (``--same-epochs``: every run
+trains ``--epochs`` instead), so that "final accuracy" compares what each
+run reached in the same time. The target accuracy is the small batch's final
+accuracy minus ``--margin``; the time to reach it counts training only (rank
+0 pauses its clock to evaluate). Prints a markdown table per seed and one
+over the seeds, writes the records as JSON (build/bench/) and a PNG plot of
+accuracy and batch size against training time for the first seed
+(benchmarks/results/adaptive_batch.png by default; the tables next to it, .md).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -37,8 +42,9 @@ REPO = BENCH_DIR.parent
 BUILD_DIR = REPO / "build" / "bench"
 RESULTS_DIR = BENCH_DIR / "results"
 WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-MODES = ("small", "large", "adaptive")
-LABELS = {"small": "static small batch", "large": "static large batch", "adaptive": "GNSBatchSizePolicy"}
+MODES = ("small", "large", "adaptive", "goodput")
+LABELS = {"small": "static small batch", "large": "static large batch", "adaptive": "GNSBatchSizePolicy",
+          "goodput": "GoodputBatchSizePolicy"}  # fmt: skip
 
 
 def log(msg: str) -> None:
@@ -85,6 +91,7 @@ def summary_rows(runs: dict[str, dict[str, Any]], margin: float) -> tuple[float,
             "final_accuracy": recs[-1]["accuracy"],
             "best_accuracy": max(r["accuracy"] for r in recs),
             "train_time_s": recs[-1]["time_s"],
+            "epochs": recs[-1]["samples"] / runs[mode]["train_samples"] if runs[mode].get("train_samples") else None,
             "steps": recs[-1]["step"],
             # Mean step time while the first batch size held (shows the monitoring and policy cost at 64).
             "first_batch_step_ms": 1000 * at_first[-1]["time_s"] / at_first[-1]["step"] if at_first else None,
@@ -95,15 +102,39 @@ def summary_rows(runs: dict[str, dict[str, Any]], margin: float) -> tuple[float,
 
 
 def markdown_table(target: float, rows: Sequence[dict[str, Any]]) -> str:
-    head = ["run", "global batch", "steps", "ms/step at first batch", "training time", f"time to {target:.1%}",
+    head = ["run", "global batch", "steps", "ms/step at first batch", "training time", "epochs", f"time to {target:.1%}",
             "vs small", "final acc.", "best acc."]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         tta = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s"
         speed = "" if r["speedup_vs_small"] is None else f"{r['speedup_vs_small']:.2f}x"
         step_ms = "" if r["first_batch_step_ms"] is None else f"{r['first_batch_step_ms']:.1f}"
-        lines.append(f"| {LABELS[r['mode']]} | {r['batch']} | {r['steps']} | {step_ms} | {r['train_time_s']:.1f} s | {tta} | "
+        epochs = "" if r.get("epochs") is None else f"{r['epochs']:.1f}"
+        lines.append(f"| {LABELS[r['mode']]} | {r['batch']} | {r['steps']} | {step_ms} | {r['train_time_s']:.1f} s | {epochs} | {tta} | "
                      f"{speed} | {r['final_accuracy']:.1%} | {r['best_accuracy']:.1%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def seeds_table(per_seed: dict[int, tuple[float, list[dict[str, Any]]]]) -> str:
+    """One row per mode over the seeds: median speed-up to the target, each seed's, and the final accuracy
+    against the small batch's (mean and worst difference, in points)."""
+    head = ["run", "seeds reaching the target", "median speed-up vs small", "speed-up per seed", "final acc. (mean)",
+            "final acc. - small's, mean / worst (points)"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for mode in MODES:
+        rows = {seed: next((r for r in rows if r["mode"] == mode), None) for seed, (_, rows) in per_seed.items()}
+        rows = {seed: r for seed, r in rows.items() if r is not None}
+        if not rows:
+            continue
+        small = {seed: next(r for r in per_seed[seed][1] if r["mode"] == "small") for seed in rows}
+        speeds = [r["speedup_vs_small"] for r in rows.values()]
+        reached = [x for x in speeds if x is not None]
+        diffs = [100 * (r["final_accuracy"] - small[seed]["final_accuracy"]) for seed, r in rows.items()]
+        median = f"{statistics.median(x if x is not None else 0.0 for x in speeds):.2f}x" if reached else "not reached"
+        per = ", ".join("not reached" if x is None else f"{x:.2f}x" for x in speeds)
+        final = statistics.mean(r["final_accuracy"] for r in rows.values())
+        lines.append(f"| {LABELS[mode]} | {len(reached)} of {len(rows)} | {median} | {per} | {final:.1%} | "
+                     f"{statistics.mean(diffs):+.1f} / {min(diffs):+.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -140,16 +171,17 @@ def plot(runs: dict[str, dict[str, Any]], target: float, path: Path, title: str)
 
 
 # --------------------------------------------------------------------------- batch-size
-def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_mode(mode: str, args: argparse.Namespace, seed: int, budget_s: float = 0.0) -> dict[str, Any]:
+    epochs = args.epochs if budget_s <= 0 else args.epochs * args.epochs_cap
     argv = [
         sys.executable, "-m", "kungfu_tf.run", "-np", str(args.np),
         sys.executable, str(BENCH_DIR / "adaptive_batch_worker.py"), "--mode", mode,
         "--small-batch", str(args.small_batch), "--large-batch", str(args.large_batch),
-        "--epochs", str(args.epochs), "--copies", str(args.copies), "--lr", str(args.lr), "--hidden", str(args.hidden),
+        "--epochs", str(epochs), "--copies", str(args.copies), "--lr", str(args.lr), "--hidden", str(args.hidden),
         "--gns-every", str(args.gns_every), "--gns-threshold", str(args.gns_threshold),
-        "--eval-every", str(args.eval_every), "--seed", str(args.seed),
+        "--eval-every", str(args.eval_every), "--seed", str(seed), "--time-budget", str(budget_s),
     ]  # fmt: skip
-    log(f"{mode}: {args.np} workers ...")
+    log(f"{mode} (seed {seed}): {args.np} workers{f', {budget_s:.1f} s of training' if budget_s > 0 else ''} ...")
     t0 = time.monotonic()
     echo = (lambda i, line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
     (res,) = run_group([argv], [worker_env()], timeout_s=args.launch_timeout, on_line=echo, cwd=str(REPO))
@@ -163,24 +195,37 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def batch_size_experiment(args: argparse.Namespace) -> int:
-    runs = {mode: run_mode(mode, args) for mode in args.modes}
-    if "small" not in runs:
+    if "small" not in args.modes:
         raise SystemExit("the target accuracy comes from the small batch's run: include 'small' in --modes")
-    target, rows = summary_rows(runs, args.margin)
+    all_runs: dict[int, dict[str, dict[str, Any]]] = {}
+    per_seed: dict[int, tuple[float, list[dict[str, Any]]]] = {}
+    for seed in args.seeds:
+        runs = {"small": run_mode("small", args, seed)}
+        budget = 0.0 if args.same_epochs else runs["small"]["records"][-1]["time_s"]
+        runs.update((mode, run_mode(mode, args, seed, budget)) for mode in MODES if mode in args.modes and mode != "small")
+        all_runs[seed] = runs
+        per_seed[seed] = summary_rows(runs, args.margin)
+    budget_text = ("every run trains the same epochs" if args.same_epochs
+                   else f"every run trains as long as the small batch's {args.epochs:g} epochs took")  # fmt: skip
     title = (f"digits (x{args.copies} augmented), MLP 64-{args.hidden}-{args.hidden}-10, {args.np} workers, "
-             f"{args.epochs:g} epochs,\nSGD + momentum, lr {args.lr} x sqrt(B/{args.small_batch}) in every run")  # fmt: skip
-    table = markdown_table(target, rows)
-    print(f"\n{title.replace(chr(10), ' ')}; target = small batch's final accuracy - {args.margin:.1%}\n\n{table}\n", flush=True)
-    plot(runs, target, Path(args.plot), title)
+             f"{budget_text},\nSGD + momentum, lr {args.lr} at batch {args.small_batch} (sqrt rule; goodput: AdaScale)")  # fmt: skip
+    heading = f"{title.replace(chr(10), ' ')}; target = small batch's final accuracy - {args.margin * 100:.1f} points"
+    parts = [f"Over seeds {', '.join(map(str, args.seeds))}:\n\n{seeds_table(per_seed)}\n"]
+    for seed, (target, rows) in per_seed.items():
+        parts.append(f"Seed {seed}:\n\n{markdown_table(target, rows)}\n")
+    text = "\n".join(parts)
+    print(f"\n{heading}\n\n{text}", flush=True)
+    first = args.seeds[0]
+    plot(all_runs[first], per_seed[first][0], Path(args.plot), f"{title} (seed {first})")
     load = os.getloadavg()
     Path(args.plot).with_suffix(".md").write_text(
-        f"{title.replace(chr(10), ' ')}; target = small batch's final accuracy - {args.margin:.1%}; "
-        f"load average at the end {load[0]:.1f} on {os.cpu_count()} cores (`make bench-adaptive`)\n\n{table}\n"
+        f"{heading}; load average at the end {load[0]:.1f} on {os.cpu_count()} cores (`make bench-adaptive`)\n\n{text}"
     )
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     out = BUILD_DIR / "adaptive_batch.json"
-    out.write_text(json.dumps({"meta": machine_metadata(), "args": vars(args), "target": target, "rows": rows,
-                               "runs": runs}, indent=1, default=str))  # fmt: skip
+    out.write_text(json.dumps({"meta": machine_metadata(), "args": vars(args),
+                               "seeds": {seed: {"target": t, "rows": rows, "runs": all_runs[seed]}
+                                         for seed, (t, rows) in per_seed.items()}}, indent=1, default=str))  # fmt: skip
     log(f"plot: {args.plot}; records: {out}")
     return 0
 
@@ -198,8 +243,13 @@ def add_batch_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gns-every", type=int, default=20)
     p.add_argument("--gns-threshold", type=float, default=1.5)
     p.add_argument("--eval-every", type=int, default=4096, help="samples between evaluations")
-    p.add_argument("--margin", type=float, default=0.01, help="target = small batch's final accuracy - margin")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--margin", type=float, default=0.005, help="target = small batch's final accuracy - margin")
+    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[7, 8, 9],
+                   help="comma-separated; every mode runs once per seed")
+    p.add_argument("--same-epochs", action="store_true", help="every run trains --epochs (default: the small "
+                   "batch's training time is every other run's budget)")
+    p.add_argument("--epochs-cap", type=float, default=4.0, help="with a time budget, at most this many times "
+                   "--epochs")
     p.add_argument("--plot", default=str(RESULTS_DIR / "adaptive_batch.png"))
     p.add_argument("--launch-timeout", type=float, default=400.0)
     p.add_argument("--verbose", action="store_true", help="echo the workers' output")

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from adaptive_batch import markdown_table, summary_rows, time_to_accuracy
+from adaptive_batch import markdown_table, seeds_table, summary_rows, time_to_accuracy
 from digits_augmented import augment, shifted
 
 
@@ -57,8 +57,25 @@ def test_summary_rows_target_speedup_and_not_reached():
     # ms/step while the first batch held: large 4 s / 20 steps; adaptive 10 s / 10 steps (64 until step 10).
     assert by_mode["large"]["first_batch_step_ms"] == pytest.approx(200)
     assert by_mode["adaptive"]["first_batch_step_ms"] == pytest.approx(1000)
-    assert "| static large batch | 1024 | 20 | 200.0 | 4.0 s | not reached |  | 93.0% | 93.0% |" in table
-    assert "| GNSBatchSizePolicy | 64 -> 1024 | 30 | 1000.0 | 25.0 s | 15.0 s | 1.33x | 96.0% | 96.5% |" in table
+    assert "| static large batch | 1024 | 20 | 200.0 | 4.0 s |  | not reached |  | 93.0% | 93.0% |" in table
+    assert "| GNSBatchSizePolicy | 64 -> 1024 | 30 | 1000.0 | 25.0 s |  | 15.0 s | 1.33x | 96.0% | 96.5% |" in table
+
+
+def test_seeds_table_medians_and_accuracy_differences():
+    def seed(small_final, goodput_points):
+        runs = {"small": {"records": records([(0, 0.1), (10, 0.95), (20, small_final)], 64)},
+                "goodput": {"records": records(goodput_points, [64, 128, 512])}}  # fmt: skip
+        return summary_rows(runs, margin=0.005)
+
+    per_seed = {
+        1: seed(0.97, [(0, 0.1), (5, 0.966), (8, 0.972)]),  # target 0.965: 20 / 5 = 4x, final +0.2
+        2: seed(0.96, [(0, 0.1), (10, 0.950), (12, 0.950)]),  # target 0.955 never reached, final -1.0
+        3: seed(0.98, [(0, 0.1), (4, 0.978), (9, 0.978)]),  # 20 / 4 = 5x, final -0.2
+    }
+    table = seeds_table(per_seed)
+    # Median over the seeds with "not reached" counted as 0: median(4, 0, 5) = 4.
+    assert "| GoodputBatchSizePolicy | 2 of 3 | 4.00x | 4.00x, not reached, 5.00x | 96.7% | -0.3 / -1.0 |" in table
+    assert "| static small batch | 3 of 3 | 1.00x | 1.00x, 1.00x, 1.00x | 97.0% | +0.0 / +0.0 |" in table
 
 
 @pytest.mark.parametrize("dy,dx", [(-1, -1), (-1, 0), (0, 1), (1, 1), (1, -1), (0, 0)])
@@ -80,6 +97,27 @@ def test_augment_is_seeded_and_bounded():
     assert a.shape == (15, 64) and a.dtype == np.float32 and a.min() >= 0 and a.max() <= 1
     with pytest.raises(ValueError, match="copies must be >= 1, got 0"):
         augment(x, 0, np.random.default_rng(0))
+
+
+def test_worker_smoke_goodput_run_stops_at_its_time_budget():
+    """The goodput mode at toy size, with a 1.5 s training budget: every worker stops at the same step."""
+    from conftest import REPO_ROOT, describe, run_job
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from bench_timing import parse_results
+
+    rc, out, err = run_job(2, REPO_ROOT / "benchmarks" / "adaptive_batch_worker.py", "--mode", "goodput",
+                           "--small-batch", "64", "--large-batch", "256", "--epochs", "50", "--copies", "2",
+                           "--hidden", "64", "--lr", "0.05", "--gns-every", "5", "--eval-every", "512",
+                           "--time-budget", "1.5", timeout=180)  # fmt: skip
+    assert rc == 0, describe(rc, out, err)
+    (result,) = parse_results(out.splitlines())
+    recs = result["records"]
+    assert result["mode"] == "goodput" and result["train_samples"] == 2 * 1438, result
+    # It stopped at the first evaluation past 1.5 s (the one before was under it), long before 50 epochs.
+    assert recs[-1]["time_s"] >= 1.5 > recs[-2]["time_s"] and recs[-1]["samples"] < 50 * 2 * 1438, recs
+    assert all(b["samples"] > a["samples"] for a, b in itertools.pairwise(recs)), recs
+    assert all(64 <= r["batch_size"] <= 256 and r["batch_size"] % 32 == 0 for r in recs), recs
 
 
 def test_worker_smoke_adaptive_run():

@@ -16,6 +16,7 @@ from kungfu_tf.policy.context import PolicyContext
 from kungfu_tf.policy.errors import PeerPolicyError, PolicyDisagreementError
 from kungfu_tf.policy.gns_batch_size import GNSBatchSizePolicy
 from kungfu_tf.policy.gns_resize import GNSResizePolicy
+from kungfu_tf.policy.goodput_batch_size import GoodputBatchSizePolicy
 from kungfu_tf.policy.hysteresis import Hysteresis
 from kungfu_tf.policy.learning_rate_rule import LR_RULES, scaled_learning_rate
 from kungfu_tf.policy.policy_state import PolicyState
@@ -39,6 +40,7 @@ __all__ = [
     "Decision",
     "GNSBatchSizePolicy",
     "GNSResizePolicy",
+    "GoodputBatchSizePolicy",
     "Hysteresis",
     "LinearUtility",
     "PeerPolicyError",
