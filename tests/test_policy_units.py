@@ -401,7 +401,7 @@ def test_policy_config_holds_parameters_not_runtime_state():
     topology.best, topology.adaptations = 99.0, 3
     assert topology.config() == {"candidates": ["RING", "STAR", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE"],
                                  "drop": 0.1, "window": 4, "trial_steps": 5, "settle_steps": 1,
-                                 "metric": "throughput"}  # fmt: skip
+                                 "metric": "throughput", "slow_link": 0.5}  # fmt: skip
     assert AdaptiveTopologyPolicy(window=5).config() != topology.config()
     gns = GNSBatchSizePolicy(64, every=3)
     gns.reference = 12.0
