@@ -17,8 +17,10 @@ the data position:
 * ``--api v1``: a ``tf.compat.v1`` graph under ``MonitoredSession`` with
   ``ElasticSessionCreator`` and ``ElasticHook`` (the hook feeds each step).
 
-``--optimizer momentum|adam`` trains with a Keras optimizer that builds its
-slots in its first step, as users write it; ``--state-form`` picks how the
+``--optimizer momentum|adam|lossscale`` trains with a Keras optimizer that builds its
+slots in its first step, as users write it (``lossscale``: Keras's ``LossScaleOptimizer``
+around SGD with momentum, whose loss scale and counter are variables of its own; the
+step scales the loss, as ``fit`` does); ``--state-form`` picks how the
 ``ElasticState`` is given the variables (``model``: ``ElasticState(model=,
 optimizer=)``, the README's; ``callable``; ``list``).
 
@@ -32,7 +34,9 @@ the launcher starts does not crash again. With ``--record-dir`` every worker
 writes ``<peer>-<pid>.jsonl``: one line per committed step (step, epoch,
 wall-clock start and end, this worker's sample ids, rank, size, cluster
 version), one per membership change, and one at the end with a digest of
-the final weights (the weights themselves go to ``<peer>-<pid>.npz``). The
+the final weights (the weights themselves go to ``<peer>-<pid>.npz``) and
+(function and keras APIs) a digest of every variable the ``ElasticState``
+holds (model and optimizer: slots, counters, the loss scale). The
 run is deterministic for a given schedule: seeded order and initial
 weights, one TF thread per worker.
 """
@@ -70,7 +74,10 @@ from kungfu_tf.optimizers import SynchronousSGDOptimizer
 from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam", "lossscale")
+# --optimizer lossscale: the loss scale doubles every this many finite steps (Keras's default, 2000, would
+# leave it unchanged in a short run: its own variables must change to show that they travel with the state).
+LOSS_SCALE_GROWTH_STEPS = 3
 STATE_FORMS = ("model", "callable", "list")
 SEED = 1
 
@@ -119,6 +126,9 @@ def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
         return keras.optimizers.SGD(lr, momentum=0.9)
     if name == "adam":
         return keras.optimizers.Adam(lr)
+    if name == "lossscale":
+        inner = keras.optimizers.SGD(lr, momentum=0.9)
+        return keras.mixed_precision.LossScaleOptimizer(inner, dynamic_growth_steps=LOSS_SCALE_GROWTH_STEPS)
     return keras.optimizers.SGD(lr)
 
 
@@ -144,7 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=32, help="width of the hidden layer")
     p.add_argument("--lr", type=float, default=0.1, help="learning rate")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
-                   help="sgd, momentum (SGD with momentum 0.9) or adam; their slots are built in the first step")
+                   help="sgd, momentum (SGD with momentum 0.9), adam, or lossscale (a LossScaleOptimizer around "
+                        "momentum); their slots are built in the first step")
     p.add_argument("--state-form", default="model", choices=STATE_FORMS,
                    help="how the ElasticState is given the variables (function and keras APIs; see make_state)")
     p.add_argument("--resize-at", default="", help="STEP:SIZE,...: resize after that many steps")
@@ -215,10 +226,17 @@ class Recorder:
                    old_size=len(change.old_peers), new_size=len(change.new_peers), lost=list(change.lost),
                    detached=change.detached, joined=change.joined, t=time.time())  # fmt: skip
 
-    def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool) -> None:
+    def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool, api: str) -> None:
         flat = b"".join(np.ascontiguousarray(w, np.float32).tobytes() for w in weights)
+        held: dict[str, Any] = {}
+        if api != "v1":  # a tf.compat.v1 graph's variables are read through its session
+            variables = state.variables()
+            held["state_sha256"] = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in variables)).hexdigest()
+            scales = [float(v.numpy()) for v in variables if getattr(v, "path", "").endswith("/dynamic_scale")]
+            if scales:  # a LossScaleOptimizer's
+                held["loss_scale"] = scales[0]
         self.write(event="end", step=state.step, epoch=state.epoch, detached=detached,
-                   weights_sha256=hashlib.sha256(flat).hexdigest(), t=time.time())  # fmt: skip
+                   weights_sha256=hashlib.sha256(flat).hexdigest(), t=time.time(), **held)  # fmt: skip
         if self.file is not None:
             np.savez(self.stem + ".npz", *weights)
             self.file.close()
@@ -284,7 +302,8 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
             loss = loss_object(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
+            scaled = optimizer.scale_loss(loss)  # a LossScaleOptimizer's scale (as fit does); the identity for the others
+        grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
@@ -437,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     train = {"function": train_function_api, "keras": train_keras_api, "v1": train_v1_api}[args.api]
     start = time.time()
     weights, state, detached = train(script)
-    script.record.end(weights, state, detached)
+    script.record.end(weights, state, detached, args.api)
     if detached:
         print(f"[elastic_train] {os.environ.get('KUNGFU_SELF', 'local')} detached at step {state.step}", flush=True)
         return 0

@@ -9,6 +9,7 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,9 +51,16 @@ def check_each_sample_once(records: dict[str, list[dict]], samples: int, epochs:
 
 def reference_weights(steps: dict[int, dict[int, list[int]]], samples: int, hidden: int, lr: float,
                       optimizer: str = "sgd") -> list[np.ndarray]:  # fmt: skip
+    """The trained weights of :func:`reference_training`."""
+    return [w.numpy() for w in reference_training(steps, samples, hidden, lr, optimizer)[0].trainable_weights]
+
+
+def reference_training(steps: dict[int, dict[int, list[int]]], samples: int, hidden: int, lr: float,
+                       optimizer: str = "sgd") -> tuple[Any, Any]:  # fmt: skip
     """One process: from the same initial weights, each step's update is ``optimizer`` (models/elastic_train.py
     --optimizer: its slots carried from step to step) on the mean of the shares' mean-loss gradients (what
-    S-SGD over those workers computes)."""
+    S-SGD over those workers computes; a LossScaleOptimizer's scaled, as the workers' step scales them).
+    Returns the trained Keras model and optimizer."""
     import keras
     import tensorflow as tf
 
@@ -71,11 +79,11 @@ def reference_weights(steps: dict[int, dict[int, list[int]]], samples: int, hidd
         grads = None
         for ids in shares:
             with tf.GradientTape() as tape:
-                loss = loss_fn(y[ids], model(x[ids], training=True))
-            g = tape.gradient(loss, model.trainable_variables)
+                scaled = opt.scale_loss(loss_fn(y[ids], model(x[ids], training=True)))  # as the workers' step
+            g = tape.gradient(scaled, model.trainable_variables)
             grads = g if grads is None else [a + b for a, b in zip(grads, g)]
         opt.apply_gradients([(g / len(shares), v) for g, v in zip(grads, model.trainable_variables)])
-    return [w.numpy() for w in model.trainable_weights]
+    return model, opt
 
 
 def final_weights(record_dir: Path, stem: str) -> list[np.ndarray]:

@@ -62,6 +62,7 @@ from kungfu_tf.ops import config
 from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops.collective import all_gather
 from kungfu_tf.optimizers.gradient_monitor import is_per_worker
+from kungfu_tf.optimizers.keras_build import build_as_apply_would
 
 log = logging.getLogger("kungfu_tf.elastic")
 
@@ -190,7 +191,9 @@ class ElasticState:
             if not getattr(self._optimizer, "built", True):
                 # Momentum, Adam, ...: slots otherwise appear in the first step,
                 # after the job took its signature (joiners, warmed up, have them).
-                self._optimizer.build(self._model.trainable_variables)
+                # Built as that step would: a joiner's warm-up step built its own,
+                # and a LossScaleOptimizer's inner slots are named by who built them.
+                build_as_apply_would(self._optimizer, self._model.trainable_variables)
             out = out + list(self._optimizer.variables)
             monitor = getattr(self._optimizer, "kungfu_monitor", None)
             if monitor is not None:  # its smoothed estimate goes to joiners with the training state

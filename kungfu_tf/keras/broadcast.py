@@ -12,6 +12,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kungfu_tf.optimizers.keras_build import build_as_apply_would
 from kungfu_tf.variables import broadcast_variables
 
 
@@ -98,8 +99,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if optimizer is not None:
             # Slot variables exist only once the optimizer is built (normally
             # at the first step); build now so they are broadcast too.
-            if not optimizer.built:
-                optimizer.build(model.trainable_variables)
+            build_as_apply_would(optimizer, model.trainable_variables)  # the names its step would give
             # A strategy with parameter servers keeps slots only on their
             # owners; such an optimizer says which variables every rank has.
             replicated = getattr(optimizer, "_kungfu_replicated_variables", None)

@@ -61,6 +61,7 @@ from kungfu_tf.optimizers._wrapping import (
     require_keras,
     wrap_keras,
 )
+from kungfu_tf.optimizers.keras_build import build_as_apply_would
 
 
 def _methods(base: type) -> dict[str, Any]:
@@ -89,9 +90,7 @@ def _methods(base: type) -> dict[str, Any]:
             if not self.built:
                 # As base.apply would, but before the request: build saves
                 # the initial model that the first request relies on.
-                with keras.name_scope(self.name, caller=self):
-                    self.build(variables)
-                self.built = True
+                build_as_apply_would(self, variables)
         if variables:
             mine = flat(variables)
             save = ops.save(self._kungfu_name, mine)
