@@ -33,7 +33,9 @@ begins (its peers are then inside the step, waiting for it); a replacement
 the launcher starts does not crash again. With ``--record-dir`` every worker
 writes ``<peer>-<pid>.jsonl``: one line per committed step (step, epoch,
 wall-clock start and end, this worker's sample ids, rank, size, cluster
-version), one per membership change, and one at the end with a digest of
+version), one per membership change, one per call of the ``--policy-resize-at``
+policy (with its state), for ``--api v1`` one with the sessions created and the
+graph's size, and one at the end with a digest of
 the final weights (the weights themselves go to ``<peer>-<pid>.npz``) and
 (function and keras APIs) a digest of every variable the ``ElasticState``
 holds (model and optimizer: slots, counters, the loss scale). The
@@ -85,20 +87,27 @@ SEED = 1
 class ResizeAt(BasePolicy):
     """A policy that resizes at fixed steps (``--policy-resize-at``): ``ctx.resize(size)`` after that many steps.
 
-    Its state (the entries already asked for) travels to joiners with the
-    runner's (``ElasticState(policy=runner)``): a joiner admitted later
-    neither asks again nor disagrees with the members.
+    Its state (the entries already asked for, and how many times the job
+    called it) travels to joiners with the runner's
+    (``ElasticState(policy=runner)``): a joiner admitted later neither asks
+    again nor disagrees with the members. With ``--record-dir`` each call is
+    recorded (``event="policy"``): the tests see who called it when.
 
     Example:
         >>> ResizeAt({12: 2}).state_dict()
-        {'asked': []}
+        {'asked': [], 'calls': 0}
     """
 
-    def __init__(self, schedule: dict[int, int]):
+    def __init__(self, schedule: dict[int, int], record: Any = None):
         self.schedule = dict(schedule)
         self.asked: list[int] = []
+        self.calls = 0  # after_step calls in the job so far (a joiner starts from the members' count)
+        self.record = record  # record(step, rank, size, state_dict) after every call (--record-dir), or None
 
     def after_step(self, ctx: Any) -> None:
+        self.calls += 1
+        if self.record is not None:
+            self.record(ctx.step, ctx.rank, ctx.size, self.state_dict())
         step = ctx.step + 1  # steps done once this one ends, as --resize-at counts
         size = self.schedule.get(step)
         if size is not None and step not in self.asked:
@@ -109,10 +118,11 @@ class ResizeAt(BasePolicy):
         return {"schedule": {str(k): v for k, v in sorted(self.schedule.items())}}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"asked": list(self.asked)}
+        return {"asked": list(self.asked), "calls": self.calls}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.asked = [int(s) for s in state.get("asked", [])]
+        self.calls = int(state.get("calls", 0))
 
 
 def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
@@ -164,7 +174,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-at", type=int, default=None, help="the --crash-rank worker dies when this many steps are done")
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--policy-resize-at", default="",
-                   help="STEP:SIZE,...: a policy (PolicyCallback in elastic_fit; --api keras) resizes after that many steps")
+                   help="STEP:SIZE,...: a policy (PolicyCallback in elastic_fit, --api keras; PolicyHook beside "
+                        "ElasticHook, --api v1) resizes after that many steps")
     p.add_argument("--check-every", type=int, default=1, help="membership check every this many steps")
     p.add_argument("--record-dir", default=None, help="write per-step records here (one file per worker)")
     args = p.parse_args(argv)
@@ -173,8 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.policy_schedule = parse_schedule(args.policy_resize_at)
     except ValueError as e:
         p.error(str(e))
-    if args.policy_schedule and args.api != "keras":
-        p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit)")
+    if args.policy_schedule and args.api == "function":
+        p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit) and v1 (a PolicyHook)")
     if args.api == "v1" and args.optimizer != "sgd":
         p.error(f"--optimizer {args.optimizer} is for --api function and keras (v1 trains with GradientDescentOptimizer)")
     if args.epochs < 1 or args.batch_size < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
@@ -225,6 +236,10 @@ class Recorder:
         self.write(event="change", step=step, old_version=change.old_version, new_version=change.new_version,
                    old_size=len(change.old_peers), new_size=len(change.new_peers), lost=list(change.lost),
                    detached=change.detached, joined=change.joined, t=time.time())  # fmt: skip
+
+    def policy_call(self, step: int, rank: int, size: int, state: dict[str, Any]) -> None:
+        """A policy's ``after_step`` ran at ``step`` (0-based); ``state``: its state_dict() after the call."""
+        self.write(event="policy", step=step, rank=rank, size=size, state=state, t=time.time())
 
     def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool, api: str) -> None:
         flat = b"".join(np.ascontiguousarray(w, np.float32).tobytes() for w in weights)
@@ -375,7 +390,7 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
     if args.policy_schedule:
         from kungfu_tf.keras import PolicyCallback
 
-        policies.append(PolicyCallback([ResizeAt(args.policy_schedule)], verbose=True))
+        policies.append(PolicyCallback([ResizeAt(args.policy_schedule, script.record.policy_call)], verbose=True))
         extra["policy"] = policies[0].runner  # joiners get the policy's state
     state = make_state(args.state_form, model, model.optimizer, sampler=script.sampler, check_every=args.check_every,
                        **extra)  # fmt: skip
@@ -402,10 +417,15 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
 
 def train_v1_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
     from kungfu_tf.optimizers import SynchronousSGDOptimizerV1
-    from kungfu_tf.v1 import ElasticHook, ElasticSessionCreator, session_variables
+    from kungfu_tf.v1 import (
+        ElasticHook,
+        ElasticSessionCreator,
+        PolicyHook,
+        session_variables,
+    )
 
     args = script.args
-    with tf.Graph().as_default():
+    with tf.Graph().as_default() as graph:
         model = build_model(args)
         x_in = tf.compat.v1.placeholder(tf.float32, [None, 64], name="features")
         y_in = tf.compat.v1.placeholder(tf.int32, [None], name="labels")
@@ -413,14 +433,23 @@ def train_v1_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState
         optimizer = SynchronousSGDOptimizerV1(tf.compat.v1.train.GradientDescentOptimizer(args.lr))
         global_step = tf.compat.v1.train.get_or_create_global_step()
         train_op = optimizer.minimize(loss, global_step=global_step, var_list=[v.value for v in model.trainable_variables])
+        extra: dict[str, Any] = {}
+        policy_hook = None
+        if args.policy_schedule:  # before the state: its graph variables are global variables too
+            policy_hook = PolicyHook([ResizeAt(args.policy_schedule, script.record.policy_call)], verbose=True)
+            extra["policy"] = policy_hook.runner  # joiners get the policy's state
         state = elastic.ElasticState(session_variables(tf.compat.v1.global_variables()), sampler=script.sampler,
-                                     check_every=args.check_every)  # fmt: skip
+                                     check_every=args.check_every, **extra)  # fmt: skip
         feed = lambda ids: {x_in: script.x[ids], y_in: script.y[ids]}
         warm = lambda session: session.run(train_op, feed(np.arange(args.batch_size)))
         hook = ElasticHook(state, script.sampler, feed, check_every=args.check_every, warm_up=warm)
+        hooks = [hook] + ([policy_hook] if policy_hook is not None else [])
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+        sessions = SessionCount(tf.compat.v1.train.ChiefSessionCreator(config=config))
+        creator = ElasticSessionCreator(session_creator=sessions)
         detached = False
-        with tf.compat.v1.train.MonitoredSession(ElasticSessionCreator(config=config), hooks=[hook]) as sess:
+        with tf.compat.v1.train.MonitoredSession(creator, hooks=hooks) as sess:
+            ops_at_start = len(graph.get_operations())
             while not script.finished(state) and not sess.should_stop():
                 script.maybe_crash(state, hook.rank)
                 t0, epoch = time.time(), state.epoch
@@ -435,10 +464,25 @@ def train_v1_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState
                     script.note_change(state)
                     if detached:
                         break
-            detached = detached or hook.detached
+            detached = detached or hook.detached or (policy_hook is not None and policy_hook.runner.detached)
             weights = None if detached else sess.run_step_fn(
                 lambda step_context: step_context.session.run([v.value for v in model.trainable_weights]))  # fmt: skip
+        # Recoveries reuse the session, and nothing is added to the graph once training started.
+        script.record.write(event="graph", sessions_created=sessions.created, sessions_asked=creator.sessions_created,
+                            ops_at_start=ops_at_start, ops_at_end=len(graph.get_operations()))  # fmt: skip
     return weights or [], state, detached
+
+
+class SessionCount(tf.compat.v1.train.SessionCreator):
+    """Counts the sessions a creator really creates (``ElasticSessionCreator`` keeps one through recoveries)."""
+
+    def __init__(self, inner: tf.compat.v1.train.SessionCreator):
+        self.inner = inner
+        self.created = 0
+
+    def create_session(self) -> tf.compat.v1.Session:
+        self.created += 1
+        return self.inner.create_session()
 
 
 def accuracy(weights: list[np.ndarray], script: Script) -> float:

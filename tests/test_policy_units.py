@@ -529,3 +529,21 @@ def test_policy_callback_state_in_a_keras_checkpoint(tmp_path):
     resumed, model, _ = fit(1, restore=path)
     assert (resumed.runner.batch_size, resumed.runner.steps_done, resumed.runner.history) == (4, 3, [])
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.2)
+
+
+def test_policy_hook_feeds_the_policies_state_again_after_a_failed_run():
+    # A run that failed (a lost peer) may or may not have assigned the policies' JSON; MonitoredSession
+    # asks the hooks again for the run that replaces it, which must carry it (before: it was dropped, and
+    # members could hold different bytes in a synced variable).
+    from kungfu_tf.policy.policy_state import COUNTERS
+    from kungfu_tf.v1.policy_hook import SessionVariableAccess
+
+    counters = dict.fromkeys(COUNTERS, 0)
+    with tf.Graph().as_default():
+        state = SessionVariableAccess(2).state
+        state.build()
+        state.write(counters, '[{"class": "CountsSteps", "state": {"seen": 1}}]')
+        assert len(state.run_args(counters).fetches) == 2  # counters and the policies' JSON
+        assert len(state.run_args(counters).fetches) == 2  # the run failed: asked again
+        state.ran()
+        assert len(state.run_args(counters).fetches) == 1  # assigned: the counters only

@@ -225,6 +225,7 @@ class PolicyRunner:
         self._policies_json: str | None = None
         self._stop_following: Any = None  # removes the elastic apply listener (see _follow_membership)
         self._changed_in_step = False  # a membership change was applied between before_step and after_step
+        self._joined = False  # load_state_dict() gave it the members' state (see join_running)
 
     @property
     def local_batch_size(self) -> Any:
@@ -266,6 +267,37 @@ class PolicyRunner:
         self._follow_membership()
         self.context.metrics.update(self._parameters())
         self._run("before_train")
+        self._save_state()
+
+    def join_running(self) -> None:
+        """``before_train`` of a worker that joined an elastic job whose members keep training (v1
+        ``PolicyHook``: the members keep their session and never start again; in ``fit`` and
+        ``elastic.run`` every member starts again with the joiner and all call :meth:`before_train`).
+
+        No round: the members are running their next step. The members agreed on the setup and ran
+        the policies' ``before_train`` when the job started; the counters, the batch, whether rank 0
+        logs and each policy's state came with the elastic sync (:meth:`load_state_dict`; give the
+        runner to ``ElasticState(..., policy=runner)``), the learning rate with the variables.
+
+        Raises:
+            RuntimeError: the runner has not received the members' state, or was started already.
+        """
+        if self._started:
+            raise RuntimeError("PolicyRunner.join_running(): the runner was started already (before_train)")
+        if not self._joined:
+            raise RuntimeError(
+                "PolicyRunner.join_running(): the members' state has not reached this runner: give it to the "
+                "elastic state (ElasticState(..., policy=runner)), which loads it when this worker joins"
+            )
+        self._check_requirements()
+        self.topology = self._read_topology()
+        if self.access.has_learning_rate() and self.access.learning_rate_error() is None:
+            self.learning_rate = self.access.read_learning_rate()
+        if self.batch_size is not None:
+            self.access.assign_local_batch_size(self.batch_size // self.size)
+        self._started = True
+        self._follow_membership()
+        self.context.metrics.update(self._parameters())
         self._save_state()
 
     def after_train(self) -> None:
@@ -419,8 +451,9 @@ class PolicyRunner:
         counters = self.state_counters(after_this_step=self._step_started is not None)
         del counters["batch_size"]  # depends on the cluster size: see local_batch_size
         local = 0 if self.batch_size is None else self.batch_size // self.size
+        # Whether rank 0 logs: a joiner that never ran before_train's rounds must hold the logging rounds too.
         return {"counters": counters, "local_batch_size": local, "wanted_batch": self._wanted_batch,
-                "policies": [p.state_dict() for p in self.policies]}  # fmt: skip
+                "logging": self._logging, "policies": [p.state_dict() for p in self.policies]}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Adopts another worker's :meth:`state_dict` (of a runner with the same policies), for this cluster.
@@ -442,6 +475,8 @@ class PolicyRunner:
         for policy, entry in zip(self.policies, policies):
             policy.load_state_dict(entry)
         self._policies_ran = True
+        self._logging = bool(state.get("logging", self._logging))
+        self._joined = True
         # The members' batch and learning rate are theirs after the change: adopt, do not scale again.
         with tf.init_scope():
             self.rank, self.size = config.current_int(config.rank), config.current_int(config.cluster_size)

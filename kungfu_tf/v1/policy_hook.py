@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -83,8 +84,13 @@ class SessionPolicyState:
         if self._pending_policies is not None:
             feed[self._policies_in] = self._pending_policies
             fetches.append(self._assign_policies)
-            self._pending_policies = None
         return tf.compat.v1.train.SessionRunArgs(fetches, feed_dict=feed)
+
+    def ran(self) -> None:
+        """The training run succeeded: its assignments are done. (A run that failed, on a lost peer
+        say, may or may not have assigned: the policies' JSON goes with the run that replaces it,
+        so that every member holds the same bytes.)"""
+        self._pending_policies = None
 
 
 class SessionVariableAccess:
@@ -172,6 +178,16 @@ class PolicyHook(tf.compat.v1.train.SessionRunHook):
     Other keywords are the runner's (``lr_rule``, ``min_dwell_steps``,
     ``min_relative_change``, ``log_dir``, ``verbose``...).
 
+    In an elastic job (``kungfu-run --elastic``), create it before the
+    ``ElasticState`` and give it the runner (``ElasticState(..., policy=hook.runner)``),
+    and put it after the ``ElasticHook`` (``hooks=[elastic_hook, policy_hook]``):
+    the ElasticHook commits each step and applies membership changes before
+    the policies run, and a joiner's ElasticHook brings the policies' state
+    from the members; the joiner then starts its runner with
+    ``PolicyRunner.join_running`` (the members keep their session and run no
+    ``before_train`` again). A worker that a policy's resize detaches requests
+    stop and calls no policy again.
+
     Example:
         >>> import tensorflow as tf
         >>> from kungfu_tf.v1 import PolicyHook
@@ -234,14 +250,29 @@ class PolicyHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session: tf.compat.v1.Session, coord: object) -> None:
         self.access.session = session
         if not self._started:
-            self._eagerly(self.runner.before_train)
+            self._eagerly(self._start)
             self._started = True
+
+    def _start(self) -> None:
+        from kungfu_tf.ops import elastic_membership as em
+
+        if not (em.is_elastic() and os.environ.get(em.JOINER_ENV, "") == "1"):
+            self.runner.before_train()
+        elif em.is_joiner():
+            raise RuntimeError(
+                "PolicyHook: this worker joins an elastic job, and the ElasticHook has not joined it yet: put "
+                "the PolicyHook after the ElasticHook (hooks=[elastic_hook, policy_hook]); the ElasticHook joins "
+                "the job when the session is created, and brings the policies' state (ElasticState(policy=hook.runner))"
+            )
+        else:  # the members keep their session: no before_train with them (see PolicyRunner.join_running)
+            self.runner.join_running()
 
     def before_run(self, run_context: tf.compat.v1.train.SessionRunContext) -> tf.compat.v1.train.SessionRunArgs:
         self._eagerly(self.runner.before_step)
         return self.access.state.run_args(self.runner.state_counters(after_this_step=True))
 
     def after_run(self, run_context: tf.compat.v1.train.SessionRunContext, run_values: Any) -> None:
+        self.access.state.ran()
         self._eagerly(self.runner.after_step)
         if self.runner.detached:  # a policy's resize took this worker out of the elastic job
             run_context.request_stop()
