@@ -1,6 +1,6 @@
 """Worker for tests/test_gradient_monitor_resize.py: the GradientMonitor across a resize, against numpy.
 
-Usage: gradient_monitor_resize.py FROM_SIZE BEFORE AFTER TO_SIZE LR
+Usage: gradient_monitor_resize.py FROM_SIZE BEFORE AFTER TO_SIZE LR [CRASH_RANKS]
 
 ``kungfu-run --elastic -np N1 --max-np 3``: a custom loop in ``kungfu_tf.elastic.run`` trains the linear
 regression of tests/workers/gradient_monitor.py (simple noise scale 6 in closed form at the fixed weights
@@ -10,18 +10,28 @@ waits for the launcher's joiners; a shrink detaches the highest ranks), then the
 steps. The step is traced once, at the size the worker had when it first ran it (a joiner: alone, in
 its warm-up).
 
-Every worker replays the monitor's estimator in numpy over the same sizes (each worker's batch of step t
-comes from seed (t, rank), so anyone can rebuild everyone's gradients; with LR > 0 the replay carries
-the weights too) and checks, after every step it trains: gns_raw, noise_trace, grad_sq_norm and gns
+With CRASH_RANKS (e.g. ``1,3``; ``kungfu-run --min-np TO_SIZE -np FROM_SIZE``, no replacements) there is
+no resize: as step BEFORE begins, the workers of those initial ranks kill themselves (SIGKILL) while the
+others enter the step; their all-reduce fails, ``elastic.run`` recovers on the survivors (renumbered) and
+the step runs again at TO_SIZE workers.
+
+Every step's cluster size is recorded in the ``ElasticState`` (``sizes``, committed with the step, so a
+step that failed is not recorded and a joiner receives the members' record). Every worker replays the
+monitor's estimator in numpy over those sizes (each worker's batch of step t comes from seed (t, rank),
+so anyone can rebuild everyone's gradients; with LR > 0 the replay carries the weights too) and checks,
+after every step it trains: the record follows the schedule; gns_raw, noise_trace, grad_sq_norm and gns
 equal the replay's (relative 1e-4 at LR 0, 1e-3 with LR > 0), every worker holds bitwise the same
 monitored values (an all-gather), and worker_compute_times has one entry per worker. A joiner compares
-from its first step in the cluster on: the smoothed state it received must be the members'. At LR 0 the
-final smoothed GNS must be within 25 % of the closed form. Prints ``final gns G size S`` and
-``checked N results``.
+from its first step in the cluster on: the smoothed state it received must be the members'. At the end
+the smoothed noise_trace, grad_sq_norm and gns must each be within 25 % of the closed form smoothed the
+same way (tr(Sigma) = (D + 1) |w - w*|^2 + D sigma^2 and |G|^2 = |w - w*|^2 at each step's weights;
+constant at LR 0). Prints ``final gns G size S step N`` and ``checked N results``.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import keras
@@ -34,8 +44,14 @@ from kungfu_tf.optimizers import GradientMonitor, SynchronousSGDOptimizer
 D, B, SIGMA, SMOOTHING = 4, 16, 0.5, 0.98
 W_STAR = np.linspace(-1.0, 1.0, D)
 W0 = W_STAR + np.array([0.6, 0.8, 0.0, 0.0])
-TRUE_GNS = D * (1 + SIGMA**2) + 1.0
 KEYS = ("gns_raw", "noise_trace", "grad_sq_norm", "gns", "monitor_step")
+SMOOTHED = ("noise_trace", "grad_sq_norm", "gns")
+
+
+def closed_form(w: np.ndarray) -> tuple[float, float]:
+    """(tr(Sigma), |G|^2) of one example's gradient at weights ``w``, for x ~ N(0, I) and noise sigma."""
+    d = w - W_STAR
+    return (D + 1) * float(d @ d) + D * SIGMA**2, float(d @ d)
 
 
 def batch(step: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +67,7 @@ class Replay:
     def __init__(self, lr: float) -> None:
         self.lr, self.w = lr, W0.astype(np.float32).astype(np.float64)
         self.ema_trace = self.ema_grad = 0.0
+        self.ema_true_trace = self.ema_true_grad = 0.0  # the closed form, smoothed as the estimates are
         self.count = 0
         self.previous: np.ndarray | None = None  # a one-worker step's gradient; forgotten at several workers
 
@@ -76,22 +93,30 @@ class Replay:
             grad_sq, trace = (bb * big - bs * small) / (bb - bs), (small - big) / (1 / bs - 1 / bb)
             self.ema_trace = SMOOTHING * self.ema_trace + (1 - SMOOTHING) * trace
             self.ema_grad = SMOOTHING * self.ema_grad + (1 - SMOOTHING) * grad_sq
+            true_trace, true_grad_sq = closed_form(self.w)
+            self.ema_true_trace = SMOOTHING * self.ema_true_trace + (1 - SMOOTHING) * true_trace
+            self.ema_true_grad = SMOOTHING * self.ema_true_grad + (1 - SMOOTHING) * true_grad_sq
             self.count += 1
             out["gns_raw"] = trace / grad_sq
         c = 1 - SMOOTHING**self.count
         out["noise_trace"] = self.ema_trace / c if self.count else float("nan")
         out["grad_sq_norm"] = self.ema_grad / c if self.count else float("nan")
         out["gns"] = out["noise_trace"] / out["grad_sq_norm"] if self.count else float("nan")
+        out["closed_form"] = {  # what the smoothed estimates estimate
+            "noise_trace": self.ema_true_trace / c if self.count else float("nan"),
+            "grad_sq_norm": self.ema_true_grad / c if self.count else float("nan"),
+            "gns": self.ema_true_trace / self.ema_true_grad if self.count else float("nan"),
+        }
         self.w = self.w - self.lr * np.mean(gs, axis=0)
         return out
 
 
-def main(from_size: int, before: int, after: int, to_size: int, lr: float) -> None:
+def main(from_size: int, before: int, after: int, to_size: int, lr: float, crash_ranks: frozenset[int]) -> None:
     model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1, use_bias=False)])
     model.layers[0].kernel.assign(W0.reshape(D, 1).astype(np.float32))
     monitor = GradientMonitor(batch_size=B, smoothing=SMOOTHING)
     opt = SynchronousSGDOptimizer(keras.optimizers.SGD(lr), monitor=monitor, name="gns_resize_sgd")
-    state = elastic.ElasticState(model=model, optimizer=opt)
+    state = elastic.ElasticState(model=model, optimizer=opt, sizes=[])  # sizes[t]: the size step t ran at
     rtol = 1e-4 if lr == 0 else 1e-3
 
     @tf.function(input_signature=(tf.TensorSpec([None, D], tf.float32), tf.TensorSpec([None], tf.float32)))
@@ -109,17 +134,23 @@ def main(from_size: int, before: int, after: int, to_size: int, lr: float) -> No
         return from_size if t < before else to_size
 
     chk = Checker(kungfu_tf.rank())
+    crashes = kungfu_tf.rank() in crash_ranks and not elastic.is_joiner()  # the initial rank
 
     @elastic.run(warm_up=warm_up)
     def train(state: elastic.ElasticState) -> bool:
         while state.step < before + after:
             state.check()
             t, rank, size = state.step, kungfu_tf.rank(), kungfu_tf.size()
+            if crashes and t == before:
+                print(f"crashes at step {t}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)  # its peers are entering the step
             train_step(*batch(t, rank))
+            state.sizes.append(size)
             state.commit()
-            chk.true(size == size_at(t), f"step {t}: {size} workers, the schedule says {size_at(t)}")
+            chk.true(state.sizes == [size_at(s) for s in range(t + 1)],
+                     f"step {t}: steps ran at {state.sizes}, the schedule says {from_size} then {to_size} from {before}")  # fmt: skip
             while len(replayed) <= t:  # a joiner replays the steps before it joined too
-                replayed.append(replay.step(len(replayed), size_at(len(replayed))))
+                replayed.append(replay.step(len(replayed), state.sizes[len(replayed)]))
             want, values = replayed[t], monitor.values()
             for key in KEYS[:4]:
                 if not (np.isnan(want[key]) and np.isnan(values[key])) and not np.isclose(values[key], want[key], rtol=rtol):
@@ -130,7 +161,7 @@ def main(from_size: int, before: int, after: int, to_size: int, lr: float) -> No
             every = ops.all_gather(tf.constant(mine), name="gns-resize/values").numpy()
             chk.true(all(np.array_equal(row, every[0], equal_nan=True) for row in every),
                      f"step {t}: the monitored values differ between workers: {every.tolist()}")  # fmt: skip
-            if state.step == before and size != to_size:
+            if state.step == before and size != to_size and not crash_ranks:
                 _, detached = elastic.resize(to_size, wait=True)
                 if bool(detached):
                     return True
@@ -140,12 +171,14 @@ def main(from_size: int, before: int, after: int, to_size: int, lr: float) -> No
     if detached:
         print("detached", flush=True)
         return
-    gns = monitor.values()["gns"]
-    print(f"final gns {gns:.4f} size {kungfu_tf.size()} step {state.step}", flush=True)
-    if lr == 0:
-        chk.true(abs(gns / TRUE_GNS - 1) <= 0.25, f"GNS {gns} within 25 % of the closed form {TRUE_GNS}")
+    values, truth = monitor.values(), replayed[-1]["closed_form"]
+    print(f"final gns {values['gns']:.4f} size {kungfu_tf.size()} step {state.step}", flush=True)
+    print("final " + ", ".join(f"{k} {values[k]:.4f} (closed form {truth[k]:.4f})" for k in SMOOTHED), flush=True)
+    for key in SMOOTHED:  # AdaScale reads the two parts, not only their ratio
+        chk.true(abs(values[key] / truth[key] - 1) <= 0.25, f"{key} {values[key]} within 25 % of the closed form {truth[key]}")
     chk.done()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+    crash = frozenset(int(r) for r in sys.argv[6].split(",")) if len(sys.argv) > 6 else frozenset()
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), crash)
