@@ -4,7 +4,8 @@
 with SGD, so the GNS grows as the weights approach the optimum. Checked from the records of every worker:
 
 * every decision is Listing 1's rule applied to the GNS that the workers recorded at that step
-  (``new = min(int(size * g / g0), 3)`` with ``g0`` the GNS of the previous check);
+  (``new = min(int(size * g / g0), 3)`` with ``g0`` the GNS of the previous check, and ``size`` the
+  size asked for while a growth is pending);
 * the cluster grew from 1 to 3 workers; every step was trained by exactly ``size`` workers, ranks
   0..size-1, with the same GNS and the same weights on all of them (the joiners took the members'
   smoothed monitor state and the policy's reference with the training state);
@@ -24,7 +25,7 @@ import pytest
 from conftest import REPO_ROOT, describe, run_job
 
 AFTER, EVERY, MAX_SIZE = 30, 20, 3
-GREW = re.compile(r"gns ([\d.e+]+) grew x[\d.]+ since ([\d.e+]+)")
+GREW = re.compile(r"gns ([\d.e+]+) grew x[\d.]+ since ([\d.e+]+)(?: \(from the (\d+) workers asked for\))?")
 
 
 def replay(sizes: dict[int, int]) -> np.ndarray:
@@ -67,9 +68,11 @@ def test_the_cluster_grows_with_the_gradient_noise_scale(tmp_path):
     assert decisions, report
     for d in decisions:
         line = next(x for x in out.splitlines() if f"step {d['step']}: size {d['old']} -> {d['new']}" in x)
-        g, g0 = (float(v) for v in GREW.search(line).groups())
+        g, g0, asked = GREW.search(line).groups()
+        g, g0 = float(g), float(g0)
+        base = d["old"] if asked is None else int(asked)  # a check while joiners warm up scales the size asked for
         assert g == pytest.approx(steps[d["step"] - 1][0]["gns"], rel=1e-3), (line, steps[d["step"] - 1])
-        assert d["new"] == min(int(d["old"] * g / g0), MAX_SIZE) > d["old"], (d, g, g0)
+        assert d["new"] == min(int(base * g / g0), MAX_SIZE) > base >= d["old"], (d, g, g0)
 
     ends = [e for e in events if e["event"] == "end"]
     assert len(ends) == MAX_SIZE and all(not e["detached"] and e["size"] == MAX_SIZE for e in ends), ends

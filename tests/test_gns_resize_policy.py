@@ -126,12 +126,40 @@ def test_runner_agrees_on_the_resize_and_calls_the_resize_op(fake_resize):
         for _ in range(5):
             with runner.step():
                 monitor.step = runner.steps_done
-    # one worker: 25/10 -> int(2.5) = 2 after step 2; 40/25 -> int(1 * 1.6) = 1: nothing (the fake never grew)
-    assert fake_resize == [2]
-    (decision,) = [d for d in runner.history if d.name == "size"]
-    assert (decision.step, decision.old, decision.new, decision.requested_by) == (3, 1, 2, "GNSResizePolicy")  # after 3 steps
-    assert decision.refused.startswith("pending")
+    # One worker: 25/10 -> int(2.5) = 2 after step 2; the fake never grows, so the growth to 2 is still
+    # pending at step 4, and 40/25 grows it to int(2 * 1.6) = 3 (not int(1 * 1.6) = 1, which lost the growth).
+    assert fake_resize == [2, 3]
+    first, second = [d for d in runner.history if d.name == "size"]
+    assert (first.step, first.old, first.new, first.requested_by) == (3, 1, 2, "GNSResizePolicy")  # after 3 steps
+    assert (second.step, second.old, second.new) == (5, 1, 3)
+    assert first.refused.startswith("pending") and second.refused.startswith("pending")
+    assert "(from the 2 workers asked for)" in second.reason
     assert not runner.detached and runner.size == 1 and runner.batch_size == 8
+
+
+def test_a_check_while_a_growth_is_pending_grows_from_the_size_asked_for():
+    """Listing 1's resize has returned with the new workers by the next check; here joiners warm up while the
+    members train on, so a check may come first: it scales the size asked for, and the real size once reached."""
+
+    class SlowContext(FakeContext):
+        def resize(self, new_size, reason=""):
+            self.asked[-1] = new_size  # pending: the size changes when the test says so
+
+    policy, ctx = GNSResizePolicy(max_size=8), SlowContext(1)
+    for g, arrived in ((10.0, 1), (25.0, 1), (40.0, 1), (50.0, 3), (80.0, 3), (85.0, 3)):
+        ctx.size = arrived
+        ctx.metrics["gns"] = g
+        ctx.asked.append(None)
+        policy.after_epoch(ctx)
+    # 25/10: 1 -> 2; 40/25 with 2 pending: int(2 * 1.6) = 3; 50/40 at 3 (arrived): int(3.75) = 3, nothing;
+    # 80/50 at 3: int(4.8) = 4; 85/80 with 4 pending: int(4.25) = 4, nothing.
+    assert ctx.asked == [None, 2, 3, None, 4, None]
+    assert policy.state_dict() == {"reference": 85.0, "asked": 4}
+    ctx.size = 4
+    ctx.metrics["gns"] = 200.0
+    ctx.asked.append(None)
+    policy.after_epoch(ctx)
+    assert ctx.asked[-1] == 8 and policy.state_dict() == {"reference": 200.0, "asked": 8}
 
 
 def test_resize_request_is_checked_and_only_from_a_hook():
@@ -165,6 +193,6 @@ def test_runner_state_dict_carries_counters_and_policy_references_to_a_joiner(fa
     joiner.before_train()
     joiner.load_state_dict(state)
     assert joiner.state_dict() == members.state_dict()
-    assert joiner.policies[0].reference == 25.0 and joiner.steps_done == 4
+    assert joiner.policies[0].reference == 25.0 and joiner.policies[0].asked == 2 and joiner.steps_done == 4
     with pytest.raises(ValueError, match="the state holds 1 policies' states, this runner has 0 policies"):
         PolicyRunner([]).load_state_dict(state)

@@ -34,6 +34,14 @@ class GNSResizePolicy(PeriodicPolicy):
       if that is larger than ``size``, ``ctx.resize(new_size)``; then ``g0 = g``;
     * if ``g <= g0``: nothing (the cluster never shrinks, and ``g0`` stays).
 
+    ``size`` is the size last asked for while that growth is pending: here a
+    growth is asynchronous (the members train on while the joiners warm up),
+    whereas Listing 1's ``resize`` has returned with the new workers by the
+    next check. Without this, a check that comes while joiners warm up (an
+    epoch of a small model is shorter than a worker's start) measures the
+    GNS's growth against the old size, asks for nothing, and moves ``g0``:
+    the growth it saw is lost.
+
     Listing 1's ``before_epoch`` broadcast of the model after a resize is not
     needed here: joiners fetch the whole training state from the survivors
     when they are admitted (``kungfu_tf.elastic``). Needs a ``GradientMonitor``
@@ -67,16 +75,18 @@ class GNSResizePolicy(PeriodicPolicy):
         self.unit = unit
         self.metric = metric
         self.reference: float | None = None  # Listing 1's prev_gns
+        self.asked: int | None = None  # the size of a growth asked for and not reached yet
 
     def config(self) -> dict[str, Any]:
         return {"max_size": self.max_size, "every": self.every, "unit": self.unit, "metric": self.metric}
 
     def state_dict(self) -> dict[str, Any]:
         # Joiners and resumed runs measure growth from the same reference.
-        return {"reference": self.reference}
+        return {"reference": self.reference, "asked": self.asked}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reference = state.get("reference")
+        self.asked = state.get("asked")
 
     def decide(self, gns: float, size: int) -> int | None:
         """Listing 1's rule: the new cluster size for ``gns`` at ``size`` workers, or None; updates the reference.
@@ -100,9 +110,24 @@ class GNSResizePolicy(PeriodicPolicy):
         return target if target > size else None  # a cap below the current size never shrinks it
 
     def check(self, ctx: PolicyContext) -> None:
-        """One decision: ask for more workers if the GNS grew."""
+        """One decision: ask for more workers if the GNS grew (from the size of a pending growth, if any).
+
+        Example:
+            >>> class Ctx: size, metrics = 1, {}
+            >>> ctx, p = Ctx(), GNSResizePolicy()
+            >>> ctx.resize = lambda n, reason: print(f"resize({n}): {reason}")
+            >>> for g in (10.0, 25.0, 40.0):   # the growth to 2 is still pending at the third check
+            ...     ctx.metrics["gns"] = g; p.check(ctx)
+            resize(2): gns 25 grew x2.5 since 10
+            resize(3): gns 40 grew x1.6 since 25 (from the 2 workers asked for)
+        """
+        if self.asked is not None and ctx.size >= self.asked:
+            self.asked = None  # reached (or passed, by another policy's resize)
+        size = ctx.size if self.asked is None else self.asked
         old = self.reference
         gns = ctx.metrics.get(self.metric)
-        target = self.decide(gns, ctx.size)  # type: ignore[arg-type]
+        target = self.decide(gns, size)  # type: ignore[arg-type]
         if target is not None:
-            ctx.resize(target, reason=f"{self.metric} {gns:.4g} grew x{gns / old:.3g} since {old:.4g}")
+            pending = "" if size == ctx.size else f" (from the {size} workers asked for)"
+            ctx.resize(target, reason=f"{self.metric} {gns:.4g} grew x{gns / old:.3g} since {old:.4g}{pending}")
+            self.asked = target
