@@ -15,6 +15,8 @@
 #   make bench-strategies  strategy builders x models, one host and two (root)
 #   make bench-adaptive    the three adaptive-training experiments: GNS batch size vs static
 #                  batches, monitoring overhead, adaptive topology (the last needs root)
+#   make bench-listing-one  KungFu's Listing 1: GNSResizePolicy grows an elastic job 1 -> 4 workers
+#                  with the GNS, beside static 1 and static 4 (digits MLP; ~4 min)
 #   make bench-monitoring  training throughput with GNS / gradient-variance monitoring vs none
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
 #                  link contention on two emulated hosts (root, ~7 min)
@@ -119,7 +121,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -260,6 +262,11 @@ bench-adaptive: install
 	$(PY) benchmarks/adaptive_batch.py
 	$(PY) benchmarks/monitoring_overhead.py
 	$(PY) benchmarks/adaptive_topology.py
+
+# KungFu's Listing 1 end to end: kungfu-run --elastic -np 1 --max-np 4 with GNSResizePolicy beside
+# static 1 and static 4 workers (benchmarks/listing_one.py; table and plot in benchmarks/results/).
+bench-listing-one: install
+	$(PY) benchmarks/listing_one.py
 
 bench-monitoring: install
 	$(PY) benchmarks/monitoring_overhead.py
