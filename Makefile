@@ -16,7 +16,7 @@
 #   make bench-adaptive    the three adaptive-training experiments: GNS batch size vs static
 #                  batches, monitoring overhead, adaptive topology (the last needs root)
 #   make bench-listing-one  KungFu's Listing 1: GNSResizePolicy grows an elastic job 1 -> 4 workers
-#                  with the GNS, beside static 1 and static 4 (digits MLP; ~4 min)
+#                  with the GNS, beside static 1 and static 4 (digits MLP; ~3 min)
 #   make bench-monitoring  training throughput with GNS / gradient-variance monitoring vs none
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
 #                  link contention on two emulated hosts (root, ~7 min)
