@@ -201,6 +201,31 @@ def test_one_worker_without_tf_function_and_values():
     assert (after["grad_sq_norm"], after["noise_trace"]) == (values["grad_sq_norm"], values["noise_trace"])
 
 
+def test_a_loss_scale_optimizer_feeds_the_monitor_true_gradients():
+    """LossScaleOptimizer: the gradients that reach the wrapper are scaled; the monitor must see them unscaled.
+
+    Before, tr(Σ) and |G|² came out multiplied by the loss scale squared (the GNS, their ratio, did not
+    show it; AdaScale's learning rate reads them directly).
+    """
+    grads = [tf.constant([1.0, 0.0]), tf.constant([0.0, 1.0]), tf.constant([2.0, 1.0])]
+    results = []
+    for wrap in (False, True):
+        monitor = GradientMonitor(batch_size=1, smoothing=0.0)
+        inner = keras.optimizers.SGD(0.0)
+        if wrap:
+            inner = keras.optimizers.LossScaleOptimizer(inner, initial_scale=1024.0, dynamic_growth_steps=100)
+        opt = SynchronousSGDOptimizer(inner, monitor=monitor)
+        w = keras.Variable([1.0, 2.0])
+        scale = 1024.0 if wrap else 1.0
+        for g in grads:
+            opt.apply_gradients([(g * scale, w)])  # as the gradient of opt.scale_loss(loss)
+        results.append(monitor.values())
+    plain, scaled = results
+    assert plain["noise_trace"] > 0 and plain["grad_sq_norm"] > 0
+    for key in ("noise_trace", "grad_sq_norm", "gns"):
+        assert scaled[key] == pytest.approx(plain[key], rel=1e-6), (key, plain, scaled)
+
+
 # ------------------------------------------------------------------ errors
 
 

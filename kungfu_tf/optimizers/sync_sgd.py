@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -29,6 +30,7 @@ from kungfu_tf.optimizers.gradient_sync import (
     average_gradients,
     average_gradients_with_rider,
 )
+from kungfu_tf.optimizers.keras_build import build_as_apply_would
 from kungfu_tf.optimizers.sync_sgd_v1 import DEFAULT_NAME, SynchronousSGDOptimizerV1
 from kungfu_tf.strategy.source import StrategySource, check_source
 
@@ -46,6 +48,30 @@ def _after(grads: list[Any]) -> Any:
         return contextlib.nullcontext()
     tensors = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
     return tf.control_dependencies(tensors)
+
+
+def loss_unscaler(opt: keras.optimizers.Optimizer, variables: Any = None) -> Callable[[list[Any]], list[Any]]:
+    """Divides gradients by ``opt``'s dynamic loss scale if it is a LossScaleOptimizer; else the identity.
+
+    Builds an unbuilt LossScaleOptimizer first (as its ``apply`` would), so that
+    a traced step reads the scale variable, not the initial scale as a constant.
+    """
+    if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        return lambda grads: grads
+    if variables is not None:
+        build_as_apply_would(opt, variables)
+
+    def unscale(grads: list[Any]) -> list[Any]:
+        inverse = 1.0 / tf.convert_to_tensor(opt.dynamic_scale)
+        out = []
+        for g in grads:
+            if isinstance(g, tf.IndexedSlices):
+                out.append(tf.IndexedSlices(g.values * tf.cast(inverse, g.values.dtype), g.indices, g.dense_shape))
+            else:
+                out.append(None if g is None else g * tf.cast(inverse, g.dtype))
+        return out
+
+    return unscale
 
 
 def _wrap_keras(
@@ -66,13 +92,17 @@ def _wrap_keras(
                 )
                 with _after(grads):
                     return base.apply(self, grads, trainable_variables)
-            local = monitor.local_statistics(grads)
+            # A LossScaleOptimizer unscales after the average: the monitor
+            # must see true gradients, or tr(Σ) and |G|² (AdaScale's inputs)
+            # come out multiplied by the loss scale squared.
+            unscale = loss_unscaler(self, trainable_variables)
+            local = monitor.local_statistics(unscale(grads))
             averaged, rider = average_gradients_with_rider(
                 grads, local.rider, self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, self._kungfu_name
             )
             # Inside tf.function the monitor's assignments run by themselves
             # (automatic control dependencies); eagerly they already ran.
-            monitor.update(local, rider, grads, averaged, self._kungfu_name)
+            monitor.update(local, rider, unscale(grads), unscale(averaged), self._kungfu_name)
             with _after(averaged):
                 return base.apply(self, averaged, trainable_variables)
 
