@@ -224,6 +224,11 @@ def run(
 ) -> Callable[..., R | None]:
     """Wraps ``fn(state, *args, **kwargs)`` so that it survives membership changes (see the module docstring).
 
+    The state chooses the mode: an ``ElasticState`` applies changes in place
+    (this module); an ``ObjectState`` / ``TensorFlowState`` /
+    ``TensorFlowKerasState`` re-runs ``fn`` from the last commit after every
+    change, as Horovod does (kungfu_tf/elastic/rerun.py).
+
     ``warm_up(state)`` is what a joiner runs alone before it asks to join
     (trace and run one step on a batch of its own); use ``run(warm_up=...)``
     as a decorator factory, or ``run(fn, warm_up=...)``.
@@ -239,7 +244,14 @@ def run(
     @functools.wraps(fn)
     def wrapper(state: ElasticState, *args: Any, **kwargs: Any) -> R | None:
         if not isinstance(state, ElasticState):
-            raise TypeError(f"elastic.run: the first argument must be an ElasticState, got {type(state).__name__}")
+            if hasattr(state, "elastic_state"):  # an ObjectState: Horovod's re-run mode
+                from kungfu_tf.elastic import rerun
+
+                return rerun.call(fn, state, args, kwargs, warm_up)
+            raise TypeError(
+                f"elastic.run: the first argument must be an ElasticState (in place) or an ObjectState (re-run), "
+                f"got {type(state).__name__}"
+            )
         state._in_run = True
         if em.is_elastic():
             em.watcher()  # from the start: a crash must interrupt the first step already

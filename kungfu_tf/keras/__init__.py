@@ -14,7 +14,9 @@ Example:
     ...           callbacks=callbacks)  # doctest: +SKIP
 
 Elastic jobs (``kungfu-run --elastic``): ``kfk.elastic_fit`` runs ``fit`` with an
-``ElasticCallback`` and re-enters it after every membership change.
+``ElasticCallback`` and re-enters it after every membership change (in place);
+Horovod's ``CommitStateCallback``, ``UpdateBatchStateCallback`` and
+``UpdateEpochStateCallback`` serve a ``KerasState`` in the re-run mode.
 """
 
 from kungfu_tf.keras.broadcast import BroadcastGlobalVariablesCallback
@@ -23,6 +25,11 @@ from kungfu_tf.keras.elastic_callback import (
     elastic_fit,
     epoch_rest_dataset,
 )
+from kungfu_tf.keras.elastic_state_callbacks import (
+    CommitStateCallback,
+    UpdateBatchStateCallback,
+    UpdateEpochStateCallback,
+)
 from kungfu_tf.keras.lr_warmup import LearningRateWarmupCallback
 from kungfu_tf.keras.metric_average import MetricAverageCallback
 from kungfu_tf.keras.policy_callback import PolicyCallback
@@ -30,11 +37,14 @@ from kungfu_tf.keras.rank_zero import RankZeroOnly, verbose
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
+    "CommitStateCallback",
     "ElasticCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "PolicyCallback",
     "RankZeroOnly",
+    "UpdateBatchStateCallback",
+    "UpdateEpochStateCallback",
     "elastic_fit",
     "epoch_rest_dataset",
     "verbose",
