@@ -26,24 +26,42 @@ _LAZY_SUBMODULES = ("data", "elastic", "keras", "ops", "v1")
 _LAZY_ATTRIBUTES = {"DistributedGradientTape": "kungfu_tf.optimizers"}
 
 
+def _place_before_admission() -> tuple[int, int] | None:
+    # A joiner of an elastic job: a plain process enters the cluster here
+    # (and gets None: its real rank); one that warms up for ElasticState.join
+    # gets the place it would take, never rank 0 (kungfu_tf/ops/plain_joiner.py).
+    from kungfu_tf.ops import plain_joiner
+
+    plain_joiner.admit_if_plain()
+    return plain_joiner.place_before_admission()
+
+
 def rank() -> int:
-    """This worker's rank (0 .. size()-1)."""
+    """This worker's rank (0 .. size()-1).
+
+    On a joiner of an elastic job not admitted yet: a plain process waits
+    for its admission first; one warming up for ``ElasticState.join`` gets
+    the number of members (its rank if admitted now: never 0).
+    """
     from kungfu_tf.ops import config
 
-    return config.current_int(config.rank)
+    place = _place_before_admission()
+    return place[0] if place else config.current_int(config.rank)
 
 
 def size() -> int:
-    """Number of workers in the cluster."""
+    """Number of workers in the cluster (on a joiner warming up for ``ElasticState.join``: the members + 1)."""
     from kungfu_tf.ops import config
 
-    return config.current_int(config.cluster_size)
+    place = _place_before_admission()
+    return place[1] if place else config.current_int(config.cluster_size)
 
 
 def local_rank() -> int:
     """This worker's position among the workers on its host."""
     from kungfu_tf.ops import config
 
+    _place_before_admission()
     return config.current_int(config.local_rank)
 
 
@@ -51,7 +69,21 @@ def local_size() -> int:
     """Number of workers on this worker's host."""
     from kungfu_tf.ops import config
 
+    _place_before_admission()
     return config.current_int(config.local_size)
+
+
+def detached() -> bool:
+    """Whether this worker has left its elastic job (a ``resize`` applied a cluster without it); KungFu's name.
+
+    Example:
+        >>> import kungfu_tf
+        >>> kungfu_tf.detached()   # not elastic: never
+        False
+    """
+    from kungfu_tf.ops import elastic_membership
+
+    return elastic_membership.detached()
 
 
 def broadcast_variables(variables: Any, root: int = 0, name: str | None = None) -> Any:
@@ -75,4 +107,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'kungfu_tf' has no attribute {name!r}")
 
 
-__all__ = ["DistributedGradientTape", "__version__", "broadcast_variables", "local_rank", "local_size", "ops", "rank", "size"]
+__all__ = ["DistributedGradientTape", "__version__", "broadcast_variables", "detached", "local_rank", "local_size", "ops", "rank", "size"]

@@ -84,6 +84,7 @@ __all__ = [
     "TensorFlowState",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
+    "detached",
     "is_joiner",
     "model_signature",
     "recover",

@@ -41,6 +41,14 @@ from kungfu_tf.ops.config import topology_name
 REDUCE_OPS = ("sum", "min", "max", "prod", "mean")
 
 
+def _admitted() -> None:
+    # A joiner that is a plain process enters the cluster at its first
+    # collective (kungfu_tf/ops/plain_joiner.py); elsewhere one flag test.
+    from kungfu_tf.ops.plain_joiner import admit_if_plain
+
+    admit_if_plain()
+
+
 def _check_op(op: str) -> None:
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)}; got {op!r}")
@@ -105,6 +113,7 @@ def all_reduce(x: tf.Tensor, op: str = "sum", name: str | None = None, topology:
         >>> ops.all_reduce(tf.constant([1.0, 2.0]), topology="RING").numpy()  # one worker
         array([1., 2.], dtype=float32)
     """
+    _admitted()
     _check_op(op)
     attr = _topology_attr(topology)
     x = tf.convert_to_tensor(x)
@@ -126,6 +135,7 @@ def group_all_reduce(
         >>> a.numpy(), b.numpy()  # one worker
         (array([1., 1.], dtype=float32), array([0, 0, 0], dtype=int32))
     """
+    _admitted()
     _check_op(op)
     attr = _topology_attr(topology)
     xs = [tf.convert_to_tensor(x) for x in xs]
@@ -159,6 +169,7 @@ def broadcast(x: tf.Tensor, root: int = 0, name: str | None = None) -> tf.Tensor
         >>> ops.broadcast(tf.constant([1, 2]), root=0).numpy()  # one worker
         array([1, 2], dtype=int32)
     """
+    _admitted()
     rank = _root_rank(root, "broadcast")
     x = tf.convert_to_tensor(x)
     return library().kungfu_broadcast(x, message_key("broadcast", name), root=rank)
@@ -179,6 +190,7 @@ def reduce(x: tf.Tensor, root: int = 0, op: str = "sum", name: str | None = None
         >>> ops.reduce(tf.constant([1, 2]), root=0, op="max").numpy()  # one worker
         array([1, 2], dtype=int32)
     """
+    _admitted()
     _check_op(op)
     rank = _root_rank(root, "reduce")
     x = tf.convert_to_tensor(x)
@@ -188,6 +200,7 @@ def reduce(x: tf.Tensor, root: int = 0, op: str = "sum", name: str | None = None
 
 def all_gather(x: tf.Tensor, name: str | None = None) -> tf.Tensor:
     """Stacks every worker's ``x`` (same shape everywhere) along a new leading axis of size np."""
+    _admitted()
     x = tf.convert_to_tensor(x)
     return library().kungfu_all_gather(x, message_key("all_gather", name))
 
@@ -229,10 +242,12 @@ def keep_alive(tensors: Sequence[tf.Tensor | tf.Operation | None]) -> tf.Operati
 
 def barrier(name: str | None = None) -> tf.Operation | None:
     """Waits until every worker has reached this barrier."""
+    _admitted()
     return library().kungfu_barrier(message_key("barrier", name))
 
 
 def consensus(x: tf.Tensor, name: str | None = None) -> tf.Tensor:
     """True on every worker iff all workers passed identical ``x`` (shape, dtype and bytes)."""
+    _admitted()
     x = tf.convert_to_tensor(x)
     return library().kungfu_consensus(x, message_key("consensus", name))

@@ -61,6 +61,7 @@ DEFAULT_TIMEOUT_SECONDS = 120.0  # the runtime's default (ops/runtime/runtime.h)
 LONG_POLL_SECONDS = 10.0
 # The all-reduce of seen versions runs on STAR: one round trip, any size.
 SEEN_KEY = "kungfu/elastic/seen"
+WAIT_SEEN_KEY = "kungfu/elastic/wait/seen"
 
 log = logging.getLogger("kungfu_tf.elastic")
 
@@ -118,6 +119,25 @@ def is_elastic() -> bool:
 def is_joiner() -> bool:
     """Whether this process was started as a joiner (``KUNGFU_JOINER=1``) and has not joined yet."""
     return os.environ.get(JOINER_ENV, "") == "1" and not _state.joined
+
+
+def detached() -> bool:
+    """Whether this worker has left the job: it applied a cluster version without itself (KungFu's ``detached()``).
+
+    False outside an elastic job and on a joiner not admitted yet.
+    """
+    with _state.lock:
+        return _state.version is not None and bool(_state.self_peer) and _state.self_peer not in _state.peers
+
+
+def has_apply_listeners() -> bool:
+    """Whether something in this process syncs after each applied version (an ElasticState, a policy runner).
+
+    Without one, a joiner need not run any sync in step with the members:
+    the job's workers are plain processes (see :func:`kungfu_tf.ops.resize`).
+    """
+    with _state.lock:
+        return bool(_state.listeners)
 
 
 def timeout_seconds() -> float:
@@ -449,6 +469,30 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
     return change
 
 
+def first_version_with(peer: str, newest) -> int:
+    """The first committed version (up to ``newest``, a JobState listing ``peer``) that admitted ``peer``.
+
+    A joiner applies that one: the members apply versions in order, one at a time.
+    """
+    version = int(newest.cluster.version)
+    while version > 1 and peer in cluster_at(version - 1):
+        version -= 1
+    return version
+
+
+def enter_admitted(newest) -> Change:
+    """A joiner that ``newest`` (a JobState) lists as a member: applies the version that admitted it and,
+    if the members are inside ``resize(n, wait=True)``, waits with them (the same collectives)."""
+    me = self_peer()
+    version = first_version_with(me, newest)
+    change = apply_version(version, cluster_at(version))
+    target = pending_wait()
+    if target:
+        log.info("kungfu elastic: the members wait for %d workers; waiting with them", target)
+        wait_for_size(target, timeout_seconds())
+    return change
+
+
 def _agree_wait_target(version: int) -> None:
     """The members of ``version`` agree (all_reduce(max) on STAR) on the size a resize(wait=True) waits for.
 
@@ -489,10 +533,17 @@ def wait_for_size(n: int, timeout: float) -> bool:
         while len(current()[1]) != n:
             version, _ = current()
             wait_newer_than(version, max(deadline - time.monotonic(), 0.0))
-            if adopt_next() is not None:
+            # One all-reduce(min) decides both, so that every member (and a
+            # joiner waiting with them) applies the same versions and gives up
+            # at the same iteration, whoever's clock ran out first.
+            mine = np.array([newest_seen(), 0 if time.monotonic() > deadline else 1], dtype=np.int64)
+            seen, in_time = (int(v) for v in all_reduce(
+                tf.constant(mine), op="min", name=WAIT_SEEN_KEY, topology="STAR").numpy())
+            if seen > version:
+                apply_version(version + 1, cluster_at(version + 1))
                 changed = True
                 continue
-            if time.monotonic() > deadline:
+            if not in_time:
                 raise TimeoutError(
                     f"resize(wait=True): the cluster did not reach {n} workers within {timeout:g} s "
                     f"(it has {len(current()[1])}; joiners must warm up and report ready)"

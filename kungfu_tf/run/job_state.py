@@ -82,6 +82,7 @@ from kungfu_tf.run.peer_string import peer_problem, peer_string
 
 __all__ = [
     "MAX_WAIT_SECONDS",
+    "PLAIN_SIGNATURE",
     "AlreadyExistsError",
     "FailedPreconditionError",
     "InvalidArgumentError",
@@ -99,6 +100,15 @@ __all__ = [
 MAX_WAIT_SECONDS = 60.0
 
 Joiner = config_pb2.Joiner
+
+# The model signature of a job whose workers are plain processes (KungFu's
+# elastic scripts: no ElasticState, each script syncs its own variables with
+# broadcast_variables after a resize). Members set it when they grow without
+# an ElasticState, and their joiners report it: it names no variable, so the
+# service admits them without comparing models, and a joiner of the other
+# kind (or a member's real signature) differs from it and is refused with
+# the reason below.
+PLAIN_SIGNATURE = "<plain processes: each script syncs its own state (broadcast_variables)>"
 
 
 class JobStateError(Exception):
@@ -160,6 +170,14 @@ def signature_difference(expected: str, got: str, *, got_name: str = "the joiner
         >>> signature_difference("a (2,) float32\\nb (3,) float32", "a (2,) float32\\nb (4,) float32")
         "line 2: the job has 'b (3,) float32', the joiner has 'b (4,) float32'"
     """
+    if (expected == PLAIN_SIGNATURE) != (got == PLAIN_SIGNATURE):
+        plain, synced = ("the job", got_name) if expected == PLAIN_SIGNATURE else (got_name, "the job")
+        return (
+            f"line 1: {plain} is made of plain processes that sync their own state (resize without an "
+            f"ElasticState, joiners admitted at their first collective), {synced} syncs an ElasticState "
+            f"({(got if expected == PLAIN_SIGNATURE else expected).splitlines()[0]!r}); every worker must run "
+            "the same kind of script"
+        )
     want, have = expected.splitlines(), got.splitlines()
     for line, (a, b) in enumerate(zip(want, have), start=1):
         if a != b:
