@@ -145,8 +145,8 @@ def plot(runs: dict[str, dict[str, Any]], target: float, path: Path, title: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"small": "tab:blue", "large": "tab:orange", "adaptive": "tab:green"}
-    fig, (acc_ax, batch_ax) = plt.subplots(2, 1, sharex=True, figsize=(7, 6), height_ratios=[2, 1])
+    colors = {"small": "tab:blue", "large": "tab:orange", "adaptive": "tab:green", "goodput": "tab:red"}
+    fig, (acc_ax, batch_ax) = plt.subplots(2, 1, sharex=True, figsize=(7, 6.4), height_ratios=[2, 1])
     for mode in MODES:
         if mode not in runs:
             continue
@@ -207,7 +207,7 @@ def batch_size_experiment(args: argparse.Namespace) -> int:
         per_seed[seed] = summary_rows(runs, args.margin)
     budget_text = ("every run trains the same epochs" if args.same_epochs
                    else f"every run trains as long as the small batch's {args.epochs:g} epochs took")  # fmt: skip
-    title = (f"digits (x{args.copies} augmented), MLP 64-{args.hidden}-{args.hidden}-10, {args.np} workers, "
+    title = (f"digits (x{args.copies} augmented), MLP 64-{args.hidden}-{args.hidden}-10, {args.np} workers,\n"
              f"{budget_text},\nSGD + momentum, lr {args.lr} at batch {args.small_batch} (sqrt rule; goodput: AdaScale)")  # fmt: skip
     heading = f"{title.replace(chr(10), ' ')}; target = small batch's final accuracy - {args.margin * 100:.1f} points"
     parts = [f"Over seeds {', '.join(map(str, args.seeds))}:\n\n{seeds_table(per_seed)}\n"]
