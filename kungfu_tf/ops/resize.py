@@ -19,6 +19,16 @@ slots.
   applies their version returns ``changed=True`` (any later ``resize(n)``,
   ``ElasticState.check()`` or ``resize()`` does). ``wait=True`` blocks until
   the cluster has ``n`` workers.
+* Plain processes (KungFu's elastic scripts: no ``ElasticState`` or other
+  apply listener in the process): ``resize(n)`` grows synchronously: rank 0
+  declares the job plain (its model signature becomes
+  ``job_state.PLAIN_SIGNATURE``), the launcher's joiners run the script from
+  the top and are admitted at their first collective
+  (kungfu_tf/ops/plain_joiner.py), and the call returns ``changed=True`` once
+  the cluster has ``n`` workers; the script then gives them its state
+  (``broadcast_variables`` from rank 0, in a ``tf.function`` or with
+  ``name=``). After ``timeout`` a GrowthTimeoutError names the joiners and
+  their states, on every member.
 * ``resize()``: adopt the next committed version, if every member has seen
   one (the same as ``ElasticState.check()`` without the state).
 
@@ -54,7 +64,7 @@ import tensorflow as tf
 from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops.collective import all_reduce, consensus
 
-__all__ = ["ResizeError", "resize"]
+__all__ = ["GrowthTimeoutError", "ResizeError", "resize"]
 
 log = logging.getLogger("kungfu_tf.elastic")
 
@@ -64,6 +74,13 @@ _COMMITTED, _CONFLICT, _REFUSED = 2, 1, 0
 
 class ResizeError(RuntimeError):
     """A resize that cannot be done (workers disagree, the config service refused it, ...)."""
+
+
+class GrowthTimeoutError(ResizeError, TimeoutError):
+    """A growth that waited (``wait=True``, or plain processes) and did not reach its size within the timeout.
+
+    Raised on every member at once; the message names the joiners and their states.
+    """
 
 
 def _check_size(new_size: object) -> int:
@@ -160,20 +177,28 @@ def _adopt_pending() -> bool:
     return em.adopt_next() is not None
 
 
-def _set_target_everywhere(n: int, state, version: int, peers: tuple[str, ...], what: str, refused: str) -> None:
+def _set_target_everywhere(n: int, state, version: int, peers: tuple[str, ...], what: str, refused: str,
+                           plain: bool = False) -> None:  # fmt: skip
     """Rank 0 sets the job's target size to ``n`` (if it differs); every member learns the outcome.
 
     One all-reduce, whether or not rank 0 called the service (the job state
     each worker read may differ by a moment), so a refusal raises the same
     ResizeError everywhere instead of on rank 0 alone while the others go on
     into a collective it never joins. ``refused`` begins the error message.
+    ``plain``: first declare the job one of plain processes (its joiners are
+    admitted at their first collective, see kungfu_tf/ops/plain_joiner.py).
     """
+    from kungfu_tf.run.job_state import PLAIN_SIGNATURE
+
     code, detail = _COMMITTED, ""
-    if em.self_peer() == peers[0] and int(state.target_size) != n:
+    if em.self_peer() == peers[0]:
         import grpc
 
         try:
-            em.config_client().request_size(n)
+            if plain and state.signature != PLAIN_SIGNATURE:
+                em.config_client().set_signature(PLAIN_SIGNATURE)
+            if int(state.target_size) != n:
+                em.config_client().request_size(n)
         except grpc.RpcError as e:
             detail = f"{e.code().name}: {e.details()}"
             code = _REFUSED
@@ -181,14 +206,42 @@ def _set_target_everywhere(n: int, state, version: int, peers: tuple[str, ...], 
         raise ResizeError(f"resize: {refused}" + (f" ({detail})" if detail else f" (see the log of {peers[0]})"))
 
 
-def _grow_to(n: int, state, wait: bool, timeout: float) -> tuple[bool, bool]:
+def _grow_to(n: int, state, wait: bool, plain: bool, timeout: float) -> tuple[bool, bool]:
     version, peers = em.current()
-    _set_target_everywhere(n, state, version, peers, "request_size", f"the config service refused target size {n}")
+    _set_target_everywhere(n, state, version, peers, "request_size", f"the config service refused target size {n}",
+                           plain=plain)  # fmt: skip
     if not wait:
         return _adopt_pending(), False
     # Every version applied while waiting (the first included) tells its
     # joiners that the members wait, so they wait with them.
-    return em.wait_for_size(n, timeout), False
+    try:
+        return em.wait_for_size(n, timeout), False
+    except TimeoutError as e:
+        raise GrowthTimeoutError(_growth_timeout(n, timeout, plain)) from e
+
+
+def _growth_timeout(n: int, timeout: float, plain: bool) -> str:
+    """What a growth that timed out found: the cluster, the joiners and their states, the job's limits."""
+    from kungfu_tf.proto import config_pb2
+
+    version, peers = em.current()
+    try:
+        state = em.config_client().get_job_state()
+    except Exception as e:  # noqa: BLE001 - the message is the point; the service may be gone
+        return f"resize({n}): the cluster did not reach {n} workers within {timeout:g} s (it has {len(peers)}); " \
+               f"the config service cannot be read: {e}"
+    joiners = ", ".join(
+        f"{em.peer_of(j.peer)} {config_pb2.Joiner.State.Name(j.state)}" + (f" ({j.reason})" if j.reason else "")
+        for j in state.joiners
+    ) or "none (the launcher started none: is --max-np high enough, and does the job use kungfu-run --elastic?)"
+    how = ("a joiner that is a plain process is admitted at its first collective or kungfu_tf.rank()/size() "
+           "call" if plain else "a joiner is admitted after its warm-up, in ElasticState.join")  # fmt: skip
+    return (
+        f"resize({n}): the cluster did not reach {n} workers within {timeout:g} s (resize's timeout=, by default "
+        f"the job's --timeout): it has {len(peers)} at version {version}; joiners: {joiners}; target {state.target_size}, "
+        f"--max-np {state.max_size or 'none'}; {how}. The target stays {n}: a later resize() or resize({n}) "
+        "adopts joiners admitted after this"
+    )
 
 
 def _cancel_growth(n: int, state, version: int, peers: tuple[str, ...]) -> None:
@@ -197,9 +250,15 @@ def _cancel_growth(n: int, state, version: int, peers: tuple[str, ...]) -> None:
     _set_target_everywhere(n, state, version, peers, "cancel_growth", refused)
 
 
-def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: bool, timeout: float) -> tuple[bool, bool]:
+def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: bool | None,
+                timeout: float) -> tuple[bool, bool]:  # fmt: skip
     em.watcher()  # started before anything else, so that seen versions are known
     version, peers = em.current()
+    # Nothing here syncs with a joiner after a change (no ElasticState):
+    # the workers are plain processes that sync their own state.
+    plain = not em.has_apply_listeners()
+    if wait is None:
+        wait = plain
     with em.resizing(version + 1):
         log.info("kungfu elastic: resize(new_size=%s, workers=%s) at version %d", new_size, workers, version)
         _agree(_request_bytes(new_size, workers, wait), version)
@@ -230,14 +289,14 @@ def _resize_now(new_size: int | None, workers: tuple[str, ...] | None, wait: boo
         if new_size == len(peers):
             _cancel_growth(new_size, state, version, peers)
             return False, False
-        return _grow_to(new_size, state, wait, timeout)
+        return _grow_to(new_size, state, wait, plain, timeout)
 
 
 def resize(
     new_size: int | tf.Tensor | None = None,
     *,
     workers: Sequence[str] | None = None,
-    wait: bool = False,
+    wait: bool | None = None,
     timeout: float | None = None,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Resizes the elastic job; returns ``(changed, detached)`` as bool tensors.
@@ -250,8 +309,12 @@ def resize(
         workers: instead of ``new_size``: the exact list of current members
             ("host:port", see ``kungfu_tf.ops.membership.cluster_peers()``)
             to keep, in their new rank order.
-        wait: when growing, block until the cluster has ``new_size`` workers.
-        timeout: for ``wait``, in seconds (default: the job's ``--timeout``).
+        wait: when growing, block until the cluster has ``new_size``
+            workers. None (the default): block when the workers are plain
+            processes (no ``ElasticState`` or other apply listener in this
+            process: KungFu's scripts), else return at once.
+        timeout: for ``wait``, in seconds (default: the job's ``--timeout``);
+            after it, ResizeError says what the growth found.
 
     Example:
         >>> changed, detached = resize(2)  # doctest: +SKIP
@@ -261,8 +324,8 @@ def resize(
     if new_size is not None and workers is not None:
         raise ValueError(f"resize: pass new_size ({new_size!r}) or workers ({workers!r}), not both")
     checked_workers = _check_workers(workers) if workers is not None else None
-    if not isinstance(wait, bool):
-        raise TypeError(f"resize: wait must be a bool, got {wait!r}")
+    if wait is not None and not isinstance(wait, bool):
+        raise TypeError(f"resize: wait must be a bool or None, got {wait!r}")
     wait_seconds = em.timeout_seconds() if timeout is None else float(timeout)
     size_tensor = None
     if new_size is not None:
