@@ -134,10 +134,14 @@ class ObjectState:
         self._restore_values()
 
     def sync(self) -> None:
-        """Makes the committed state identical on every member (a collective: all members call it together)."""
-        self.restore()
+        """Makes the state identical on every member (a collective: all members call it together).
+
+        As Horovod's: the variables as they are and the committed values of
+        the source; both become the commit.
+        """
         self.elastic_state.sync()
-        self._after_sync(None)
+        self._restore_values()
+        self._save_variables()
 
     def commit(self) -> None:
         """``save()``, then ``check_host_updates()`` (which raises :class:`HostsUpdatedInterrupt` after a change)."""
@@ -152,13 +156,20 @@ class ObjectState:
         from there. Inside ``kungfu_tf.elastic.run`` a worker that the change
         detached leaves the function and run returns None.
 
+        After a ``kungfu_tf.ops.resize`` that changed the cluster it raises at
+        once, without a collective: call it right after the resize, so the
+        members enter the function again together with the joiners, which
+        enter it from the top once admitted.
+
         Raises:
             HostsUpdatedInterrupt: a change was applied (here, or before by a
                 ``kungfu_tf.ops.resize`` call).
         """
-        applied = em.adopt_next() if em.is_elastic() else None
-        change = applied or self._pending_change  # the listeners saw every change not detaching this worker
-        self._pending_change = None
+        # The listeners saw every applied change that keeps this worker.
+        change, self._pending_change = self._pending_change, None
+        if change is None and em.is_elastic():
+            change = em.adopt_next()
+            self._pending_change = None
         if change is None:
             return
         self.elastic_state.last_change = change
