@@ -584,3 +584,30 @@ def test_exit_descriptions():
     assert describe_exit(3) == "failed with exit code 3"
     assert describe_exit(-9) == "killed by signal SIGKILL"
     assert exit_status(-15) == 143 and exit_status(4) == 4
+
+
+TF_SCRIPT = """
+import tensorflow as tf
+print("sum", int(tf.constant(2) + 3), flush=True)
+"""
+
+
+@pytest.mark.parametrize("show", [False, True], ids=["default", "--tf-startup-logs"])
+def test_tensorflow_startup_notices_stay_off_the_terminal(tmp_path, show):
+    """A real TensorFlow worker: its absl/oneDNN start-up lines reach the --logdir file, not the terminal."""
+    script = write_script(tmp_path, "tf_worker.py", TF_SCRIPT)
+    env = {k: v for k, v in launcher_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    flags = ["--tf-startup-logs"] if show else []
+    res = subprocess.run(launcher_cmd("-np", "1", *flags, "--logdir", str(tmp_path / "l"), sys.executable, str(script)),
+                         env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "[0] sum 5" in res.stdout.splitlines()
+    log = (tmp_path / "l" / "rank-0.log").read_text()
+    assert "oneDNN custom operations" in log  # TensorFlow printed it: the test sees the real thing
+    assert ("oneDNN custom operations" in res.stderr) == show, res.stderr
+    assert ("absl::InitializeLog" in res.stderr) == show, res.stderr
+    # A user's own TF_CPP_MIN_LOG_LEVEL means "I manage TF's logging": nothing is hidden.
+    if not show:
+        res = subprocess.run(launcher_cmd("-np", "1", sys.executable, str(script)), env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"},
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert res.returncode == 0 and "oneDNN custom operations" in res.stderr, res.stderr

@@ -37,6 +37,7 @@ class LaunchOptions:
     picking free ports on a single host.
 
     Elastic jobs (``--elastic`` or ``--min-np``): ``min_np``/``max_np`` are
+    ``tf_startup_logs`` is ``--tf-startup-logs``;
     the bounds on the cluster size (None when not given); ``replace_crashed``
     is ``--elastic`` (crashed workers are replaced by joiners);
     ``config_server`` is the ``--config-server`` ``host:port``;
@@ -55,6 +56,7 @@ class LaunchOptions:
     logdir: Path | None
     quiet: bool
     command: list[str]
+    tf_startup_logs: bool = False
     replace_crashed: bool = False
     min_np: int | None = None
     max_np: int | None = None
@@ -131,6 +133,13 @@ def _build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="also write each rank's output to DIR/rank-<r>.log",
+    )
+    parser.add_argument(
+        "--tf-startup-logs",
+        action="store_true",
+        help="echo the workers' TensorFlow start-up notices (absl, oneDNN, CPU "
+        "instructions), hidden by default unless TF_CPP_MIN_LOG_LEVEL is set; "
+        "--logdir files always keep them",
     )
     parser.add_argument(
         "-q",
@@ -278,6 +287,7 @@ def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
         timeout=ns.timeout,
         logdir=ns.logdir,
         quiet=ns.quiet,
+        tf_startup_logs=ns.tf_startup_logs,
         command=program_command(command),
         replace_crashed=ns.elastic,
         min_np=ns.min_np,

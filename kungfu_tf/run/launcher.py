@@ -8,6 +8,7 @@ from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.grpc_fork_safety import disable_grpc_fork_handlers
 from kungfu_tf.run.job_plan import build_plan
 from kungfu_tf.run.output import Console
+from kungfu_tf.run.startup_noise import hide_tf_startup
 from kungfu_tf.run.supervisor import JobSupervisor
 
 
@@ -26,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # so that callers embedding main() are not terminated.
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
-    console = Console()
+    console = Console(hide_tf_startup=hide_tf_startup(options.tf_startup_logs, os.environ))
     if options.on_ray:
         return _run_on_ray(options, console)
     if options.elastic:

@@ -5,6 +5,8 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO, TextIO
 
+from kungfu_tf.run.startup_noise import is_tf_startup_noise
+
 
 class Console:
     """The launcher's stdout/stderr, written one whole line at a time.
@@ -13,11 +15,20 @@ class Console:
     without it lines from different ranks could interleave mid-line.
     """
 
-    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None):
-        """Use the given streams, defaulting to ``sys.stdout``/``sys.stderr``."""
+    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, *, hide_tf_startup: bool = False):
+        """Use the given streams, defaulting to ``sys.stdout``/``sys.stderr``.
+
+        ``hide_tf_startup``: workers' TensorFlow start-up notices (see
+        :mod:`kungfu_tf.run.startup_noise`) are not echoed.
+        """
         self._stdout = stdout if stdout is not None else sys.stdout
         self._stderr = stderr if stderr is not None else sys.stderr
         self._lock = threading.Lock()
+        self.hide_tf_startup = hide_tf_startup
+
+    def shows(self, worker_line: bytes) -> bool:
+        """Whether a worker's output line (without the rank prefix) is echoed."""
+        return not (self.hide_tf_startup and is_tf_startup_noise(worker_line))
 
     def out(self, line: bytes) -> None:
         """Write a complete line (ending in newline) to stdout."""
@@ -132,7 +143,7 @@ class OutputRelay:
                     if self._log is not None:
                         self._log.write(line)
                         self._log.flush()
-                if self._echo:
+                if self._echo and self._console.shows(line):
                     if not line.endswith(b"\n"):
                         line += b"\n"
                     echo_line(self._prefix + line)
