@@ -180,9 +180,9 @@ class FakeMembership:
         monkeypatch.setattr(em, "cluster_at", lambda v: tuple(self.committed[v]))
         monkeypatch.setattr(em, "apply_version", lambda v, p: self.applied.append((v, tuple(p))) or "change")
         monkeypatch.setattr(em, "timeout_seconds", lambda: 0.1)
-        from kungfu_tf.elastic import runner
+        from kungfu_tf.elastic import recovery
 
-        monkeypatch.setattr(runner, "accepts_connections", lambda peer: peer in alive)
+        monkeypatch.setattr(recovery, "accepts_connections", lambda peer: peer in alive)
 
 
 def test_recovery_reports_the_lost_peer_and_applies_the_next_version(monkeypatch):
@@ -203,9 +203,9 @@ def test_recovery_fails_clearly_below_the_minimum_size(monkeypatch):
 
 
 def test_recovery_fails_clearly_when_nothing_is_committed(monkeypatch):
-    from kungfu_tf.elastic import runner
+    from kungfu_tf.elastic import recovery, runner
 
-    monkeypatch.setattr(runner, "RESTART_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(recovery, "RESTART_GRACE_SECONDS", 0.0)
     fake = FakeMembership(monkeypatch, lost=[], committed={})
     with pytest.raises(elastic.ElasticError, match="no new cluster version was committed within 0 s"):
         runner.recover(elastic.ElasticState([]), tf.errors.UnavailableError(None, None, "broken pipe"))
@@ -213,9 +213,9 @@ def test_recovery_fails_clearly_when_nothing_is_committed(monkeypatch):
 
 
 def test_recovery_does_not_report_a_live_peer_and_restarts_the_version_instead(monkeypatch):
-    from kungfu_tf.elastic import runner
+    from kungfu_tf.elastic import recovery, runner
 
-    monkeypatch.setattr(runner, "RESTART_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(recovery, "RESTART_GRACE_SECONDS", 0.0)
     # h:2 broke a connection (a handshake, say) but still listens: not a crash.
     fake = FakeMembership(monkeypatch, lost=["h:2"], committed={}, alive=("h:2",))
     with pytest.raises(elastic.ElasticError, match="no new cluster version"):

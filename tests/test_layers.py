@@ -1,7 +1,19 @@
-"""The package's layers (DESIGN.md): nothing imports upward, and no two modules import each other.
+"""The package's layers (DESIGN.md): nothing imports upward, and no module imports itself back.
 
 Imports are read from the source (every ``import`` statement, those inside
 functions too), so nothing here imports TensorFlow.
+
+A circle is a chain of imports that leads from a module back to itself,
+inside one package or across packages. Every import statement counts: one
+inside a function (it runs when the function does) and one under
+``if TYPE_CHECKING:`` too. A type-only import does not run, but it is the
+same dependency for a reader (to know what ``ctx`` is you must read the
+other module), and a circle of annotations is the coupling that keeps two
+files from being understood, tested or moved apart (the way a Keras
+``Callback`` receives the model and imports nothing of the trainer). What
+does not count is the parent package Python imports before a submodule:
+``kungfu_tf.policy.runner`` is not in a circle with ``kungfu_tf.policy``
+unless it imports the package itself (``from kungfu_tf.policy import X``).
 
     user API        kungfu_tf.{optimizers,keras,v1,policy,elastic,data,variables}
     strategy        kungfu_tf.strategy
@@ -87,3 +99,82 @@ def test_no_two_modules_import_each_other(subpackage):
         and not {a, b} & packages
     )
     assert not mutual, "\n".join(mutual)
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one module (or a module importing itself), sorted.
+
+    Tarjan's algorithm, iterative (a deep chain of imports must not hit the recursion limit).
+
+    Example:
+        >>> circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+        [['a', 'b', 'c']]
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root), on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in graph:
+                    continue
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target), on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    part = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        part.append(member)
+                        if member == node:
+                            break
+                    if len(part) > 1 or node in graph[node]:
+                        found.append(sorted(part))
+    return sorted(found)
+
+
+def a_cycle(graph: dict[str, set[str]], part: list[str]) -> list[str]:
+    """The shortest chain of imports from ``part[0]`` back to itself (breadth first), for the error message."""
+    members, start = set(part), part[0]
+    came_from: dict[str, str] = {}
+    queue = [start]
+    for node in queue:
+        for target in sorted(graph[node] & members):
+            if target == start:
+                chain = [node]
+                while chain[-1] != start:
+                    chain.append(came_from[chain[-1]])
+                return [*reversed(chain), start]
+            if target not in came_from:
+                came_from[target] = node
+                queue.append(target)
+    raise AssertionError(f"{part} is not a circle")
+
+
+def test_circles_finds_a_circle_and_names_it():
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a", "q.d"}, "q.d": set(), "q.e": {"q.e"}}
+    assert circles(graph) == [["p.a", "p.b", "p.c"], ["q.e"]]
+    assert a_cycle(graph, ["p.a", "p.b", "p.c"]) == ["p.a", "p.b", "p.c", "p.a"]
+
+
+def test_no_import_circle_anywhere_in_the_package():
+    graph = edges()
+    found = [" -> ".join(a_cycle(graph, part)) for part in circles(graph)]
+    assert not found, "import circles (TYPE_CHECKING and function-level imports count):\n" + "\n".join(found)

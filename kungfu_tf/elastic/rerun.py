@@ -90,7 +90,7 @@ def run(fn: Callable[..., R] | None = None, *, warm_up: Callable[[Any], None] | 
 
 def call(fn: Callable[..., R], state: Any, args: tuple, kwargs: dict, warm_up: Callable[[Any], None] | None) -> R | None:
     """One run of ``fn`` in the re-run mode (what :func:`run`'s wrapper and ``kungfu_tf.elastic.run`` call)."""
-    from kungfu_tf.elastic.runner import (
+    from kungfu_tf.elastic.recovery import (
         _report_finished,
         error_summary,
         is_peer_loss,

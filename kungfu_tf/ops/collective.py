@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -41,12 +41,25 @@ from kungfu_tf.ops.config import topology_name
 REDUCE_OPS = ("sum", "min", "max", "prod", "mean")
 
 
-def _admitted() -> None:
-    # A joiner that is a plain process enters the cluster at its first
-    # collective (kungfu_tf/ops/plain_joiner.py); elsewhere one flag test.
-    from kungfu_tf.ops.plain_joiner import admit_if_plain
+def _no_admission() -> None:
+    pass
 
-    admit_if_plain()
+
+# Run before every collective. A joiner that is a plain process enters the
+# cluster at its first collective (kungfu_tf/ops/plain_joiner.py; elsewhere
+# one flag test); plain_joiner sits above this module (it agrees on versions
+# with all_reduce), so kungfu_tf/ops/__init__.py installs it here.
+_admission_check: Callable[[], None] = _no_admission
+
+
+def set_admission_check(check: Callable[[], None]) -> None:
+    """Installs what every collective calls first (kungfu_tf/ops/__init__.py: ``plain_joiner.admit_if_plain``)."""
+    global _admission_check
+    _admission_check = check
+
+
+def _admitted() -> None:
+    _admission_check()
 
 
 def _check_op(op: str) -> None:

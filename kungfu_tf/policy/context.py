@@ -12,16 +12,40 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.ops import collective
 from kungfu_tf.ops.config import topology_name
+from kungfu_tf.policy.variable_access import VariableAccess
 
-if TYPE_CHECKING:
-    from kungfu_tf.policy.runner import PolicyRunner
+
+class TrainingView(Protocol):
+    """What a :class:`PolicyContext` reads of the training it describes (the :class:`~kungfu_tf.policy.PolicyRunner`).
+
+    The context depends on this view, never on the runner, as a Keras
+    ``Callback`` receives its model and imports nothing of the trainer.
+    """
+
+    hook_step: int
+    epoch: int
+    samples: int
+    rank: int
+    size: int
+    topology: str
+    batch_size: int | None
+    learning_rate: float | None
+    access: VariableAccess
+
+    @property
+    def peers(self) -> tuple[str, ...]: ...
+    @property
+    def self_peer(self) -> str: ...
+    @property
+    def size_bounds(self) -> tuple[int, int] | None: ...
+    def log_line(self, text: str, by: str = "") -> None: ...
 
 
 class PolicyContext:
@@ -51,7 +75,7 @@ class PolicyContext:
     a line to the decision log.
     """
 
-    def __init__(self, runner: PolicyRunner):
+    def __init__(self, runner: TrainingView):
         self._runner = runner
         self.metrics: dict[str, Any] = {}
         self.requests: dict[str, Any] = {}
