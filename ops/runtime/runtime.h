@@ -21,28 +21,11 @@
 #include "p2p_store.h"
 #include "plan.h"
 #include "row_store.h"
+#include "runtime_options.h"
 #include "topology.h"
 #include "transport.h"
 
 namespace kungfu {
-
-struct RuntimeOptions {
-  Cluster cluster;
-  int self_rank = 0;
-  SecretString secret;
-  std::string job_id;  // this run of the job (KUNGFU_JOB_ID); connections of other runs are rejected
-  // Which connections tag and verify every frame (KUNGFU_AUTHENTICATE_FRAMES:
-  // unset = those between two hosts, 0 = none, 1 = all); see TransportOptions.
-  FrameAuthPolicy frame_auth = FrameAuthPolicy::kAcrossHosts;
-  double timeout_seconds = 120;
-  TopologyKind topology = TopologyKind::kAuto;
-  size_t chunk_bytes = 1 << 20;
-  bool same_host_unix_sockets = true;
-
-  // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
-  // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET, KUNGFU_JOB_ID and KUNGFU_AUTHENTICATE_FRAMES. Without KUNGFU_PEERS: a one-worker cluster.
-  static Status from_env(RuntimeOptions *out);
-};
 
 // A contiguous tensor: `send` is this worker's input, `recv` the output (may be
 // the same memory). `keepalive` owns both until the op's last send completes.
@@ -201,6 +184,8 @@ class Runtime {
  private:
   using GenPtr = std::shared_ptr<Generation>;
   class Handler;  // the transport's FrameHandler of one generation
+
+  // runtime.cc: generations and what their transports read.
   explicit Runtime(RuntimeOptions options);
   GenPtr gen() const;
   // A generation for `cluster` with its handler; no transport yet.
@@ -208,6 +193,12 @@ class Runtime {
   // Gives `g` a transport on `listeners` (or freshly bound ones). `previous`:
   // the version before (null at start), whose members' ports are bound.
   Status start_transport(Generation &g, Listeners listeners, const Generation *previous);
+  // What the transport of generation `g` reads.
+  bool on_frame(Generation &g, int src, const FrameHeader &header, std::string key, const PartialReader &read);
+  void on_peer_lost(Generation &g, int peer, const Status &why);
+  void on_peer_left(Generation &g, int peer, const Status &why);
+
+  // runtime_collectives.cc
   CollectiveContext context(Generation &g);
   // `staged`: buf.recv already holds this worker's contribution.
   void run(Generation &g, const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,
@@ -218,21 +209,15 @@ class Runtime {
   void all_reduce_in(const GenPtr &g, TopologyKind kind, const std::string &name, Buffer buf, ReduceOp op,
                      DoneCallback done);
   void barrier_in(const GenPtr &g, const std::string &name, DoneCallback done);
+
+  // runtime_consensus.cc
   void consensus_in(const GenPtr &g, const std::string &name, std::vector<char> bytes, ConsensusCallback done);
+
+  // runtime_p2p.cc
   void fetch(int peer, const std::string &name, uint64_t version, bool at_least, void *dst, size_t len,
              std::shared_ptr<const void> keepalive, VersionCallback done);
-
-  // What the transport of generation `g` reads.
-  bool on_frame(Generation &g, int src, const FrameHeader &header, std::string key, const PartialReader &read);
-  void on_peer_lost(Generation &g, int peer, const Status &why);
-  void on_peer_left(Generation &g, int peer, const Status &why);
   void serve_request(Generation &g, int src, const FrameHeader &header, const std::string &name,
                      const PartialReader &read);
-  bool receive_push(Generation &g, int src, const FrameHeader &header, const std::string &name,
-                    const PartialReader &read);
-  bool receive_push_rows(Generation &g, int src, const FrameHeader &header, const std::string &name,
-                         const PartialReader &read);
-  void serve_rows(Generation &g, int src, const FrameHeader &header, const std::string &name, const std::string &id);
   // Answers a request parked until `wait` calls back (or our timeout passes:
   // then a kFlagTimedOut response). `wait` registers the callback and returns
   // its token (0: it ran at once), `cancel` forgets a token.
@@ -243,6 +228,15 @@ class Runtime {
   // Sends a kP2PResponse to request `id` of `src` (`dims`: the header's, for rows replies).
   void respond(Generation &g, int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob,
                const std::vector<int64_t> &dims = {});
+
+  // runtime_push.cc
+  bool receive_push(Generation &g, int src, const FrameHeader &header, const std::string &name,
+                    const PartialReader &read);
+  bool receive_push_rows(Generation &g, int src, const FrameHeader &header, const std::string &name,
+                         const PartialReader &read);
+
+  // runtime_rows.cc
+  void serve_rows(Generation &g, int src, const FrameHeader &header, const std::string &name, const std::string &id);
 
   const RuntimeOptions opt_;  // cluster and self_rank: those the runtime started with
   std::atomic<TopologyKind> topology_;

@@ -196,9 +196,17 @@ class Transport {
     std::chrono::steady_clock::time_point accepted;
   };
 
+  // transport.cc
   Status bind_listeners();
   // Wakes the acceptor and joins it.
   void stop_accepting();
+  // Our side of the handshake of a connection that does (not) join two hosts.
+  HandshakeIdentity identity(bool across_hosts) const;
+  // Counts a connection that authenticates its frames; the first one under
+  // the default policy is logged, so a job shows that it pays for them.
+  void note_authenticated_connection();
+
+  // transport_accept.cc
   void accept_loop();
   // Accepts every connection pending on `listener` (non-blocking, at most
   // kAcceptBurst per wake-up so one listener cannot starve the other).
@@ -212,17 +220,18 @@ class Transport {
   bool evict_stalled_handshake();
   // Joins the threads of finished connections.
   void reap_connections();
+
+  // transport_receive.cc
   void serve_connection(Fd fd, Connection *conn);
-  void sender_loop(int dst);
+
+  // transport_connect.cc
   // Opens our connection to `dst`. A peer still at an older cluster version
   // (it has not switched yet) is retried until the timeout; *moved_on is set
   // when the peer is at a newer version: it will never again talk at ours.
   Status connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth, bool *moved_on);
-  // Our side of the handshake of a connection that does (not) join two hosts.
-  HandshakeIdentity identity(bool across_hosts) const;
-  // Counts a connection that authenticates its frames; the first one under
-  // the default policy is logged, so a job shows that it pays for them.
-  void note_authenticated_connection();
+
+  // transport_send.cc
+  void sender_loop(int dst);
   // Writes what is left of `item`. `wait`: until all is written (or the
   // send timeout passes with no progress); otherwise only what fits in the
   // socket now, never blocking.

@@ -458,7 +458,7 @@ enum class SwappingServer { kClosesBeforeHello, kClosesAfterOldHello };
 // like a transport that is being stopped until it has answered `cuts` of
 // them (or 30 s passed: a client that gave up), then frees the port (the
 // real runtime takes it). Sets *bound once the port is bound. The same-host
-// socket name is the transport's (transport.cc: unix_address).
+// socket name is the transport's (socket_setup.cc: unix_address).
 void play_swapping_peer(const PeerID &peer, SwappingServer how, int cuts, std::atomic<bool> *bound,
                         std::atomic<int> *answered) {
   Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));

@@ -1,0 +1,38 @@
+// How a worker's runtime is configured: from the launcher's environment
+// variables, or by a test.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "cluster.h"
+#include "frame_auth.h"
+#include "secret.h"
+#include "status.h"
+#include "topology.h"
+
+namespace kungfu {
+
+struct RuntimeOptions {
+  Cluster cluster;
+  int self_rank = 0;
+  SecretString secret;
+  std::string job_id;  // this run of the job (KUNGFU_JOB_ID); connections of other runs are rejected
+  // Which connections tag and verify every frame (KUNGFU_AUTHENTICATE_FRAMES:
+  // unset = those between two hosts, 0 = none, 1 = all); see TransportOptions.
+  FrameAuthPolicy frame_auth = FrameAuthPolicy::kAcrossHosts;
+  double timeout_seconds = 120;
+  TopologyKind topology = TopologyKind::kAuto;
+  size_t chunk_bytes = 1 << 20;
+  bool same_host_unix_sockets = true;
+
+  // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
+  // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET, KUNGFU_JOB_ID and KUNGFU_AUTHENTICATE_FRAMES. Without KUNGFU_PEERS: a one-worker cluster.
+  static Status from_env(RuntimeOptions *out);
+};
+
+// The launcher's per-run id (KUNGFU_JOB_ID) is set when the cluster has
+// more than one worker, short enough for the handshake and printable ASCII.
+Status check_job_id(const std::string &id, int cluster_size);
+
+}  // namespace kungfu
