@@ -26,16 +26,6 @@ _LAZY_SUBMODULES = ("data", "elastic", "keras", "ops", "v1")
 _LAZY_ATTRIBUTES = {"DistributedGradientTape": "kungfu_tf.optimizers"}
 
 
-def _place_before_admission() -> tuple[int, int] | None:
-    # A joiner of an elastic job: a plain process enters the cluster here
-    # (and gets None: its real rank); one that warms up for ElasticState.join
-    # gets the place it would take, never rank 0 (kungfu_tf/ops/plain_joiner.py).
-    from kungfu_tf.ops import plain_joiner
-
-    plain_joiner.admit_if_plain()
-    return plain_joiner.place_before_admission()
-
-
 def rank() -> int:
     """This worker's rank (0 .. size()-1).
 
@@ -45,23 +35,20 @@ def rank() -> int:
     """
     from kungfu_tf.ops import config
 
-    place = _place_before_admission()
-    return place[0] if place else config.current_int(config.rank)
+    return config.current_int(config.rank)
 
 
 def size() -> int:
     """Number of workers in the cluster (on a joiner warming up for ``ElasticState.join``: the members + 1)."""
     from kungfu_tf.ops import config
 
-    place = _place_before_admission()
-    return place[1] if place else config.current_int(config.cluster_size)
+    return config.current_int(config.cluster_size)
 
 
 def local_rank() -> int:
     """This worker's position among the workers on its host."""
     from kungfu_tf.ops import config
 
-    _place_before_admission()
     return config.current_int(config.local_rank)
 
 
@@ -69,7 +56,6 @@ def local_size() -> int:
     """Number of workers on this worker's host."""
     from kungfu_tf.ops import config
 
-    _place_before_admission()
     return config.current_int(config.local_size)
 
 

@@ -91,11 +91,24 @@ def _in_own_session(op: Callable[[], tf.Tensor]) -> int:
 def current_int(op: Callable[[], tf.Tensor]) -> int:
     """Runs a config op now and returns its value as a Python int.
 
+    On a joiner of an elastic job that is not admitted yet, Python ints
+    describe the job, tensors the runtime: a plain process is admitted
+    first; one warming up for ``ElasticState.join`` (alone, a cluster of
+    itself) gets the place it would take for :func:`rank` and
+    :func:`cluster_size` (kungfu_tf/ops/plain_joiner.py), never rank 0.
+
     Example:
         >>> from kungfu_tf.ops import config
         >>> config.current_int(config.cluster_size)
         1
     """
+    from kungfu_tf.ops import plain_joiner
+
+    plain_joiner.admit_if_plain()
+    if op in (rank, cluster_size):
+        place = plain_joiner.place_before_admission()
+        if place is not None:
+            return place[0] if op is rank else place[1]
     with tf.init_scope():
         if tf.executing_eagerly():
             return int(op())
