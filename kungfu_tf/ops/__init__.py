@@ -8,6 +8,7 @@ Example:
 """
 
 from kungfu_tf.ops import collective as _collective
+from kungfu_tf.ops import config as _config
 from kungfu_tf.ops import plain_joiner as _plain_joiner
 from kungfu_tf.ops.adapt import set_topology
 from kungfu_tf.ops.collective import (
@@ -55,10 +56,12 @@ from kungfu_tf.ops.p2p import (
 # The function shadows its module's name here, on purpose: kungfu_tf.ops.resize(n) as in KungFu.
 from kungfu_tf.ops.resize import resize
 
-# Every collective first admits a joiner that is a plain process (plain_joiner.py). Wired here, above
-# both modules: plain_joiner uses the collectives, so collective.py must not import it back.
+# Every collective and every Python int of the cluster first admits a joiner that is a plain process
+# (plain_joiner.py). Wired here, above the three modules: plain_joiner uses the collectives and the
+# config, so neither may import it back.
 _collective.set_admission_check(_plain_joiner.admit_if_plain)
-del _collective, _plain_joiner
+_config.set_admission(_plain_joiner.admit_if_plain, _plain_joiner.place_before_admission)
+del _collective, _config, _plain_joiner
 
 __all__ = [
     "all_gather",

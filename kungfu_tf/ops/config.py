@@ -88,6 +88,27 @@ def _in_own_session(op: Callable[[], tf.Tensor]) -> int:
         return int(session.run(value))
 
 
+def _no_admission() -> None:
+    pass
+
+
+def _no_place() -> tuple[int, int] | None:
+    return None
+
+
+# A joiner of an elastic job that is not admitted yet (kungfu_tf/ops/plain_joiner.py): a plain process is
+# admitted first, one warming up for ElasticState.join reports its place. plain_joiner sits above this module
+# (its collectives read the config), so kungfu_tf/ops/__init__.py installs both here.
+_admission_check: Callable[[], None] = _no_admission
+_place_before_admission: Callable[[], tuple[int, int] | None] = _no_place
+
+
+def set_admission(check: Callable[[], None], place: Callable[[], tuple[int, int] | None]) -> None:
+    """Installs what :func:`current_int` asks first (``plain_joiner.admit_if_plain``, ``place_before_admission``)."""
+    global _admission_check, _place_before_admission
+    _admission_check, _place_before_admission = check, place
+
+
 def current_int(op: Callable[[], tf.Tensor]) -> int:
     """Runs a config op now and returns its value as a Python int.
 
@@ -102,11 +123,9 @@ def current_int(op: Callable[[], tf.Tensor]) -> int:
         >>> config.current_int(config.cluster_size)
         1
     """
-    from kungfu_tf.ops import plain_joiner
-
-    plain_joiner.admit_if_plain()
+    _admission_check()
     if op in (rank, cluster_size):
-        place = plain_joiner.place_before_admission()
+        place = _place_before_admission()
         if place is not None:
             return place[0] if op is rank else place[1]
     with tf.init_scope():
