@@ -172,7 +172,7 @@ def test_a_joiner_keeps_the_per_worker_batch_and_ends_with_the_members_state_dic
     """ElasticState syncs runner.state_dict() from members still sized for the old cluster (they refresh
     at their next phase); the joiner, already in the new one, must train on the same per-worker batch,
     and its state_dict must equal the members' (the sync compares digests)."""
-    import kungfu_tf.policy.runner as runner_module
+    import kungfu_tf.policy.cluster_following as following  # where the runner reads rank and size
 
     members = PolicyRunner([], batch_size=8, verbose=False)  # one worker: local batch 8
     members.before_train()
@@ -180,7 +180,7 @@ def test_a_joiner_keeps_the_per_worker_batch_and_ends_with_the_members_state_dic
     joiner = PolicyRunner([], batch_size=8, verbose=False)
     joiner.before_train()
     three = types.SimpleNamespace(current_int=lambda op: op(), rank=lambda: 2, cluster_size=lambda: 3)
-    monkeypatch.setattr(runner_module, "config", three)  # the joiner is rank 2 of 3
+    monkeypatch.setattr(following, "config", three)  # the joiner is rank 2 of 3
     joiner.load_state_dict(state)
     assert (joiner.size, joiner.batch_size, int(joiner.local_batch_size.numpy())) == (3, 24, 8)
     assert joiner.state_dict() == members.state_dict()
@@ -189,7 +189,7 @@ def test_a_joiner_keeps_the_per_worker_batch_and_ends_with_the_members_state_dic
 def test_a_membership_change_is_seen_before_the_next_step_is_counted(monkeypatch):
     """Every worker must count the first step after a join with the new cluster's global batch (the elastic
     sync compares the runners' state_dicts): the runner follows applied versions, not only its next phase."""
-    import kungfu_tf.policy.runner as runner_module
+    import kungfu_tf.policy.cluster_following as following  # where the runner reads rank and size
 
     listeners = []
     monkeypatch.setattr(em, "is_elastic", lambda: True)
@@ -197,7 +197,7 @@ def test_a_membership_change_is_seen_before_the_next_step_is_counted(monkeypatch
     runner = PolicyRunner([], batch_size=8, verbose=False)
     run_steps(runner, 1)
     assert runner.samples == 8 and len(listeners) == 1
-    monkeypatch.setattr(runner_module, "config", types.SimpleNamespace(
+    monkeypatch.setattr(following, "config", types.SimpleNamespace(
         current_int=lambda op: op(), rank=lambda: 0, cluster_size=lambda: 3))  # fmt: skip
     listeners[0](types.SimpleNamespace(detached=False))  # a version with 2 joiners applied at the step boundary
     with runner.step():
@@ -291,15 +291,15 @@ def test_before_train_again_after_a_membership_change_keeps_the_new_clusters_bat
     again: the runner must keep the batch of the cluster it now has, not re-adopt the global batch saved
     in its state before the change (a member then trained on 8 rows at 2 workers where a joiner,
     synced with the per-worker batch, trained on 16: the next state sync failed)."""
-    import kungfu_tf.policy.runner as runner_module
+    import kungfu_tf.policy.cluster_following as following  # where the runner reads rank and size
 
     listeners = []
     monkeypatch.setattr(em, "is_elastic", lambda: True)
     monkeypatch.setattr(em, "add_apply_listener", lambda f, first=False: listeners.append(f) or (lambda: None))
     runner = PolicyRunner([], batch_size=16, verbose=False)  # one worker: local batch 16
     run_steps(runner, 2)
-    monkeypatch.setattr(runner_module, "config", types.SimpleNamespace(
-        current_int=lambda op: op(), rank=lambda: 0, cluster_size=lambda: 2, topology=runner_module.config.topology))  # fmt: skip
+    monkeypatch.setattr(following, "config", types.SimpleNamespace(
+        current_int=lambda op: op(), rank=lambda: 0, cluster_size=lambda: 2, topology=following.config.topology))  # fmt: skip
     listeners[0](types.SimpleNamespace(detached=False))  # a joiner admitted; recovery restarts the function
     run_steps(runner, 1)
     assert (runner.size, runner.batch_size, int(runner.local_batch_size.numpy())) == (2, 32, 16)

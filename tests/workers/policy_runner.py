@@ -386,12 +386,12 @@ def scenario_tensorboard_errors(log_dir: str) -> None:
 
     failing = PolicyRunner([], log_dir=os.path.join(os.path.dirname(log_dir), "tb_failing"), log_every=2, verbose=False)
     failing.before_train()
-    if failing._summary is not None:  # rank 0: the disk fills up at the first logged step
+    if failing._log.writes:  # rank 0: the disk fills up at the first logged step
 
         def full(step, values):
             raise OSError(28, "No space left on device")
 
-        failing._summary.scalars = full
+        failing._log._summary.scalars = full
 
     trained = []
 
