@@ -23,7 +23,7 @@
 #   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart (~20-30 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
-#   make lint      ruff
+#   make lint      ruff, then mypy over the public API ([tool.mypy] in pyproject.toml; ~10 s)
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
 # Dependencies are installed only when requirements.txt or constraints.txt changes and the package
@@ -289,6 +289,7 @@ bench-autoscaling: install
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf build *.egg-info kungfu_tf/*.egg-info $(SO) \

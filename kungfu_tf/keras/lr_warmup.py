@@ -121,7 +121,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
                 )
             self._steps = int(steps)
         optimizer = self.model.optimizer
-        if self.momentum_correction and not _velocities_known(optimizer) and getattr(optimizer, "momentum", 0):
+        if self.momentum_correction and not _velocities_known(optimizer) and getattr(optimizer, "momentum", None):
             warnings.warn(
                 f"LearningRateWarmupCallback: no momentum correction for {type(optimizer).__name__} "
                 "(only momentum SGD's velocity is rescaled)",

@@ -17,6 +17,7 @@ import keras
 
 from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.runner import PolicyRunner
+from kungfu_tf.policy.variable_access import EagerVariableAccess
 
 
 class PolicyCallback(keras.callbacks.Callback):
@@ -76,7 +77,9 @@ class PolicyCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = getattr(self.model, "optimizer", None)
-        self.runner.access.bind(optimizer=optimizer)
+        access = self.runner.access
+        if isinstance(access, EagerVariableAccess):  # the callback's own (fit's model brings the optimizer)
+            access.bind(optimizer=optimizer)
         self.runner.before_train()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:

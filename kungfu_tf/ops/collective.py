@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
+from typing import SupportsIndex, cast
 
 import numpy as np
 import tensorflow as tf
@@ -90,7 +91,7 @@ def _root_rank(root: object, what: str) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{what}: root must be a rank (an int), got the bool {root!r}")
     try:
-        rank = operator.index(value)  # ints and numpy integers, not floats
+        rank = operator.index(cast(SupportsIndex, value))  # ints and numpy integers, not floats (checked here)
     except TypeError:
         raise TypeError(f"{what}: root must be a rank (an int), got {root!r}") from None
     if rank < 0:
@@ -165,7 +166,7 @@ def group_all_reduce(
         reduced = library().kungfu_group_all_reduce([xs[i] for i in idx], key, op=op, topology=attr)
         for i, r in zip(idx, reduced):
             out[i] = r
-    return out  # type: ignore[return-value]
+    return out
 
 
 def broadcast(x: tf.Tensor, root: int = 0, name: str | None = None) -> tf.Tensor:

@@ -44,11 +44,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.ops.collective import all_reduce
+
+if TYPE_CHECKING:
+    from kungfu_tf.proto import config_pb2
 
 CONFIG_SERVER_ENV = "KUNGFU_CONFIG_SERVER"
 ELASTIC_ENV = "KUNGFU_ELASTIC"
@@ -302,7 +306,7 @@ class _Watcher:
         """The newest JobState seen (no RPC)."""
         return self._watcher.latest()
 
-    def wait_for(self, predicate: Callable[[object], bool], timeout: float | None):
+    def wait_for(self, predicate: Callable[[config_pb2.JobState], bool], timeout: float | None):
         """The first JobState for which ``predicate(state)`` holds, or None after ``timeout`` seconds (None: no limit).
 
         Raises:

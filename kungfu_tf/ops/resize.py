@@ -57,6 +57,7 @@ import json
 import logging
 import operator
 from collections.abc import Sequence
+from typing import SupportsIndex, cast
 
 import numpy as np
 import tensorflow as tf
@@ -87,7 +88,7 @@ def _check_size(new_size: object) -> int:
     if isinstance(new_size, (bool, np.bool_)):
         raise TypeError(f"resize: new_size must be an int >= 1, got the bool {new_size!r}")
     try:
-        n = operator.index(new_size)
+        n = operator.index(cast(SupportsIndex, new_size))  # checked here: TypeError below
     except TypeError:
         raise TypeError(f"resize: new_size must be an int >= 1, got {type(new_size).__name__} {new_size!r}") from None
     if n < 1:
@@ -341,7 +342,7 @@ def resize(
 
     def run(*size: tf.Tensor) -> tuple[bool, bool]:
         n = _check_size(int(size[0].numpy())) if size else new_size
-        return _resize_now(n, checked_workers, wait, wait_seconds)  # type: ignore[arg-type]
+        return _resize_now(n, checked_workers, wait, wait_seconds)
 
     if tf.executing_eagerly():
         args = (size_tensor,) if size_tensor is not None else ()

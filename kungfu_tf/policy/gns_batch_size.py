@@ -105,6 +105,8 @@ class GNSBatchSizePolicy(PeriodicPolicy):
         ratio = gns / self.reference
         if ratio < self.threshold:
             return
+        if batch is None:  # (batch * ratio below would fail with a TypeError)
+            raise ValueError("GNSBatchSizePolicy: the runner controls no batch size; give it batch_size= (the global batch)")
         unit = ctx.size * self.round_to
         target = min(self.max_batch_size, int(batch * ratio))
         target = target // unit * unit

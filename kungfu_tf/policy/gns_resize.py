@@ -127,7 +127,7 @@ class GNSResizePolicy(PeriodicPolicy):
         old = self.reference
         gns = ctx.metrics.get(self.metric)
         target = self.decide(gns, size)  # type: ignore[arg-type]
-        if target is not None:
+        if target is not None and old is not None and gns is not None:  # decide() returned a target: all are numbers
             pending = "" if size == ctx.size else f" (from the {size} workers asked for)"
             ctx.resize(target, reason=f"{self.metric} {gns:.4g} grew x{gns / old:.3g} since {old:.4g}{pending}")
             self.asked = target

@@ -98,9 +98,9 @@ class GoodputBatchSizePolicy(PeriodicPolicy):
                 f"GoodputBatchSizePolicy: min_batch_size must be an int in [1, max_batch_size={max_batch_size}], "
                 f"got {min_batch_size!r}"
             )
-        for name, value in (("min_gain", min_gain), ("max_extrapolation", max_extrapolation)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1:
-                raise ValueError(f"GoodputBatchSizePolicy: {name} must be a number > 1, got {value!r}")
+        for name, number in (("min_gain", min_gain), ("max_extrapolation", max_extrapolation)):
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 1:
+                raise ValueError(f"GoodputBatchSizePolicy: {name} must be a number > 1, got {number!r}")
         self.max_batch_size = max_batch_size
         self.min_batch_size = min_batch_size
         self.every = every

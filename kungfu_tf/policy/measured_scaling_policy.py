@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.size_measurement import (
@@ -60,7 +60,7 @@ def size_bounds(ctx: PolicyContext, min_size: int, max_size: int | None) -> tupl
         return ctx.size, ctx.size
     lo, hi = min_size, max_size
     if job is not _UNKNOWN:
-        job_lo, job_hi = job
+        job_lo, job_hi = cast("tuple[int, int]", job)  # ctx.size_bounds (a stand-in ctx may lack it)
         if job_lo:
             lo = max(lo, int(job_lo))
         if job_hi:
