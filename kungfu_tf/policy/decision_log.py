@@ -32,12 +32,24 @@ class Decision:
     refused: str = ""  # why it was refused, or "pending: ..." (a growth waiting for joiners); "" if applied
 
     def __str__(self) -> str:
+        """The log line; floats rounded to 6 significant digits (the record keeps them whole).
+
+        Example:
+            >>> str(Decision(40, "learning_rate", 0.019999999552965164, 0.0314426489442281, "lr_rule=adascale"))
+            'step 40: learning_rate 0.02 -> 0.0314426 [lr_rule=adascale]'
+        """
         why = f" ({self.reason})" if self.reason else ""
+        change = f"{self.name} {_shown(self.old)} -> {_shown(self.new)}"
         if self.refused.startswith(PENDING):  # not refused: applied when the joiners are admitted
-            return f"step {self.step}: {self.name} {self.old} -> {self.new} {self.refused} [{self.requested_by}{why}]"
+            return f"step {self.step}: {change} {self.refused} [{self.requested_by}{why}]"
         if self.refused:
-            return f"step {self.step}: {self.name} {self.old} -> {self.new} refused: {self.refused} [{self.requested_by}{why}]"
-        return f"step {self.step}: {self.name} {self.old} -> {self.new} [{self.requested_by}{why}]"
+            return f"step {self.step}: {change} refused: {self.refused} [{self.requested_by}{why}]"
+        return f"step {self.step}: {change} [{self.requested_by}{why}]"
+
+
+def _shown(value: Any) -> str:
+    # A float32 learning rate read back as a float prints as 0.019999999552965164.
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 class DecisionLog:
