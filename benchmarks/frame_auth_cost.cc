@@ -28,9 +28,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double mib_per_s(size_t bytes, int reps, double seconds) {
-  return double(bytes) * reps / (1 << 20) / seconds;
-}
+double mib_per_s(size_t bytes, int reps, double seconds) { return double(bytes) * reps / (1 << 20) / seconds; }
 
 // Runs fn repeatedly for about `seconds`, in growing batches; returns the
 // best of 3 batches' time per call (the least disturbed by other processes).
@@ -60,8 +58,7 @@ double seconds_per_call(double seconds, Fn fn) {
 class HmacFrameTag {
  public:
   explicit HmacFrameTag(const kungfu::SessionKey &key) : mac_(key) {}
-  void tag(const void *header, size_t hlen, const std::string &key, const void *payload, size_t plen,
-           uint8_t out[16]) {
+  void tag(const void *header, size_t hlen, const std::string &key, const void *payload, size_t plen, uint8_t out[16]) {
     uint8_t prefix[1 + 8 + 4];
     prefix[0] = 1;
     std::memcpy(prefix + 1, &seq_, 8);
@@ -120,11 +117,13 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < key.size(); ++i) key.data()[i] = uint8_t(i * 7 + 1);
   kungfu::FrameAuthenticator sender(key, kungfu::FrameDirection::kClientToServer);
   kungfu::FrameHeader header;
-  const std::string frame_key = "gradients/dense/kernel:0\x01" "chunk3";
+  const std::string frame_key =
+      "gradients/dense/kernel:0\x01"
+      "chunk3";
 
   HmacFrameTag hmac(key);
-  std::printf("%-10s %12s %15s %17s %17s %15s %17s\n", "frame", "memcpy MiB/s", "GMAC sign MiB/s",
-              "GMAC verify MiB/s", "GMAC us/frame", "HMAC sign MiB/s", "HMAC us/frame");
+  std::printf("%-10s %12s %15s %17s %17s %15s %17s\n", "frame", "memcpy MiB/s", "GMAC sign MiB/s", "GMAC verify MiB/s",
+              "GMAC us/frame", "HMAC sign MiB/s", "HMAC us/frame");
   for (size_t size : {size_t(64), size_t(4) << 10, size_t(64) << 10, size_t(1) << 20, size_t(16) << 20}) {
     std::vector<char> src(size, 'x'), dst(size);
     for (size_t i = 0; i < size; ++i) src[i] = char(i * 31);
@@ -135,9 +134,8 @@ int main(int argc, char **argv) {
       asm volatile("" : : "r"(dst.data()) : "memory");
     });
     std::vector<kungfu::FrameAuthenticator::Tag> tags;
-    const double sign_s = seconds_per_call(seconds, [&] {
-      segmented(sender, true, header, frame_key, src.data(), size, tags);
-    });
+    const double sign_s = seconds_per_call(seconds,
+                                           [&] { segmented(sender, true, header, frame_key, src.data(), size, tags); });
     // The receiver must see the frames in the sender's order, so verify
     // re-signs each frame with a second sender kept in step.
     kungfu::FrameAuthenticator lockstep(key, kungfu::FrameDirection::kClientToServer);

@@ -51,7 +51,8 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
   Buffer buf{in.data(), out.data(), kungfu::TensorDesc{kungfu::DType::kFloat32, {int64_t(count)}, count}, nullptr};
   int op_id = 0;
   auto all_reduce = [&]() {
-    return wait_op([&](DoneCallback d) { rt->all_reduce("op" + std::to_string(op_id++), buf, kungfu::ReduceOp::kSum, d); });
+    return wait_op(
+        [&](DoneCallback d) { rt->all_reduce("op" + std::to_string(op_id++), buf, kungfu::ReduceOp::kSum, d); });
   };
   for (int i = 0; i < 3; ++i) {  // warm-up: connections, pools
     if (!(s = all_reduce()).ok()) break;
@@ -74,8 +75,8 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
   if (opt.self_rank == 0) {
     std::vector<double> sorted = samples;
     std::sort(sorted.begin(), sorted.end());
-    std::printf("RESULT {\"np\": %d, \"topology\": \"%s\", \"size\": %zu, \"median_s\": %.9f, \"samples\": [", opt.cluster.size(),
-                topo_name, count * 4, sorted[sorted.size() / 2]);
+    std::printf("RESULT {\"np\": %d, \"topology\": \"%s\", \"size\": %zu, \"median_s\": %.9f, \"samples\": [",
+                opt.cluster.size(), topo_name, count * 4, sorted[sorted.size() / 2]);
     for (size_t i = 0; i < samples.size(); ++i) std::printf("%s%.9f", i ? ", " : "", samples[i]);
     std::printf("]}\n");
   }
@@ -96,7 +97,8 @@ int main(int argc, char **argv) {
   size_t bytes = std::strtoull(argv[3], nullptr, 10);
   int iters = std::atoi(argv[4]), repeats = std::atoi(argv[5]);
   if (!s.ok() || np < 1 || bytes % 4 != 0 || iters < 1 || repeats < 1) {
-    std::fprintf(stderr, "bad arguments: %s\n", s.ok() ? "np, bytes (multiple of 4), iters, repeats" : s.ToString().c_str());
+    std::fprintf(stderr, "bad arguments: %s\n",
+                 s.ok() ? "np, bytes (multiple of 4), iters, repeats" : s.ToString().c_str());
     return 2;
   }
   std::vector<kungfu::PeerID> peers;

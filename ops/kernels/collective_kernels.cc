@@ -165,8 +165,8 @@ bool same_shape_output(OpKernelContext *ctx, const CollectiveStart &st, OutputCa
     ctx->SetStatus(s);
     return false;
   }
-  *buf = kungfu::Buffer{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()),
-                        describe(in, st.dtype), hold({in, *out})};
+  *buf = kungfu::Buffer{in.tensor_data().data(), const_cast<char *>(out->tensor_data().data()), describe(in, st.dtype),
+                        hold({in, *out})};
   return true;
 }
 
@@ -178,10 +178,11 @@ REGISTER_OP("KungfuAllReduce")
     .Attr("op: {'sum', 'min', 'max', 'prod', 'mean'} = 'sum'")
     .Attr("topology: string = ''")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
-    .Doc("Element-wise reduction of `input` over all workers; every worker gets the result. "
-         "'mean' divides the sum by the cluster size read at run time (floating types). "
-         "`topology`: '' for the runtime's current one, else STAR, RING, BINARY_TREE, "
-         "BINARY_TREE_STAR, CLIQUE or AUTO for this op only.");
+    .Doc(
+        "Element-wise reduction of `input` over all workers; every worker gets the result. "
+        "'mean' divides the sum by the cluster size read at run time (floating types). "
+        "`topology`: '' for the runtime's current one, else STAR, RING, BINARY_TREE, "
+        "BINARY_TREE_STAR, CLIQUE or AUTO for this op only.");
 
 class AllReduceOp : public AsyncOpKernel {
  public:
@@ -250,20 +251,22 @@ class GroupAllReduceOp : public AsyncOpKernel {
     // The fused shape alone would hide which member differs; the key names the group.
     kungfu::Runtime *rt = st.rt;
     bool mean = spec_.mean;
-    topology_.all_reduce(rt, st.key, buf, spec_.op, [ctx, done, fused, outputs, rt, buf, mean](const kungfu::Status &s) {
-      if (!s.ok()) {
-        ctx->SetStatus(to_tf_status(s));
-        return done();
-      }
-      if (mean && rt->size() > 1) kungfu::scale_inplace(buf.recv, buf.desc.count, buf.desc.dtype, 1.0 / rt->size());
-      const char *src = fused.tensor_data().data();
-      for (const Tensor &out : outputs) {
-        size_t bytes = out.tensor_data().size();
-        if (bytes > 0) std::memcpy(const_cast<char *>(out.tensor_data().data()), src, bytes);
-        src += bytes;
-      }
-      done();
-    });
+    topology_.all_reduce(rt, st.key, buf, spec_.op,
+                         [ctx, done, fused, outputs, rt, buf, mean](const kungfu::Status &s) {
+                           if (!s.ok()) {
+                             ctx->SetStatus(to_tf_status(s));
+                             return done();
+                           }
+                           if (mean && rt->size() > 1)
+                             kungfu::scale_inplace(buf.recv, buf.desc.count, buf.desc.dtype, 1.0 / rt->size());
+                           const char *src = fused.tensor_data().data();
+                           for (const Tensor &out : outputs) {
+                             size_t bytes = out.tensor_data().size();
+                             if (bytes > 0) std::memcpy(const_cast<char *>(out.tensor_data().data()), src, bytes);
+                             src += bytes;
+                           }
+                           done();
+                         });
   }
 
  private:
@@ -291,7 +294,8 @@ class BroadcastOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
     CollectiveStart st;
     kungfu::Buffer buf;
-    if (!begin(ctx, 1, ctx->input(0).dtype(), Described::kAsInput0, &st) || !same_shape_output(ctx, st, &cache_, &buf)) return done();
+    if (!begin(ctx, 1, ctx->input(0).dtype(), Described::kAsInput0, &st) || !same_shape_output(ctx, st, &cache_, &buf))
+      return done();
     st.rt->broadcast(st.key, buf, root_, finish(ctx, done));
   }
 
@@ -309,9 +313,10 @@ REGISTER_OP("KungfuReduce")
     .Attr("op: {'sum', 'min', 'max', 'prod', 'mean'} = 'sum'")
     .Attr("root: int = 0")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
-    .Doc("Element-wise reduction of `input` over all workers, delivered to `root` only: the root's output is "
-         "the result ('mean' divides by the cluster size at run time), every other worker's output is its own "
-         "`input`, unchanged. Uses the runtime's current topology shaped as a tree towards the root.");
+    .Doc(
+        "Element-wise reduction of `input` over all workers, delivered to `root` only: the root's output is "
+        "the result ('mean' divides by the cluster size at run time), every other worker's output is its own "
+        "`input`, unchanged. Uses the runtime's current topology shaped as a tree towards the root.");
 
 class ReduceToRootOp : public AsyncOpKernel {
  public:

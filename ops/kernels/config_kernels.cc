@@ -35,9 +35,12 @@ int read_local_rank(const kungfu::Runtime &rt) { return rt.local_rank(); }
 int read_local_size(const kungfu::Runtime &rt) { return rt.local_size(); }
 int read_version(const kungfu::Runtime &rt) { return static_cast<int>(rt.cluster_version()); }
 
-#define KUNGFU_SCALAR_OP(OpName, Reader, DocText)                                                    \
-  REGISTER_OP(OpName).Output("value: int32").SetIsStateful().SetShapeFn(                         \
-      tensorflow::shape_inference::ScalarShape).Doc(DocText);                                        \
+#define KUNGFU_SCALAR_OP(OpName, Reader, DocText)           \
+  REGISTER_OP(OpName)                                       \
+      .Output("value: int32")                               \
+      .SetIsStateful()                                      \
+      .SetShapeFn(tensorflow::shape_inference::ScalarShape) \
+      .Doc(DocText);                                        \
   REGISTER_KERNEL_BUILDER(Name(OpName).Device(tensorflow::DEVICE_CPU), ClusterScalarOp<Reader>);
 
 KUNGFU_SCALAR_OP("KungfuRank", read_rank, "This worker's position in the cluster.")

@@ -34,20 +34,11 @@ namespace {
 template <typename Fn>
 absl::Status visit_floats(const Tensor &t, Fn fn) {
   switch (t.dtype()) {
-    case tensorflow::DT_HALF:
-      fn(t.flat<Eigen::half>().data(), t.NumElements());
-      return absl::OkStatus();
-    case tensorflow::DT_BFLOAT16:
-      fn(t.flat<tensorflow::bfloat16>().data(), t.NumElements());
-      return absl::OkStatus();
-    case tensorflow::DT_FLOAT:
-      fn(t.flat<float>().data(), t.NumElements());
-      return absl::OkStatus();
-    case tensorflow::DT_DOUBLE:
-      fn(t.flat<double>().data(), t.NumElements());
-      return absl::OkStatus();
-    default:
-      return absl::InvalidArgumentError("unsupported dtype " + tensorflow::DataTypeString(t.dtype()));
+    case tensorflow::DT_HALF: fn(t.flat<Eigen::half>().data(), t.NumElements()); return absl::OkStatus();
+    case tensorflow::DT_BFLOAT16: fn(t.flat<tensorflow::bfloat16>().data(), t.NumElements()); return absl::OkStatus();
+    case tensorflow::DT_FLOAT: fn(t.flat<float>().data(), t.NumElements()); return absl::OkStatus();
+    case tensorflow::DT_DOUBLE: fn(t.flat<double>().data(), t.NumElements()); return absl::OkStatus();
+    default: return absl::InvalidArgumentError("unsupported dtype " + tensorflow::DataTypeString(t.dtype()));
   }
 }
 
@@ -94,8 +85,7 @@ absl::Status visit_float_pair(const Tensor &a, const Tensor &b, Fn fn) {
     case tensorflow::DT_DOUBLE:
       fn(a.flat<double>().data(), b.flat<double>().data(), a.NumElements());
       return absl::OkStatus();
-    default:
-      return absl::InvalidArgumentError("unsupported dtype " + tensorflow::DataTypeString(a.dtype()));
+    default: return absl::InvalidArgumentError("unsupported dtype " + tensorflow::DataTypeString(a.dtype()));
   }
 }
 
@@ -126,8 +116,9 @@ REGISTER_OP("KungfuSquaredNorm")
     .Output("squared_norm: double")
     .Attr(KUNGFU_FLOAT_LIST)
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
-    .Doc("Sum of the squares of every element of every input (the squared L2 norm of their concatenation), "
-         "accumulated in double.");
+    .Doc(
+        "Sum of the squares of every element of every input (the squared L2 norm of their concatenation), "
+        "accumulated in double.");
 
 class SquaredNormOp : public OpKernel {
  public:
@@ -155,9 +146,10 @@ REGISTER_OP("KungfuPairSquaredNorms")
       c->set_output(0, c->Vector(3));
       return absl::OkStatus();
     })
-    .Doc("[|current|^2, |previous|^2, |(current + previous) / 2|^2] over the concatenation of each list, in "
-         "one pass, accumulated in double: the one-worker gradient noise scale pairs two successive "
-         "gradients as two small batches and their mean as one twice as large.");
+    .Doc(
+        "[|current|^2, |previous|^2, |(current + previous) / 2|^2] over the concatenation of each list, in "
+        "one pass, accumulated in double: the one-worker gradient noise scale pairs two successive "
+        "gradients as two small batches and their mean as one twice as large.");
 
 class PairSquaredNormsOp : public OpKernel {
  public:
@@ -219,9 +211,10 @@ REGISTER_OP("KungfuMeanVariance")
     .Output("mean_variance: double")
     .Attr(KUNGFU_FLOAT_LIST)
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
-    .Doc("Mean over all elements of max(square_means - means^2, 0): given the across-worker mean of each "
-         "gradient element's square and of the element itself, the population variance across workers "
-         "(numpy's var, ddof=0), averaged over the elements of every tensor. NaN if there are no elements.");
+    .Doc(
+        "Mean over all elements of max(square_means - means^2, 0): given the across-worker mean of each "
+        "gradient element's square and of the element itself, the population variance across workers "
+        "(numpy's var, ddof=0), averaged over the elements of every tensor. NaN if there are no elements.");
 
 class MeanVarianceOp : public OpKernel {
  public:
@@ -258,8 +251,9 @@ REGISTER_OP("KungfuSquares")
       for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
       return absl::OkStatus();
     })
-    .Doc("Element-wise square of every input, each in its own dtype: the gradient variance all-reduces these "
-         "next to the gradients.");
+    .Doc(
+        "Element-wise square of every input, each in its own dtype: the gradient variance all-reduces these "
+        "next to the gradients.");
 
 class SquaresOp : public OpKernel {
  public:
@@ -281,19 +275,14 @@ class SquaresOp : public OpKernel {
   static void square(const Tensor &in, Tensor *out) {
     auto src = in.flat<T>();
     auto dst = out->flat<T>();
-    for (int64_t j = 0; j < src.size(); ++j) dst(j) = static_cast<T>(static_cast<float>(src(j)) * static_cast<float>(src(j)));
+    for (int64_t j = 0; j < src.size(); ++j)
+      dst(j) = static_cast<T>(static_cast<float>(src(j)) * static_cast<float>(src(j)));
   }
   static absl::Status square_into(const Tensor &in, Tensor *out) {
     switch (in.dtype()) {
-      case tensorflow::DT_HALF:
-        square<Eigen::half>(in, out);
-        return absl::OkStatus();
-      case tensorflow::DT_BFLOAT16:
-        square<tensorflow::bfloat16>(in, out);
-        return absl::OkStatus();
-      case tensorflow::DT_FLOAT:
-        square<float>(in, out);
-        return absl::OkStatus();
+      case tensorflow::DT_HALF: square<Eigen::half>(in, out); return absl::OkStatus();
+      case tensorflow::DT_BFLOAT16: square<tensorflow::bfloat16>(in, out); return absl::OkStatus();
+      case tensorflow::DT_FLOAT: square<float>(in, out); return absl::OkStatus();
       case tensorflow::DT_DOUBLE: {
         auto src = in.flat<double>();
         auto dst = out->flat<double>();
@@ -330,14 +319,15 @@ REGISTER_OP("KungfuGnsUpdate")
       for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
       return absl::OkStatus();
     })
-    .Doc("One step of the gradient noise scale (McCandlish et al. 2018): the unbiased |G|^2 and tr(Sigma) from "
-         "two batch sizes, folded into exponential moving averages (decay `smoothing`) unless `valid` is false "
-         "or an estimate is not finite; returns the new EMA state, the bias-corrected averages, their ratio "
-         "(gns) and this step's ratio (gns_raw, NaN when skipped). All scalars; one kernel instead of some "
-         "forty scalar TF ops per step.");
+    .Doc(
+        "One step of the gradient noise scale (McCandlish et al. 2018): the unbiased |G|^2 and tr(Sigma) from "
+        "two batch sizes, folded into exponential moving averages (decay `smoothing`) unless `valid` is false "
+        "or an estimate is not finite; returns the new EMA state, the bias-corrected averages, their ratio "
+        "(gns) and this step's ratio (gns_raw, NaN when skipped). All scalars; one kernel instead of some "
+        "forty scalar TF ops per step.");
 
 class GnsUpdateOp : public OpKernel {
-  static constexpr const char *kInputNames[] = {"small_sq_norm", "big_sq_norm", "small_batch",      "big_batch",
+  static constexpr const char *kInputNames[] = {"small_sq_norm", "big_sq_norm",     "small_batch",      "big_batch",
                                                 "valid",         "ema_noise_trace", "ema_grad_sq_norm", "ema_count"};
 
  public:
@@ -377,8 +367,8 @@ class GnsUpdateOp : public OpKernel {
     const double correction = 1.0 - std::pow(s, static_cast<double>(count));
     const double noise_trace = count > 0 ? ema_trace / correction : nan;
     const double grad_sq_norm = count > 0 ? ema_grad / correction : nan;
-    const double outputs[] = {ema_trace, ema_grad, 0.0, noise_trace, grad_sq_norm, noise_trace / grad_sq_norm,
-                              use ? trace / grad_sq : nan};
+    const double outputs[] = {
+        ema_trace, ema_grad, 0.0, noise_trace, grad_sq_norm, noise_trace / grad_sq_norm, use ? trace / grad_sq : nan};
     for (int i = 0; i < 7; ++i) {
       Tensor *out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));

@@ -35,9 +35,10 @@ REGISTER_OP("KungfuUpdateCluster")
     .Input("version: int64")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Switches this worker to cluster `version` (peers in rank order, \"host:port\"; must contain this worker "
-         "and be newer than the current version): ops in flight on the old version fail, the new one is in force "
-         "when the op returns.");
+    .Doc(
+        "Switches this worker to cluster `version` (peers in rank order, \"host:port\"; must contain this worker "
+        "and be newer than the current version): ops in flight on the old version fail, the new one is in force "
+        "when the op returns.");
 
 class UpdateClusterOp : public OpKernel {
  public:
@@ -47,8 +48,10 @@ class UpdateClusterOp : public OpKernel {
     if (!check_runtime(ctx, &rt)) return;
     const Tensor &peers = ctx->input(0);
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsVector(peers.shape()),
-                absl::InvalidArgumentError(input_label(ctx, "peers") + " must be a vector of \"host:port\" strings, "
-                                           "got shape " + peers.shape().DebugString()));
+                absl::InvalidArgumentError(input_label(ctx, "peers") +
+                                           " must be a vector of \"host:port\" strings, "
+                                           "got shape " +
+                                           peers.shape().DebugString()));
     int64_t version = 0;
     OP_REQUIRES_OK(ctx, scalar_input<int64_t>(ctx, 1, "version", &version));
     OP_REQUIRES(ctx, version > 0 && version <= std::numeric_limits<uint32_t>::max(),
@@ -60,7 +63,8 @@ class UpdateClusterOp : public OpKernel {
       kungfu::PeerID p;
       kungfu::Status s = kungfu::parse_peer(std::string(v(i)), &p);
       OP_REQUIRES(ctx, s.ok(),
-                  absl::InvalidArgumentError(input_label(ctx, "peers") + " [" + std::to_string(i) + "]: " + s.message()));
+                  absl::InvalidArgumentError(input_label(ctx, "peers") + " [" + std::to_string(i) +
+                                             "]: " + s.message()));
       list.push_back(p);
     }
     OP_REQUIRES(ctx, !list.empty(), absl::InvalidArgumentError(input_label(ctx, "peers") + " lists no peer"));
@@ -89,8 +93,9 @@ REGISTER_OP("KungfuInterrupt")
     .Input("reason: string")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Fails every op in flight on the current cluster version, and every new one until the next "
-         "KungfuUpdateCluster, with UnavailableError(reason).");
+    .Doc(
+        "Fails every op in flight on the current cluster version, and every new one until the next "
+        "KungfuUpdateCluster, with UnavailableError(reason).");
 
 class InterruptOp : public OpKernel {
  public:
@@ -121,12 +126,15 @@ class PeersOp : public OpKernel {
 std::vector<kungfu::PeerID> read_lost_peers(const kungfu::Runtime &rt) { return rt.lost_peers(); }
 std::vector<kungfu::PeerID> read_cluster_peers(const kungfu::Runtime &rt) { return rt.cluster().peers(); }
 
-#define KUNGFU_PEERS_OP(OpName, Reader, DocText)                                                     \
-  REGISTER_OP(OpName).Output("peers: string").SetIsStateful().SetShapeFn(                        \
-      [](tensorflow::shape_inference::InferenceContext *c) {                                         \
-        c->set_output(0, c->Vector(tensorflow::shape_inference::InferenceContext::kUnknownDim));     \
-        return absl::OkStatus();                                                                     \
-      }).Doc(DocText);                                                                               \
+#define KUNGFU_PEERS_OP(OpName, Reader, DocText)                                                 \
+  REGISTER_OP(OpName)                                                                            \
+      .Output("peers: string")                                                                   \
+      .SetIsStateful()                                                                           \
+      .SetShapeFn([](tensorflow::shape_inference::InferenceContext *c) {                         \
+        c->set_output(0, c->Vector(tensorflow::shape_inference::InferenceContext::kUnknownDim)); \
+        return absl::OkStatus();                                                                 \
+      })                                                                                         \
+      .Doc(DocText);                                                                             \
   REGISTER_KERNEL_BUILDER(Name(OpName).Device(tensorflow::DEVICE_CPU), PeersOp<Reader>);
 
 KUNGFU_PEERS_OP("KungfuLostPeers", read_lost_peers,

@@ -72,8 +72,9 @@ REGISTER_OP("KungfuCommBytes")
       c->set_output(0, c->Matrix(2, tensorflow::shape_inference::InferenceContext::kUnknownDim));
       return absl::OkStatus();
     })
-    .Doc("Bytes sent to (row 0) and received from (row 1) each peer (by rank) since the current cluster version "
-         "began (the runtime started, without elastic changes), frame headers included; 0 for self.");
+    .Doc(
+        "Bytes sent to (row 0) and received from (row 1) each peer (by rank) since the current cluster version "
+        "began (the runtime started, without elastic changes), frame headers included; 0 for self.");
 
 // Totals rather than rates: a caller can attribute traffic to one operation
 // by the difference across it, which rates over wall-clock intervals cannot do.

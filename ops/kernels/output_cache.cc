@@ -31,7 +31,8 @@ absl::Status OutputCache::output(tensorflow::OpKernelContext *ctx, int index, in
   DataType dtype = ctx->expected_output_dtype(index);
   if (forward_from >= 0) {
     std::unique_ptr<Tensor> forwarded = ctx->forward_input(forward_from, index, dtype, shape,
-                                                           ctx->output_memory_type(index), tensorflow::AllocatorAttributes());
+                                                           ctx->output_memory_type(index),
+                                                           tensorflow::AllocatorAttributes());
     if (forwarded) {
       ctx->set_output(index, *forwarded);
       *out = ctx->mutable_output(index);

@@ -26,8 +26,8 @@ class OutputCache {
                    tensorflow::Tensor *out);
   // Output `index` of (dtype, shape): forwarded from `forward_from` (an input
   // index, -1 for none) when TF allows, else from get().
-  absl::Status output(tensorflow::OpKernelContext *ctx, int index, int forward_from, const tensorflow::TensorShape &shape,
-                      tensorflow::Tensor **out);
+  absl::Status output(tensorflow::OpKernelContext *ctx, int index, int forward_from,
+                      const tensorflow::TensorShape &shape, tensorflow::Tensor **out);
 
  private:
   std::mutex mu_;

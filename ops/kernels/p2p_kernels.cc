@@ -99,9 +99,10 @@ REGISTER_OP("KungfuRequestAtLeast")
       c->set_output(1, c->Scalar());
       return absl::OkStatus();
     })
-    .Doc("Fetches the newest version >= `min_version` that worker `rank` saved under `blob_name`, waiting on "
-         "that worker until a save makes one available (at most the runtime timeout, then "
-         "DeadlineExceeded); `version` is the version received. `like` gives shape and dtype.");
+    .Doc(
+        "Fetches the newest version >= `min_version` that worker `rank` saved under `blob_name`, waiting on "
+        "that worker until a save makes one available (at most the runtime timeout, then "
+        "DeadlineExceeded); `version` is the version received. `like` gives shape and dtype.");
 
 class RequestAtLeastOp : public AsyncOpKernel {
  public:
@@ -149,9 +150,10 @@ REGISTER_OP("KungfuPush")
     .Attr(KUNGFU_ACCUMULATOR_TYPES)
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Adds `input` element-wise into worker `rank`'s accumulator `blob_name` (created by the first push). "
-         "Completes once the bytes are written to the connection (or added, for this worker's own rank), "
-         "not when the receiver has added them.");
+    .Doc(
+        "Adds `input` element-wise into worker `rank`'s accumulator `blob_name` (created by the first push). "
+        "Completes once the bytes are written to the connection (or added, for this worker's own rank), "
+        "not when the receiver has added them.");
 
 class PushOp : public AsyncOpKernel {
  public:
@@ -186,9 +188,10 @@ REGISTER_OP("KungfuTake")
       c->set_output(1, c->Scalar());
       return absl::OkStatus();
     })
-    .Doc("Moves the sum of everything pushed into this worker's accumulator `blob_name` since the last take "
-         "into `sum` (shaped like `like`) and the number of those pushes into `count`; the accumulator starts "
-         "again from empty. Never waits: nothing pushed gives zeros and 0.");
+    .Doc(
+        "Moves the sum of everything pushed into this worker's accumulator `blob_name` since the last take "
+        "into `sum` (shaped like `like`) and the number of those pushes into `count`; the accumulator starts "
+        "again from empty. Never waits: nothing pushed gives zeros and 0.");
 
 // Synchronous: a take only copies what is already here.
 class TakeOp : public OpKernel {

@@ -56,8 +56,8 @@ std::vector<int64_t> as_int64(const Tensor &indices) {
 }
 
 // Allocates outputs `indices_at` ([n], int64) and `indices_at + 1` ([n] + row shape).
-absl::Status allocate_rows(OpKernelContext *ctx, int indices_at, const TensorShape &table, int64_t n,
-                           Tensor **indices, Tensor **values) {
+absl::Status allocate_rows(OpKernelContext *ctx, int indices_at, const TensorShape &table, int64_t n, Tensor **indices,
+                           Tensor **values) {
   TensorShape shape = table;
   shape.set_dim(0, n);
   TF_RETURN_IF_ERROR(ctx->allocate_output(indices_at, TensorShape({n}), indices));
@@ -69,8 +69,10 @@ absl::Status rows_outputs(tensorflow::shape_inference::InferenceContext *c) {
   PartialTensorShape table;
   TF_RETURN_IF_ERROR(c->GetAttr("shape", &table));
   if (table.dims() < 1) {  // also unknown rank: the kernel needs the whole shape
-    return absl::InvalidArgumentError("attr 'shape': a table needs at least one dimension (rows), "
-                                      "got shape " + table.DebugString());
+    return absl::InvalidArgumentError(
+        "attr 'shape': a table needs at least one dimension (rows), "
+        "got shape " +
+        table.DebugString());
   }
   tensorflow::shape_inference::ShapeHandle row, values;
   TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(table, &row));
@@ -106,9 +108,10 @@ REGISTER_OP("KungfuPushRows")
     .Attr("Tindices: {int32, int64}")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Adds the rows `values` (row indices[i] gets values[i]) into worker `rank`'s table accumulator "
-         "`blob_name`, a table of `num_rows` rows shaped like values[0]. Only these rows travel. Completes "
-         "once the bytes are written to the connection, like KungfuPush.");
+    .Doc(
+        "Adds the rows `values` (row indices[i] gets values[i]) into worker `rank`'s table accumulator "
+        "`blob_name`, a table of `num_rows` rows shaped like values[0]. Only these rows travel. Completes "
+        "once the bytes are written to the connection, like KungfuPush.");
 
 class PushRowsOp : public AsyncOpKernel {
  public:
@@ -151,13 +154,16 @@ REGISTER_OP("KungfuTakeRows")
     .Attr("shape: shape")
     .SetIsStateful()
     .SetShapeFn(rows_outputs)
-    .Doc("Moves the rows pushed into this worker's table accumulator `blob_name` (a table of `shape`) since "
-         "the last take out of it: their indices (ascending), their sums, and the number of pushes. Never "
-         "waits.");
+    .Doc(
+        "Moves the rows pushed into this worker's table accumulator `blob_name` (a table of `shape`) since "
+        "the last take out of it: their indices (ascending), their sums, and the number of pushes. Never "
+        "waits.");
 
 class TakeRowsOp : public OpKernel {
  public:
-  explicit TakeRowsOp(OpKernelConstruction *ctx) : OpKernel(ctx) { OP_REQUIRES_OK(ctx, read_table_attrs(ctx, &table_)); }
+  explicit TakeRowsOp(OpKernelConstruction *ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, read_table_attrs(ctx, &table_));
+  }
   void Compute(OpKernelContext *ctx) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
@@ -173,7 +179,8 @@ class TakeRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, table_.shape, n, &indices_out, &values_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &count));
     std::copy(rows.begin(), rows.end(), indices_out->flat<int64_t>().data());
-    if (!values.empty()) std::memcpy(const_cast<char *>(values_out->tensor_data().data()), values.data(), values.size());
+    if (!values.empty())
+      std::memcpy(const_cast<char *>(values_out->tensor_data().data()), values.data(), values.size());
     count->scalar<int64_t>()() = pushes;
   }
 
@@ -191,8 +198,9 @@ REGISTER_OP("KungfuSaveRows")
     .Attr("Tindices: {int32, int64}")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Publishes `table` as `version` of table `blob_name` for peers' KungfuRequestRows, changed since the "
-         "previous version in `rows` only (the first save keeps the whole table).");
+    .Doc(
+        "Publishes `table` as `version` of table `blob_name` for peers' KungfuRequestRows, changed since the "
+        "previous version in `rows` only (the first save keeps the whole table).");
 
 class SaveRowsOp : public OpKernel {
  public:
@@ -233,10 +241,11 @@ REGISTER_OP("KungfuRequestRows")
     .Attr("shape: shape")
     .SetIsStateful()
     .SetShapeFn(rows_outputs)
-    .Doc("Fetches from worker `rank` the rows of table `blob_name` (of `shape`) that changed since the version "
-         "this worker last received, as of its newest version >= `min_version` (waiting there until one is "
-         "saved, at most the runtime timeout); the first fetch returns every row. Writing `values` into rows "
-         "`indices` of the previous copy gives the table at `version`.");
+    .Doc(
+        "Fetches from worker `rank` the rows of table `blob_name` (of `shape`) that changed since the version "
+        "this worker last received, as of its newest version >= `min_version` (waiting there until one is "
+        "saved, at most the runtime timeout); the first fetch returns every row. Writing `values` into rows "
+        "`indices` of the previous copy gives the table at `version`.");
 
 class RequestRowsOp : public AsyncOpKernel {
  public:
@@ -272,11 +281,10 @@ class RequestRowsOp : public AsyncOpKernel {
   static absl::Status unpack(OpKernelContext *ctx, const std::string &name, const kungfu::RowsDesc &desc,
                              const TensorShape &shape, const kungfu::RowsReply &reply) {
     if (reply.num_rows != desc.num_rows || reply.row_bytes != desc.row_bytes()) {
-      return absl::InvalidArgumentError("request_rows '" + name + "': the owner's table has " +
-                                        std::to_string(reply.num_rows) + " rows of " +
-                                        std::to_string(reply.row_bytes) + " bytes, this worker's " +
-                                        shape.DebugString() + " has " + std::to_string(desc.num_rows) +
-                                        " rows of " + std::to_string(desc.row_bytes()) + " bytes");
+      return absl::InvalidArgumentError(
+          "request_rows '" + name + "': the owner's table has " + std::to_string(reply.num_rows) + " rows of " +
+          std::to_string(reply.row_bytes) + " bytes, this worker's " + shape.DebugString() + " has " +
+          std::to_string(desc.num_rows) + " rows of " + std::to_string(desc.row_bytes()) + " bytes");
     }
     const size_t size = reply.payload ? reply.payload->size() : 0;
     const size_t per_row = reply.all_rows ? desc.row_bytes() : sizeof(int64_t) + desc.row_bytes();
@@ -300,8 +308,8 @@ class RequestRowsOp : public AsyncOpKernel {
       for (int64_t i = 0; i < n; ++i) {
         if (idx[i] < 0 || idx[i] >= static_cast<int64_t>(desc.num_rows)) {
           return absl::InvalidArgumentError("request_rows '" + name + "': the owner sent row " +
-                                            std::to_string(idx[i]) + " of a table of " +
-                                            std::to_string(desc.num_rows) + " rows here");
+                                            std::to_string(idx[i]) + " of a table of " + std::to_string(desc.num_rows) +
+                                            " rows here");
         }
       }
     }

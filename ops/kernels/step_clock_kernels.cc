@@ -43,8 +43,9 @@ REGISTER_OP("KungfuStepClockStart")
     .Output("start_ns: int64")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
-    .Doc("The monotonic clock in nanoseconds when this op ran; its only input is a resource handle it never "
-         "reads (available when the step starts), so it runs when the step starts.");
+    .Doc(
+        "The monotonic clock in nanoseconds when this op ran; its only input is a resource handle it never "
+        "reads (available when the step starts), so it runs when the step starts.");
 
 class StepClockStartOp : public OpKernel {
  public:

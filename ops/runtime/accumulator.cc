@@ -35,9 +35,8 @@ Status AccumulatorStore::Accumulator::take_dropped(const std::string &name) {
   return InvalidArgument(why);
 }
 
-std::shared_ptr<AccumulatorStore::Accumulator> AccumulatorStore::get(const std::string &name, DType dtype,
-                                                                     size_t count, size_t row_len,
-                                                                     const std::string &who) {
+std::shared_ptr<AccumulatorStore::Accumulator> AccumulatorStore::get(const std::string &name, DType dtype, size_t count,
+                                                                     size_t row_len, const std::string &who) {
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<Accumulator> &acc = accumulators_[name];
   if (!acc) {
@@ -81,8 +80,7 @@ void AccumulatorStore::add_rows(const std::string &name, const std::string &from
     // Rows of nothing: an empty dense accumulator says the same.
     return add(name, from, dtype, 0, values);
   }
-  std::shared_ptr<Accumulator> acc =
-      get(name, dtype, num_rows * row_len, row_len, "the first push, from " + from);
+  std::shared_ptr<Accumulator> acc = get(name, dtype, num_rows * row_len, row_len, "the first push, from " + from);
   std::lock_guard<std::mutex> lock(acc->mu);
   if (dtype != acc->dtype || num_rows * row_len != acc->count || row_len != acc->row_len) {
     acc->drop("a push from " + from + " was dropped: it has rows of " + size_text(dtype, num_rows * row_len, row_len) +

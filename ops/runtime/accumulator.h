@@ -53,9 +53,9 @@ class AccumulatorStore {
     std::mutex mu;
     DType dtype = DType::kFloat32;
     size_t count = 0;
-    size_t row_len = 0;      // 0: dense; else a table of count / row_len rows
-    std::string defined_by;  // who fixed dtype/count, for error messages
-    std::vector<char> sum;   // dense: valid only while pushes > 0; table: always (zeros where untouched)
+    size_t row_len = 0;                 // 0: dense; else a table of count / row_len rows
+    std::string defined_by;             // who fixed dtype/count, for error messages
+    std::vector<char> sum;              // dense: valid only while pushes > 0; table: always (zeros where untouched)
     std::vector<uint8_t> touched;       // table: per row, pushed since the last take
     std::vector<int64_t> touched_rows;  // table: those rows, in first-push order
     int64_t pushes = 0;

@@ -17,10 +17,9 @@ std::string shape_text(DType dt, const int64_t *dims, size_t ndims) {
 
 }  // namespace
 
-CollectiveOp::CollectiveOp(CollectiveContext ctx, std::string kind, std::string name, TensorDesc desc,
-                           ReduceOp op, TopologyKind topology, std::shared_ptr<const Topology> graphs,
-                           std::vector<PieceTask> tasks, const void *in, void *out,
-                           std::shared_ptr<const void> keepalive, DoneCallback done)
+CollectiveOp::CollectiveOp(CollectiveContext ctx, std::string kind, std::string name, TensorDesc desc, ReduceOp op,
+                           TopologyKind topology, std::shared_ptr<const Topology> graphs, std::vector<PieceTask> tasks,
+                           const void *in, void *out, std::shared_ptr<const void> keepalive, DoneCallback done)
     : ctx_(ctx),
       kind_(std::move(kind)),
       name_(std::move(name)),
@@ -159,8 +158,8 @@ Status CollectiveOp::check(const Message &msg, size_t piece) const {
   if (!same_shape || h.payload_len != piece_bytes(piece)) {
     std::string theirs = dtype_valid(h.dtype) ? shape_text(static_cast<DType>(h.dtype), h.dims, h.ndims)
                                               : std::string("<bad dtype>");
-    return InvalidArgument(kind_ + " '" + name_ + "': tensors differ across workers: " +
-                           ctx_.cluster.describe(ctx_.self) + " has " +
+    return InvalidArgument(kind_ + " '" + name_ +
+                           "': tensors differ across workers: " + ctx_.cluster.describe(ctx_.self) + " has " +
                            shape_text(desc_.dtype, desc_.shape.data(), desc_.shape.size()) + ", " +
                            ctx_.cluster.describe(msg.src) + " has " + theirs);
   }
@@ -245,13 +244,12 @@ void CollectiveOp::send_to(int dst, size_t piece, char phase, const char *src) {
   h.seq = instance_;
   outstanding_.fetch_add(1);
   auto self = shared_from_this();
-  ctx_.transport.send(dst, h, piece_key(piece, phase), src, piece_bytes(piece), self,
-                      [self](const Status &s) {
-                        if (!s.ok()) {
-                          self->fail(Status(s.code(), self->describe() + ": " + s.message()), true);
-                        }
-                        self->finish_one();
-                      });
+  ctx_.transport.send(dst, h, piece_key(piece, phase), src, piece_bytes(piece), self, [self](const Status &s) {
+    if (!s.ok()) {
+      self->fail(Status(s.code(), self->describe() + ": " + s.message()), true);
+    }
+    self->finish_one();
+  });
 }
 
 void CollectiveOp::finish_one() {

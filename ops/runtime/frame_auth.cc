@@ -46,24 +46,18 @@ EVP_CIPHER *aes_256_gcm() {
 
 bool authenticates_frames(FrameAuthPolicy policy, bool across_hosts) {
   switch (policy) {
-    case FrameAuthPolicy::kAlways:
-      return true;
-    case FrameAuthPolicy::kNever:
-      return false;
-    case FrameAuthPolicy::kAcrossHosts:
-      return across_hosts;
+    case FrameAuthPolicy::kAlways: return true;
+    case FrameAuthPolicy::kNever: return false;
+    case FrameAuthPolicy::kAcrossHosts: return across_hosts;
   }
   return true;
 }
 
 std::string describe_policy(FrameAuthPolicy policy) {
   switch (policy) {
-    case FrameAuthPolicy::kAlways:
-      return "KUNGFU_AUTHENTICATE_FRAMES=1";
-    case FrameAuthPolicy::kNever:
-      return "KUNGFU_AUTHENTICATE_FRAMES=0";
-    case FrameAuthPolicy::kAcrossHosts:
-      break;
+    case FrameAuthPolicy::kAlways: return "KUNGFU_AUTHENTICATE_FRAMES=1";
+    case FrameAuthPolicy::kNever: return "KUNGFU_AUTHENTICATE_FRAMES=0";
+    case FrameAuthPolicy::kAcrossHosts: break;
   }
   return "KUNGFU_AUTHENTICATE_FRAMES unset (authenticated across hosts only)";
 }
@@ -142,8 +136,8 @@ bool FrameAuthenticator::verify_frame(const uint8_t *received) {
   return !failed_;
 }
 
-FrameAuthenticator::Tag FrameAuthenticator::sign(const void *header, size_t header_len, const void *key,
-                                                 size_t key_len, const void *payload, size_t payload_len) {
+FrameAuthenticator::Tag FrameAuthenticator::sign(const void *header, size_t header_len, const void *key, size_t key_len,
+                                                 const void *payload, size_t payload_len) {
   begin_frame(header, header_len, key, key_len);
   add_payload(payload, payload_len);
   return end_frame();

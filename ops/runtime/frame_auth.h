@@ -94,9 +94,7 @@ class FrameAuthenticator {
   using Tag = std::array<uint8_t, kTagLen>;
 
   // How many segments (and tags) a payload of `payload_len` bytes takes.
-  static uint64_t segments(uint64_t payload_len) {
-    return payload_len == 0 ? 1 : (payload_len - 1) / kSegmentLen + 1;
-  }
+  static uint64_t segments(uint64_t payload_len) { return payload_len == 0 ? 1 : (payload_len - 1) / kSegmentLen + 1; }
 
   // Keys one AES-256-GCM context for the whole connection direction: the
   // key schedule and hash key are computed here once, and each frame only

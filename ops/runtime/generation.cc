@@ -26,8 +26,7 @@ std::vector<int> Generation::lost() const {
   return std::vector<int>(lost_.begin(), lost_.end());
 }
 
-void Generation::retire(const Status &why, std::chrono::steady_clock::time_point deadline,
-                        uint32_t next_version) {
+void Generation::retire(const Status &why, std::chrono::steady_clock::time_point deadline, uint32_t next_version) {
   registry.close(why);
   if (transport) {
     transport->leave(deadline, next_version);

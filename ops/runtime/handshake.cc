@@ -235,8 +235,8 @@ class Deadline {
     if (!recv_u32(&len, what + " length", err)) return false;
     if (len == 0 && !allow_empty) return fail(err, "peer sent an empty " + what);
     if (len > limit) {
-      return fail(err, what + " length " + std::to_string(len) + " exceeds limit of " + std::to_string(limit) +
-                           " bytes");
+      return fail(err,
+                  what + " length " + std::to_string(len) + " exceeds limit of " + std::to_string(limit) + " bytes");
     }
     out->assign(len, '\0');
     return len == 0 || recv(&(*out)[0], len, what, err);
@@ -345,9 +345,9 @@ bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentit
   return true;
 }
 
-bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
-                      const std::string &self_id, SessionKey *session_key, std::string *err,
-                      double timeout_seconds, VersionSkew *skew, bool *cut_before_hello) {
+bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self, const std::string &self_id,
+                      SessionKey *session_key, std::string *err, double timeout_seconds, VersionSkew *skew,
+                      bool *cut_before_hello) {
   if (skew) *skew = VersionSkew::kNone;
   if (cut_before_hello) *cut_before_hello = false;
   if (secret.empty()) {
@@ -390,8 +390,7 @@ bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentit
 
   // One buffer, one send: avoids small-packet latency under Nagle.
   std::string msg = std::string(kClientMagic, kMagicLen) +
-                    std::string(reinterpret_cast<const char *>(client_nonce.data()), kNonceLen) +
-                    encode_identity(self);
+                    std::string(reinterpret_cast<const char *>(client_nonce.data()), kNonceLen) + encode_identity(self);
   std::string id_len(kU32, '\0');
   put_be32(reinterpret_cast<uint8_t *>(&id_len[0]), static_cast<uint32_t>(self_id.size()));
   msg += id_len + self_id + std::string(reinterpret_cast<const char *>(mac.data()), mac.size());

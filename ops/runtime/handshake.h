@@ -72,8 +72,8 @@ enum class VersionSkew { kNone, kPeerBehind, kPeerAhead };
 // when the client proved the secret and the job id but is at another cluster
 // version.
 bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self, std::string *client_id,
-                      SessionKey *session_key, std::string *err,
-                      double timeout_seconds = kHandshakeTimeoutSeconds, VersionSkew *skew = nullptr);
+                      SessionKey *session_key, std::string *err, double timeout_seconds = kHandshakeTimeoutSeconds,
+                      VersionSkew *skew = nullptr);
 
 // Run by the side that connected. `self_id` is our identity string. Verifies
 // the server knows the secret and belongs to the same job and cluster version
@@ -83,9 +83,8 @@ bool server_handshake(int fd, const SecretString &secret, const HandshakeIdentit
 // *cut_before_hello (if not null) is set when the server hung up (end of
 // stream, reset) before its hello arrived: what a worker does whose
 // transport is being replaced in a cluster change, so the caller may retry.
-bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self,
-                      const std::string &self_id, SessionKey *session_key, std::string *err,
-                      double timeout_seconds = kHandshakeTimeoutSeconds, VersionSkew *skew = nullptr,
-                      bool *cut_before_hello = nullptr);
+bool client_handshake(int fd, const SecretString &secret, const HandshakeIdentity &self, const std::string &self_id,
+                      SessionKey *session_key, std::string *err, double timeout_seconds = kHandshakeTimeoutSeconds,
+                      VersionSkew *skew = nullptr, bool *cut_before_hello = nullptr);
 
 }  // namespace kungfu

@@ -68,9 +68,7 @@ HmacDigest hmac_sha256(const SecretString &key, const void *msg, size_t len) {
   return mac.finish();
 }
 
-bool constant_time_equal(const uint8_t *a, const uint8_t *b, size_t n) {
-  return n == 0 || CRYPTO_memcmp(a, b, n) == 0;
-}
+bool constant_time_equal(const uint8_t *a, const uint8_t *b, size_t n) { return n == 0 || CRYPTO_memcmp(a, b, n) == 0; }
 
 bool random_bytes(void *out, size_t n) {
   init_libcrypto();

@@ -12,7 +12,7 @@
 namespace kungfu {
 
 struct Plan {
-  TopologyKind kind;                      // travels in frame headers
+  TopologyKind kind;                       // travels in frame headers
   std::shared_ptr<const Topology> graphs;  // owns what the tasks point to
   std::vector<PieceTask> tasks;
 };

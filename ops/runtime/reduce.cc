@@ -63,7 +63,7 @@ namespace {
 // undefined behaviour in C++, so signed integers are added and multiplied in
 // the unsigned type of the same width: the same machine instructions, defined
 // results. (uint8 is promoted to int, where its products cannot overflow.)
-template <typename T, bool = std::is_integral_v<T> && std::is_signed_v<T>>
+template <typename T, bool = (std::is_integral_v<T> && std::is_signed_v<T>)>
 struct ArithType {
   using type = T;
 };
@@ -159,7 +159,7 @@ uint16_t float_to_half(float f) {
     return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
   }
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (absx < 0x38800000u) {  // result is subnormal or zero
+  if (absx < 0x38800000u) {                                               // result is subnormal or zero
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
     uint32_t e = absx >> 23;
     uint32_t m = (absx & 0x7fffffu) | 0x800000u;
@@ -215,25 +215,13 @@ void reduce_half(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n, 
 
 void reduce_inplace(void *acc, const void *in, size_t count, DType dt, ReduceOp op) {
   switch (dt) {
-    case DType::kUInt8:
-      reduce_typed(static_cast<uint8_t *>(acc), static_cast<const uint8_t *>(in), count, op);
-      break;
-    case DType::kInt32:
-      reduce_typed(static_cast<int32_t *>(acc), static_cast<const int32_t *>(in), count, op);
-      break;
-    case DType::kInt64:
-      reduce_typed(static_cast<int64_t *>(acc), static_cast<const int64_t *>(in), count, op);
-      break;
-    case DType::kFloat32:
-      reduce_typed(static_cast<float *>(acc), static_cast<const float *>(in), count, op);
-      break;
-    case DType::kFloat64:
-      reduce_typed(static_cast<double *>(acc), static_cast<const double *>(in), count, op);
-      break;
+    case DType::kUInt8: reduce_typed(static_cast<uint8_t *>(acc), static_cast<const uint8_t *>(in), count, op); break;
+    case DType::kInt32: reduce_typed(static_cast<int32_t *>(acc), static_cast<const int32_t *>(in), count, op); break;
+    case DType::kInt64: reduce_typed(static_cast<int64_t *>(acc), static_cast<const int64_t *>(in), count, op); break;
+    case DType::kFloat32: reduce_typed(static_cast<float *>(acc), static_cast<const float *>(in), count, op); break;
+    case DType::kFloat64: reduce_typed(static_cast<double *>(acc), static_cast<const double *>(in), count, op); break;
     case DType::kFloat16:
-    case DType::kBFloat16:
-      reduce_to(acc, acc, in, count, dt, op);
-      break;
+    case DType::kBFloat16: reduce_to(acc, acc, in, count, dt, op); break;
   }
 }
 
@@ -260,8 +248,7 @@ void scale_inplace(void *acc, size_t count, DType dt, double factor) {
       for (size_t i = 0; i < count; ++i) p[i] = float_to_bf16(bf16_to_float(p[i]) * static_cast<float>(factor));
       break;
     }
-    default:
-      break;  // integer means are not defined here; the Python wrapper rejects them
+    default: break;  // integer means are not defined here; the Python wrapper rejects them
   }
 }
 
@@ -280,12 +267,11 @@ void reduce_to(void *out, const void *a, const void *b, size_t count, DType dt, 
                     count, op);
       break;
     case DType::kFloat32:
-      reduce3_typed(static_cast<float *>(out), static_cast<const float *>(a), static_cast<const float *>(b), count,
-                    op);
+      reduce3_typed(static_cast<float *>(out), static_cast<const float *>(a), static_cast<const float *>(b), count, op);
       break;
     case DType::kFloat64:
-      reduce3_typed(static_cast<double *>(out), static_cast<const double *>(a), static_cast<const double *>(b),
-                    count, op);
+      reduce3_typed(static_cast<double *>(out), static_cast<const double *>(a), static_cast<const double *>(b), count,
+                    op);
       break;
     case DType::kFloat16:
       reduce_half<half_to_float, float_to_half>(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(a),

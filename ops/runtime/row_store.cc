@@ -5,8 +5,8 @@
 
 namespace kungfu {
 
-Status RowStore::update(const std::string &name, uint64_t version, const char *data, size_t num_rows,
-                        size_t row_bytes, const int64_t *rows, size_t n) {
+Status RowStore::update(const std::string &name, uint64_t version, const char *data, size_t num_rows, size_t row_bytes,
+                        const int64_t *rows, size_t n) {
   std::vector<std::pair<Waiter, RowsReply>> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -27,8 +27,8 @@ Status RowStore::update(const std::string &name, uint64_t version, const char *d
       }
       for (size_t i = 0; i < n; ++i) {
         if (rows[i] < 0 || static_cast<size_t>(rows[i]) >= num_rows) {
-          return InvalidArgument("update of table '" + name + "': row " + std::to_string(rows[i]) +
-                                 " is outside its " + std::to_string(num_rows) + " rows");
+          return InvalidArgument("update of table '" + name + "': row " + std::to_string(rows[i]) + " is outside its " +
+                                 std::to_string(num_rows) + " rows");
         }
       }
       for (size_t i = 0; i < n; ++i) {

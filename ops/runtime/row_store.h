@@ -53,8 +53,8 @@ class RowStore {
 
  private:
   struct PeerView {
-    uint64_t sent = 0;              // the version we last sent this peer
-    std::vector<uint8_t> changed;   // per row: changed since `sent`
+    uint64_t sent = 0;             // the version we last sent this peer
+    std::vector<uint8_t> changed;  // per row: changed since `sent`
     std::vector<int64_t> changed_rows;
   };
   struct Table {

@@ -152,12 +152,10 @@ uint64_t Runtime::authenticated_connections() const {
   return g->transport ? g->transport->authenticated_connections() : 0;
 }
 
-bool Runtime::on_frame(Generation &g, int src, const FrameHeader &header, std::string key,
-                       const PartialReader &read) {
+bool Runtime::on_frame(Generation &g, int src, const FrameHeader &header, std::string key, const PartialReader &read) {
   switch (static_cast<FrameType>(header.type)) {
     case FrameType::kCollective:
-    case FrameType::kP2PResponse:
-      return g.mailbox.deliver(src, header, std::move(key), read);
+    case FrameType::kP2PResponse: return g.mailbox.deliver(src, header, std::move(key), read);
     case FrameType::kAbort: {
       std::string reason(std::min<uint64_t>(header.payload_len, 64 * 1024), '\0');
       if (!read(reason.data(), reason.size())) return false;
@@ -167,15 +165,10 @@ bool Runtime::on_frame(Generation &g, int src, const FrameHeader &header, std::s
       g.registry.abort(key, header.seq, Status(code, reason + " (reported by " + g.cluster.describe(src) + ")"));
       return true;
     }
-    case FrameType::kP2PRequest:
-      serve_request(g, src, header, key, read);
-      return true;
-    case FrameType::kPush:
-      return receive_push(g, src, header, key, read);
-    case FrameType::kPushRows:
-      return receive_push_rows(g, src, header, key, read);
-    default:
-      return true;  // unknown frames are skipped: newer peers may send more kinds
+    case FrameType::kP2PRequest: serve_request(g, src, header, key, read); return true;
+    case FrameType::kPush: return receive_push(g, src, header, key, read);
+    case FrameType::kPushRows: return receive_push_rows(g, src, header, key, read);
+    default: return true;  // unknown frames are skipped: newer peers may send more kinds
   }
 }
 

@@ -145,8 +145,8 @@ class Runtime {
                  const void *values, DoneCallback done);
   // The rows pushed into table accumulator `name` since the last take
   // (ascending) and their sums; see AccumulatorStore::take_rows.
-  Status take_rows(const std::string &name, const RowsDesc &desc, std::vector<int64_t> *rows,
-                   std::vector<char> *values, int64_t *pushes);
+  Status take_rows(const std::string &name, const RowsDesc &desc, std::vector<int64_t> *rows, std::vector<char> *values,
+                   int64_t *pushes);
 
   // Publishes `table` (desc.num_rows rows) as `version` of table `name`,
   // changed since the previous version in `rows` only (see RowStore).
@@ -223,8 +223,7 @@ class Runtime {
   // its token (0: it ran at once), `cancel` forgets a token.
   using Respond = std::function<void()>;
   void park(Generation &g, int src, const std::string &id, const std::string &what,
-            const std::function<uint64_t(std::function<void(Respond)>)> &wait,
-            std::function<void(uint64_t)> cancel);
+            const std::function<uint64_t(std::function<void(Respond)>)> &wait, std::function<void(uint64_t)> cancel);
   // Sends a kP2PResponse to request `id` of `src` (`dims`: the header's, for rows replies).
   void respond(Generation &g, int src, const std::string &id, uint8_t flags, uint64_t version, Blob blob,
                const std::vector<int64_t> &dims = {});

@@ -14,8 +14,8 @@ TopologyKind Runtime::resolve(const Generation &g, TopologyKind kind, size_t byt
   return kind == TopologyKind::kAuto ? choose_auto(bytes, g.cluster) : kind;
 }
 
-void Runtime::run(Generation &g, const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op,
-                  Plan plan, bool staged, DoneCallback done) {
+void Runtime::run(Generation &g, const std::string &kind, const std::string &name, Buffer &buf, ReduceOp op, Plan plan,
+                  bool staged, DoneCallback done) {
   auto coll = std::make_shared<CollectiveOp>(context(g), kind, name, buf.desc, op, plan.kind, std::move(plan.graphs),
                                              std::move(plan.tasks), staged ? nullptr : buf.send, buf.recv,
                                              buf.keepalive, std::move(done));
@@ -35,8 +35,7 @@ void Runtime::all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneC
   all_reduce_in(gen(), topology(), name, std::move(buf), op, std::move(done));
 }
 
-void Runtime::all_reduce_on(TopologyKind kind, const std::string &name, Buffer buf, ReduceOp op,
-                            DoneCallback done) {
+void Runtime::all_reduce_on(TopologyKind kind, const std::string &name, Buffer buf, ReduceOp op, DoneCallback done) {
   all_reduce_in(gen(), kind, name, std::move(buf), op, std::move(done));
 }
 
@@ -68,8 +67,8 @@ void Runtime::broadcast(const std::string &name, Buffer buf, int root, DoneCallb
   size_t bytes = buf.desc.count * dtype_size(buf.desc.dtype);
   if (g->self_rank == root) stage_input(buf, bytes);
   if (g->size() == 1) return done(Status::OK());
-  Plan plan = plan_rooted(resolve(*g, topology(), bytes), g->cluster, root, buf.desc.count,
-                          dtype_size(buf.desc.dtype), opt_.chunk_bytes, false, true);
+  Plan plan = plan_rooted(resolve(*g, topology(), bytes), g->cluster, root, buf.desc.count, dtype_size(buf.desc.dtype),
+                          opt_.chunk_bytes, false, true);
   run(*g, "broadcast", name, buf, ReduceOp::kSum, std::move(plan), true, std::move(done));
 }
 
@@ -86,8 +85,8 @@ void Runtime::reduce(const std::string &name, Buffer buf, ReduceOp op, int root,
     stage_input(buf, bytes);
     return done(Status::OK());
   }
-  Plan plan = plan_rooted(resolve(*g, topology(), bytes), g->cluster, root, buf.desc.count,
-                          dtype_size(buf.desc.dtype), opt_.chunk_bytes, true, false);
+  Plan plan = plan_rooted(resolve(*g, topology(), bytes), g->cluster, root, buf.desc.count, dtype_size(buf.desc.dtype),
+                          opt_.chunk_bytes, true, false);
   run(*g, "reduce", name, buf, op, std::move(plan), false, std::move(done));
 }
 
@@ -100,8 +99,8 @@ void Runtime::all_gather(const std::string &name, Buffer buf, DoneCallback done)
     std::memcpy(static_cast<char *>(buf.recv) + static_cast<size_t>(g->self_rank) * bytes, buf.send, bytes);
   }
   if (g->size() == 1) return done(Status::OK());
-  Plan plan = plan_all_gather(resolve(*g, topology(), bytes), g->cluster, buf.desc.count,
-                              dtype_size(buf.desc.dtype), opt_.chunk_bytes);
+  Plan plan = plan_all_gather(resolve(*g, topology(), bytes), g->cluster, buf.desc.count, dtype_size(buf.desc.dtype),
+                              opt_.chunk_bytes);
   run(*g, "all_gather", name, buf, ReduceOp::kSum, std::move(plan), true, std::move(done));
 }
 

@@ -18,8 +18,7 @@ void Runtime::consensus(const std::string &name, std::vector<char> bytes, Consen
   consensus_in(gen(), name, std::move(bytes), std::move(done));
 }
 
-void Runtime::consensus_in(const GenPtr &g, const std::string &name, std::vector<char> bytes,
-                           ConsensusCallback done) {
+void Runtime::consensus_in(const GenPtr &g, const std::string &name, std::vector<char> bytes, ConsensusCallback done) {
   // Alg. 1: first agree on the length (min == max), then on the bytes
   // (byte-wise min == max), then a barrier so nobody acts before all know.
   // Every step runs on generation `g`: after a cluster change the rest fails

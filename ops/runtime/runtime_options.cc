@@ -23,8 +23,8 @@ Status check_job_id(const std::string &id, int cluster_size) {
     return InvalidArgument("KUNGFU_JOB_ID is not set: start the workers with kungfu-run, which generates it");
   }
   if (id.size() > kHandshakeMaxJobIdLen) {
-    return InvalidArgument("KUNGFU_JOB_ID must be at most " + std::to_string(kHandshakeMaxJobIdLen) +
-                           " bytes, got " + std::to_string(id.size()));
+    return InvalidArgument("KUNGFU_JOB_ID must be at most " + std::to_string(kHandshakeMaxJobIdLen) + " bytes, got " +
+                           std::to_string(id.size()));
   }
   for (size_t i = 0; i < id.size(); ++i) {
     if (id[i] < 0x20 || id[i] > 0x7e) {

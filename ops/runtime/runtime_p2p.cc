@@ -17,8 +17,7 @@ void Runtime::save(const std::string &name, uint64_t version, const void *data, 
 
 void Runtime::request(int peer, const std::string &name, uint64_t version, void *dst, size_t len,
                       std::shared_ptr<const void> keepalive, DoneCallback done) {
-  fetch(peer, name, version, false, dst, len, std::move(keepalive),
-        [done](const Status &s, uint64_t) { done(s); });
+  fetch(peer, name, version, false, dst, len, std::move(keepalive), [done](const Status &s, uint64_t) { done(s); });
 }
 
 void Runtime::request_at_least(int peer, const std::string &name, uint64_t min_version, void *dst, size_t len,
@@ -29,8 +28,8 @@ void Runtime::request_at_least(int peer, const std::string &name, uint64_t min_v
 void Runtime::fetch(int peer, const std::string &name, uint64_t version, bool at_least, void *dst, size_t len,
                     std::shared_ptr<const void> keepalive, VersionCallback done) {
   GenPtr g = gen();
-  std::string what = "request '" + name + "'" + (at_least ? " version >= " + std::to_string(version) : "") +
-                     " from " + (peer >= 0 && peer < g->size() ? g->cluster.describe(peer) : "rank " + std::to_string(peer));
+  std::string what = "request '" + name + "'" + (at_least ? " version >= " + std::to_string(version) : "") + " from " +
+                     (peer >= 0 && peer < g->size() ? g->cluster.describe(peer) : "rank " + std::to_string(peer));
   if (peer < 0 || peer >= g->size()) return done(InvalidArgument(what + ": no such rank"), 0);
   Status refused = g->registry.closed();
   if (!refused.ok()) return done(Status(refused.code(), what + ": " + refused.message()), 0);
@@ -57,35 +56,40 @@ void Runtime::fetch(int peer, const std::string &name, uint64_t version, bool at
   if (peer == g->self_rank) {
     // Waiting for our own save: the registry's deadline bounds the wait.
     // `keepalive` owns dst until the callback is gone (run or cancelled).
-    uint64_t token = store_.when_saved(name, version, [op, registry, id, found, check_size, dst, len, keepalive](uint64_t v, Blob blob) {
-      registry->remove(id);
-      op->complete_with([&] {
-        *found = v;
-        Status ok = check_size(blob->size());
-        if (ok.ok() && len > 0) std::memcpy(dst, blob->data(), len);
-        return ok;
-      });
-    });
+    uint64_t token = store_.when_saved(name, version,
+                                       [op, registry, id, found, check_size, dst, len, keepalive](uint64_t v,
+                                                                                                  Blob blob) {
+                                         registry->remove(id);
+                                         op->complete_with([&] {
+                                           *found = v;
+                                           Status ok = check_size(blob->size());
+                                           if (ok.ok() && len > 0) std::memcpy(dst, blob->data(), len);
+                                           return ok;
+                                         });
+                                       });
     if (token != 0) op->on_failure([this, name, token] { store_.cancel(name, token); });
     return;
   }
   // A response may land in dst even after a timeout: `keepalive` owns it until then.
-  g->mailbox.expect(peer, id, dst, len, [op, id, registry, check_size, what, dst, found, version, keepalive](const Status &st, Message &msg) {
-    registry->remove(id);
-    if (!st.ok()) return op->complete(Status(st.code(), what + ": " + st.message()));
-    if (msg.header.flags & kFlagNotFound) {
-      return op->complete(NotFound(what + ": nothing saved under that name and version"));
-    }
-    if (msg.header.flags & kFlagTimedOut) {
-      return op->complete(DeadlineExceeded(what + ": no version >= " + std::to_string(version) +
-                                           " was saved there within the timeout (KUNGFU_TIMEOUT)"));
-    }
-    Status size_ok = check_size(msg.size());
-    // A response that did not land in place (it beat our expect()) is copied.
-    if (size_ok.ok() && msg.direct == nullptr && msg.size() > 0) std::memcpy(dst, msg.data(), msg.size());
-    *found = msg.header.seq;
-    op->complete(size_ok);
-  });
+  g->mailbox.expect(peer, id, dst, len,
+                    [op, id, registry, check_size, what, dst, found, version, keepalive](const Status &st,
+                                                                                         Message &msg) {
+                      registry->remove(id);
+                      if (!st.ok()) return op->complete(Status(st.code(), what + ": " + st.message()));
+                      if (msg.header.flags & kFlagNotFound) {
+                        return op->complete(NotFound(what + ": nothing saved under that name and version"));
+                      }
+                      if (msg.header.flags & kFlagTimedOut) {
+                        return op->complete(DeadlineExceeded(what + ": no version >= " + std::to_string(version) +
+                                                             " was saved there within the timeout (KUNGFU_TIMEOUT)"));
+                      }
+                      Status size_ok = check_size(msg.size());
+                      // A response that did not land in place (it beat our expect()) is copied.
+                      if (size_ok.ok() && msg.direct == nullptr && msg.size() > 0)
+                        std::memcpy(dst, msg.data(), msg.size());
+                      *found = msg.header.seq;
+                      op->complete(size_ok);
+                    });
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::kP2PRequest);
   h.flags = at_least ? kFlagAtLeast : 0;

@@ -73,8 +73,7 @@ void Runtime::push_rows(int peer, const std::string &name, const RowsDesc &desc,
   Status refused = g->registry.closed();
   if (!refused.ok()) return done(Status(refused.code(), what + ": " + refused.message()));
   if (peer == g->self_rank) {
-    accumulators_.add_rows(name, g->cluster.describe(peer), desc.dtype, desc.num_rows, desc.row_len, n, rows,
-                           values);
+    accumulators_.add_rows(name, g->cluster.describe(peer), desc.dtype, desc.num_rows, desc.row_len, n, rows, values);
     return done(Status::OK());
   }
   // One frame: the indices, then the rows (a copy of only the touched rows).
@@ -95,10 +94,11 @@ void Runtime::push_rows(int peer, const std::string &name, const RowsDesc &desc,
   h.dims[1] = static_cast<int64_t>(desc.row_len);
   h.seq = n;
   auto registry = &g->registry;
-  g->transport->send(peer, h, name, payload->data(), payload->size(), payload, [op, registry, id, what](const Status &st) {
-    registry->remove(id);
-    op->complete(st.ok() ? st : Status(st.code(), what + ": " + st.message()));
-  });
+  g->transport->send(peer, h, name, payload->data(), payload->size(), payload,
+                     [op, registry, id, what](const Status &st) {
+                       registry->remove(id);
+                       op->complete(st.ok() ? st : Status(st.code(), what + ": " + st.message()));
+                     });
 }
 
 bool Runtime::receive_push_rows(Generation &g, int src, const FrameHeader &header, const std::string &name,

@@ -77,8 +77,8 @@ void Runtime::request_rows(int peer, const std::string &name, uint64_t min_versi
 
 void Runtime::serve_rows(Generation &g, int src, const FrameHeader &header, const std::string &name,
                          const std::string &id) {
-  std::string what = "request for rows of '" + name + "' version >= " + std::to_string(header.seq) +
-                     " parked for " + g.cluster.describe(src);
+  std::string what = "request for rows of '" + name + "' version >= " + std::to_string(header.seq) + " parked for " +
+                     g.cluster.describe(src);
   uint64_t min_version = header.seq;
   auto held = static_cast<uint64_t>(header.dims[0]);
   Generation *in = &g;

@@ -81,9 +81,8 @@ bool recv_all(int fd, void *buf, size_t len, std::string *err) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (err) {
-        *err = (errno == EAGAIN || errno == EWOULDBLOCK)
-                   ? std::string("receive timed out")
-                   : std::string("receive failed: ") + strerror(errno);
+        *err = (errno == EAGAIN || errno == EWOULDBLOCK) ? std::string("receive timed out")
+                                                         : std::string("receive failed: ") + strerror(errno);
       }
       return false;
     }

@@ -123,9 +123,8 @@ GraphPair make_binary_tree_star(const Cluster &cluster, int root) {
   std::vector<int> parent(n, -1);
   // The host of `root` goes first and `root` leads it, so the tree is rooted there.
   std::vector<std::vector<int>> hosts = cluster.ranks_by_host();
-  std::stable_partition(hosts.begin(), hosts.end(), [&](const std::vector<int> &h) {
-    return std::find(h.begin(), h.end(), root) != h.end();
-  });
+  std::stable_partition(hosts.begin(), hosts.end(),
+                        [&](const std::vector<int> &h) { return std::find(h.begin(), h.end(), root) != h.end(); });
   std::vector<int> masters;
   for (std::vector<int> &h : hosts) {
     auto it = std::find(h.begin(), h.end(), root);
@@ -151,8 +150,7 @@ std::shared_ptr<const Topology> build_topology(TopologyKind kind, const Cluster 
     case TopologyKind::kClique:
       for (int r = 0; r < n; ++r) t->pairs.push_back(make_star(n, r));
       break;
-    case TopologyKind::kAuto:
-      return nullptr;  // AUTO is resolved per message size by choose_auto().
+    case TopologyKind::kAuto: return nullptr;  // AUTO is resolved per message size by choose_auto().
   }
   return t;
 }

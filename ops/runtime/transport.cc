@@ -66,8 +66,7 @@ Status Transport::bind_listeners() {
     struct sockaddr_un uaddr;
     socklen_t len = unix_address(self.port, &uaddr);
     if (::bind(ux, reinterpret_cast<struct sockaddr *>(&uaddr), len) != 0) {
-      return Unavailable("cannot bind same-host socket for port " + std::to_string(self.port) + ": " +
-                         strerror(errno));
+      return Unavailable("cannot bind same-host socket for port " + std::to_string(self.port) + ": " + strerror(errno));
     }
     if (::listen(ux, kListenBacklog) != 0) return Internal(errno_text("listen(AF_UNIX)"));
   }
@@ -166,8 +165,10 @@ HandshakeIdentity Transport::identity(bool across_hosts) const {
 
 void Transport::note_authenticated_connection() {
   if (authenticated_.fetch_add(1) == 0 && opt_.frame_auth == FrameAuthPolicy::kAcrossHosts) {
-    fprintf(stderr, "kungfu: %s authenticates the frames of its connections to other hosts (AES-GMAC; "
-            "KUNGFU_AUTHENTICATE_FRAMES=0 turns it off)\n", opt_.cluster.describe(opt_.self_rank).c_str());
+    fprintf(stderr,
+            "kungfu: %s authenticates the frames of its connections to other hosts (AES-GMAC; "
+            "KUNGFU_AUTHENTICATE_FRAMES=0 turns it off)\n",
+            opt_.cluster.describe(opt_.self_rank).c_str());
   }
 }
 

@@ -155,7 +155,7 @@ class Transport {
     size_t len;
     std::shared_ptr<const void> keepalive;
     SendCallback on_sent;
-    size_t written = 0;  // bytes of the frame on the wire (tags included) already sent
+    size_t written = 0;          // bytes of the frame on the wire (tags included) already sent
     bool authenticated = false;  // set by the first write on a link that authenticates frames
     // The tag of segment signed_segments - 1 (frame_auth.h), computed just
     // before that segment's first byte is written.
@@ -174,9 +174,9 @@ class Transport {
     std::deque<SendItem> queue;
     Fd fd;
     std::unique_ptr<FrameAuthenticator> auth;  // with fd, when its frames are authenticated
-    bool busy = false;  // a frame is being written right now
-    Status broken;      // once set, every send fails with it
-    bool closing = false;        // we are leaving: our goodbye is queued, nothing may follow it
+    bool busy = false;                         // a frame is being written right now
+    Status broken;                             // once set, every send fails with it
+    bool closing = false;                      // we are leaving: our goodbye is queued, nothing may follow it
     bool goodbye_written = false;
     std::thread sender;
     void *order = nullptr;  // socket_order_key of this connection; set once, in the constructor

@@ -20,7 +20,7 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
   const PeerID &self = opt_.cluster.peer(opt_.self_rank);
   bool use_unix = opt_.same_host_unix_sockets && peer.host == self.host;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                        std::chrono::duration<double>(opt_.timeout_seconds));
+                                                         std::chrono::duration<double>(opt_.timeout_seconds));
   // Registers the socket being dialed so that stop() can cut a connect or a
   // handshake short; released before the socket closes.
   struct Dialing {
@@ -51,8 +51,8 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
     if (use_unix) {
       struct sockaddr_un addr;
       socklen_t len = unix_address(peer.port, &addr);
-      connected =
-          connect_until(fd.get(), reinterpret_cast<struct sockaddr *>(&addr), len, deadline, &last_error, &refused);
+      connected = connect_until(fd.get(), reinterpret_cast<struct sockaddr *>(&addr), len, deadline, &last_error,
+                                &refused);
     } else {
       struct addrinfo hints = {}, *res = nullptr;
       hints.ai_family = AF_INET;
@@ -62,8 +62,7 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
       connected = connect_until(fd.get(), res->ai_addr, res->ai_addrlen, deadline, &last_error, &refused);
       freeaddrinfo(res);
     }
-    if (!connected && refused == ECONNREFUSED && dst < static_cast<int>(opt_.listening.size()) &&
-        opt_.listening[dst]) {
+    if (!connected && refused == ECONNREFUSED && dst < static_cast<int>(opt_.listening.size()) && opt_.listening[dst]) {
       // Its port has been bound since an earlier version and never closes
       // across changes: nobody listening there means the process is gone.
       return Unavailable("cannot connect to " + opt_.cluster.describe(dst) + ": " + last_error +

@@ -28,8 +28,8 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   SessionKey session_key;
   const HandshakeIdentity self = identity(connects_two_hosts(fd.get()));
   VersionSkew skew = VersionSkew::kNone;
-  bool proven =
-      server_handshake(fd.get(), opt_.secret, self, &client_id, &session_key, &err, kHandshakeTimeoutSeconds, &skew);
+  bool proven = server_handshake(fd.get(), opt_.secret, self, &client_id, &session_key, &err, kHandshakeTimeoutSeconds,
+                                 &skew);
   {
     std::lock_guard<std::mutex> lock(conn_mu_);
     --handshaking_;

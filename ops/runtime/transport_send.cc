@@ -47,7 +47,9 @@ Status Transport::write_frame(int dst, int fd, FrameAuthenticator *auth, SendIte
       iov[n_iov++] = {const_cast<char *>(item.key.data()), item.key.size()};
       iov[n_iov++] = {const_cast<void *>(item.data), item.len};
     } else {
-      const uint64_t seg = item.written < prefix ? 0 : std::min<uint64_t>((item.written - prefix) / (kSeg + kTag), segments - 1);
+      const uint64_t seg = item.written < prefix
+                               ? 0
+                               : std::min<uint64_t>((item.written - prefix) / (kSeg + kTag), segments - 1);
       const size_t seg_off = seg * kSeg;
       const size_t seg_len = std::min(kSeg, item.len - seg_off);
       if (item.signed_segments == seg) {
@@ -102,8 +104,7 @@ Status Transport::write_frame(int dst, int fd, FrameAuthenticator *auth, SendIte
   return Status::OK();
 }
 
-void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item,
-                                  bool wait) {
+void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mutex> &lock, SendItem &item, bool wait) {
   // `busy` keeps frames in order: nobody else writes until we are done, and the
   // lock is not held during the (possibly long) write.
   link.busy = true;

@@ -114,7 +114,7 @@ class VerifiedPayload {
   std::vector<char> segment_;
   const FrameHeader *header_ = nullptr;
   const std::string *key_ = nullptr;
-  uint64_t next_ = 0;              // payload offset of the next segment on the wire
+  uint64_t next_ = 0;               // payload offset of the next segment on the wire
   size_t held_ = 0, held_len_ = 0;  // unread part of segment_
 };
 

@@ -61,9 +61,8 @@ void test_exact_results_with_authenticated_frames() {
     }
     std::vector<float> blob(1000, 3.5f), got(1000, 0);
     rts[2]->save("model", 7, blob.data(), blob.size() * sizeof(float));
-    CHECK_OK(kftest::wait_for([&](DoneCallback d) {
-      rts[0]->request(2, "model", 7, got.data(), got.size() * sizeof(float), nullptr, d);
-    }));
+    CHECK_OK(kftest::wait_for(
+        [&](DoneCallback d) { rts[0]->request(2, "model", 7, got.data(), got.size() * sizeof(float), nullptr, d); }));
     CHECK(got == blob);
     // Every rank sent or received through an authenticated connection.
     for (auto &rt : rts) CHECK(rt->authenticated_connections() > 0);
@@ -120,9 +119,11 @@ void test_disagreeing_workers_fail_their_handshake() {
     FrameAuthPolicy a, b;
     std::vector<const char *> named;
   };
-  for (const Case &c : {Case{FrameAuthPolicy::kAlways, FrameAuthPolicy::kNever,
+  for (const Case &c : {Case{FrameAuthPolicy::kAlways,
+                             FrameAuthPolicy::kNever,
                              {"KUNGFU_AUTHENTICATE_FRAMES=1", "KUNGFU_AUTHENTICATE_FRAMES=0"}},
-                        Case{FrameAuthPolicy::kAlways, FrameAuthPolicy::kAcrossHosts,
+                        Case{FrameAuthPolicy::kAlways,
+                             FrameAuthPolicy::kAcrossHosts,
                              {"KUNGFU_AUTHENTICATE_FRAMES=1", "KUNGFU_AUTHENTICATE_FRAMES unset",
                               "sees the connection as within one host"}}}) {
     auto rts = authenticated_cluster({c.a, c.b}, TopologyKind::kStar, {2, 60});
@@ -146,8 +147,7 @@ void test_disagreeing_workers_fail_their_handshake() {
 // cluster names rank 0 by the proxy's address; rank 0 listens on its own.
 class BitFlippingProxy {
  public:
-  BitFlippingProxy(const PeerID &listen_at, const PeerID &forward_to, size_t flip_at)
-      : flip_at_(flip_at) {
+  BitFlippingProxy(const PeerID &listen_at, const PeerID &forward_to, size_t flip_at) : flip_at_(flip_at) {
     listener_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     int one = 1;
     ::setsockopt(listener_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -237,7 +237,8 @@ void test_tampered_frame_is_caught() {
       auto p = std::make_shared<std::promise<Status>>();
       fs.push_back(p->get_future());
       std::vector<float> &v = in[r];
-      rts[r]->reduce("tampered", Buffer{v.data(), v.data(), TensorDesc{DType::kFloat32, {int64_t(count)}, count}, nullptr},
+      rts[r]->reduce("tampered",
+                     Buffer{v.data(), v.data(), TensorDesc{DType::kFloat32, {int64_t(count)}, count}, nullptr},
                      ReduceOp::kSum, 0, [p](const Status &s) { p->set_value(s); });
     }
     Status root = fs[0].get();
@@ -245,7 +246,8 @@ void test_tampered_frame_is_caught() {
     CHECK(proxy.flipped());
     if (authenticate) {
       CHECK(!root.ok());
-      if (!contains(root.message(), "frame authentication failed")) std::fprintf(stderr, "  %s\n", root.ToString().c_str());
+      if (!contains(root.message(), "frame authentication failed"))
+        std::fprintf(stderr, "  %s\n", root.ToString().c_str());
       CHECK(contains(root.message(), "frame authentication failed"));
     } else {
       bool all_three = true;

@@ -31,28 +31,27 @@ namespace {
 
 int g_passed = 0;
 
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,     \
-                   __LINE__, #cond);                                  \
-      std::fprintf(stderr, "%d passed, 1 failed\n", g_passed);        \
-      std::exit(1);                                                   \
-    }                                                                 \
-    ++g_passed;                                                       \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, "%d passed, 1 failed\n", g_passed);                      \
+      std::exit(1);                                                                 \
+    }                                                                               \
+    ++g_passed;                                                                     \
   } while (0)
 
 // Substring match keeps the tests tied to the meaning of an error rather than
 // its exact wording.
-#define CHECK_ERR(err, needle)                                               \
-  do {                                                                       \
-    if ((err).find(needle) == std::string::npos) {                           \
-      std::fprintf(stderr, "%s:%d: error \"%s\" does not mention \"%s\"\n",  \
-                   __FILE__, __LINE__, (err).c_str(), needle);               \
-      std::fprintf(stderr, "%d passed, 1 failed\n", g_passed);               \
-      std::exit(1);                                                          \
-    }                                                                        \
-    ++g_passed;                                                              \
+#define CHECK_ERR(err, needle)                                                                                 \
+  do {                                                                                                         \
+    if ((err).find(needle) == std::string::npos) {                                                             \
+      std::fprintf(stderr, "%s:%d: error \"%s\" does not mention \"%s\"\n", __FILE__, __LINE__, (err).c_str(), \
+                   needle);                                                                                    \
+      std::fprintf(stderr, "%d passed, 1 failed\n", g_passed);                                                 \
+      std::exit(1);                                                                                            \
+    }                                                                                                          \
+    ++g_passed;                                                                                                \
   } while (0)
 
 using kungfu::Fd;
@@ -81,11 +80,9 @@ void test_hmac() {
         "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
   std::string key4;
   for (int i = 1; i <= 25; ++i) key4 += char(i);
-  CHECK(hmac_hex(key4, std::string(50, '\xcd')) ==
-        "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+  CHECK(hmac_hex(key4, std::string(50, '\xcd')) == "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
   const std::string key131(131, '\xaa');
-  CHECK(hmac_hex(key131,
-                 "Test Using Larger Than Block-Size Key - Hash Key First") ==
+  CHECK(hmac_hex(key131, "Test Using Larger Than Block-Size Key - Hash Key First") ==
         "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
   CHECK(hmac_hex(key131,
                  "This is a test using a larger than block-size key and a "
@@ -93,11 +90,9 @@ void test_hmac() {
                  "before being used by the HMAC algorithm.") ==
         "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
   // References from Python's hmac module.
-  CHECK(hmac_hex("", "") ==
-        "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+  CHECK(hmac_hex("", "") == "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
   const std::string million(1000000, 'a');
-  const std::string million_hex =
-      "6e7005164aec3b1035635787fbdd6b729031b2eb39915ec3bd249d52731cc7a5";
+  const std::string million_hex = "6e7005164aec3b1035635787fbdd6b729031b2eb39915ec3bd249d52731cc7a5";
   CHECK(hmac_hex("key", million) == million_hex);
 
   // Odd-sized updates, and the same object reused for later messages (its
@@ -193,8 +188,7 @@ double rcv_timeout(int fd) {
 
 // Each side runs on its own thread and owns its end, so when one side
 // finishes (or fails) its close unblocks the other, as with a real peer.
-void run_pair(const std::function<void(int)> &server,
-              const std::function<void(int)> &client) {
+void run_pair(const std::function<void(int)> &server, const std::function<void(int)> &client) {
   int sv[2];
   CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
   Fd s(sv[0]), c(sv[1]);
@@ -210,23 +204,18 @@ void run_pair(const std::function<void(int)> &server,
   tc.join();
 }
 
-std::function<void(int)> real_server(const std::string &secret, Result *r,
-                                     double timeout = 10,
+std::function<void(int)> real_server(const std::string &secret, Result *r, double timeout = 10,
                                      kungfu::HandshakeIdentity job = kJob) {
   return [=](int fd) {
-    r->ok = kungfu::server_handshake(fd, secret, job, &r->id, &r->key, &r->err,
-                                     timeout);
+    r->ok = kungfu::server_handshake(fd, secret, job, &r->id, &r->key, &r->err, timeout);
     r->rcv_timeout_after = rcv_timeout(fd);
   };
 }
 
-std::function<void(int)> real_client(const std::string &secret,
-                                     const std::string &id, Result *r,
-                                     double timeout = 10,
+std::function<void(int)> real_client(const std::string &secret, const std::string &id, Result *r, double timeout = 10,
                                      kungfu::HandshakeIdentity job = kJob) {
   return [=](int fd) {
-    r->ok = kungfu::client_handshake(fd, secret, job, id, &r->key, &r->err,
-                                     timeout);
+    r->ok = kungfu::client_handshake(fd, secret, job, id, &r->key, &r->err, timeout);
     r->rcv_timeout_after = rcv_timeout(fd);
   };
 }
@@ -263,12 +252,11 @@ std::string be32(uint32_t v) {
 
 // The ctx field of handshake.h's wire format, written independently.
 std::string ctx(const kungfu::HandshakeIdentity &job) {
-  return be32(job.cluster_version) + be32(job.authenticate_frames ? 1u : 0u) +
-         be32(uint32_t(job.job_id.size())) + job.job_id;
+  return be32(job.cluster_version) + be32(job.authenticate_frames ? 1u : 0u) + be32(uint32_t(job.job_id.size())) +
+         job.job_id;
 }
 
-std::string server_hello(const std::string &nonce,
-                         const kungfu::HandshakeIdentity &job = kJob) {
+std::string server_hello(const std::string &nonce, const kungfu::HandshakeIdentity &job = kJob) {
   return "KFAUTHS3" + nonce + ctx(job);
 }
 
@@ -278,8 +266,7 @@ std::string read_server_nonce(int fd) {
   std::string err;
   if (!kungfu::recv_all(fd, head, sizeof(head), &err)) return "";
   const uint8_t *p = reinterpret_cast<const uint8_t *>(head) + 32;
-  uint32_t job_len = (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) |
-                     (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+  uint32_t job_len = (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
   std::string job(job_len, '\0');
   if (job_len > 0 && !kungfu::recv_all(fd, &job[0], job_len, &err)) return "";
   return std::string(head + 8, 16);
@@ -293,13 +280,10 @@ std::string mac_of(const std::string &secret, const std::string &input) {
 }
 
 // Builds what a correct client would send, so tests can vary one field.
-std::string client_msg(const std::string &secret,
-                       const std::string &server_nonce, const std::string &id,
+std::string client_msg(const std::string &secret, const std::string &server_nonce, const std::string &id,
                        const kungfu::HandshakeIdentity &job = kJob) {
-  const std::string mac =
-      mac_of(secret, "kungfu-client" + server_nonce + kClientNonce + ctx(job) + id);
-  return "KFAUTHC3" + kClientNonce + ctx(job) + be32(uint32_t(id.size())) + id +
-         mac;
+  const std::string mac = mac_of(secret, "kungfu-client" + server_nonce + kClientNonce + ctx(job) + id);
+  return "KFAUTHC3" + kClientNonce + ctx(job) + be32(uint32_t(id.size())) + id + mac;
 }
 
 // Bytes a real client sends for id "h:1" under kJob.
@@ -307,8 +291,7 @@ constexpr size_t kClientHelloLen = 8 + 16 + 12 + 5 + 4 + 3 + 32;
 
 void test_handshake_ok() {
   Result s, c;
-  run_pair(real_server("s3cret", &s),
-           real_client("s3cret", "127.0.0.1:10001", &c));
+  run_pair(real_server("s3cret", &s), real_client("s3cret", "127.0.0.1:10001", &c));
   CHECK(s.ok);
   CHECK(c.ok);
   CHECK(s.err.empty());
@@ -373,8 +356,7 @@ void test_handshake_job_binding() {
   // Same job, another cluster version: peers switching versions a few ms
   // apart (a resize), named as such, not as a leftover of another run.
   Result s3, c3;
-  run_pair(real_server("s3cret", &s3),
-           real_client("s3cret", "h:1", &c3, 10, {kJob.job_id, kJob.cluster_version + 1}));
+  run_pair(real_server("s3cret", &s3), real_client("s3cret", "h:1", &c3, 10, {kJob.job_id, kJob.cluster_version + 1}));
   CHECK(!s3.ok && !c3.ok);
   CHECK_ERR(s3.err, "client h:1 is at cluster version 8, this worker at 7");
   CHECK_ERR(c3.err, "the server is at cluster version 7, this worker at 8");
@@ -477,8 +459,8 @@ using HostileClient = std::function<void(int fd, const std::string &nonce)>;
 // The hostile client gets the server hello read for it unless told otherwise:
 // hanging up with it unread makes the server fail with EPIPE or ECONNRESET
 // depending on scheduling, which would make the expected error racy.
-void expect_server_rejects(const HostileClient &client, const char *needle,
-                           double timeout = 10, bool read_hello = true) {
+void expect_server_rejects(const HostileClient &client, const char *needle, double timeout = 10,
+                           bool read_hello = true) {
   Result s;
   run_pair(real_server("s3cret", &s, timeout), [&](int fd) {
     std::string nonce = read_hello ? read_server_nonce(fd) : std::string();
@@ -494,60 +476,37 @@ const std::string kNonceN(16, 'n');
 const std::string kHello = server_hello(kNonceN);
 
 void test_handshake_hostile_clients() {
-  expect_server_rejects(
-      [](int fd, const std::string &) { send_raw(fd, std::string(64, 'X')); },
-      "bad client magic");
-  expect_server_rejects(
-      [](int fd, const std::string &) {
-        send_raw(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-      },
-      "bad client magic");
+  expect_server_rejects([](int fd, const std::string &) { send_raw(fd, std::string(64, 'X')); }, "bad client magic");
+  expect_server_rejects([](int fd, const std::string &) { send_raw(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); },
+                        "bad client magic");
   // Hanging up at once: only the "handshake:" prefix is deterministic.
-  expect_server_rejects([](int, const std::string &) {}, "handshake: ", 10,
-                        false);
-  expect_server_rejects([](int, const std::string &) {},
+  expect_server_rejects([](int, const std::string &) {}, "handshake: ", 10, false);
+  expect_server_rejects([](int, const std::string &) {}, "closed by peer while reading client magic");
+  expect_server_rejects([](int fd, const std::string &) { send_raw(fd, "KFAU"); },
                         "closed by peer while reading client magic");
+  expect_server_rejects([](int fd, const std::string &) { send_raw(fd, "KFAUTHC3" + std::string(5, 'n')); },
+                        "closed by peer while reading client nonce");
   expect_server_rejects(
-      [](int fd, const std::string &) { send_raw(fd, "KFAU"); },
-      "closed by peer while reading client magic");
-  expect_server_rejects(
-      [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC3" + std::string(5, 'n'));
-      },
-      "closed by peer while reading client nonce");
-  expect_server_rejects(
-      [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC3" + kNonceN + be32(7) + be32(0) + be32(0xffffffffu));
-      },
+      [](int fd, const std::string &) { send_raw(fd, "KFAUTHC3" + kNonceN + be32(7) + be32(0) + be32(0xffffffffu)); },
       "client job id length 4294967295 exceeds limit of 128 bytes");
+  expect_server_rejects([](int fd,
+                           const std::string &) { send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(0xffffffffu)); },
+                        "client id length 4294967295 exceeds limit of 256 bytes");
   expect_server_rejects(
       [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(0xffffffffu));
-      },
-      "client id length 4294967295 exceeds limit of 256 bytes");
-  expect_server_rejects(
-      [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) +
-                         be32(uint32_t(kungfu::kHandshakeMaxIdLen + 1)) +
+        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(uint32_t(kungfu::kHandshakeMaxIdLen + 1)) +
                          std::string(400, 'i'));
       },
       "exceeds limit");
-  expect_server_rejects(
-      [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(0));
-      },
-      "empty client id");
+  expect_server_rejects([](int fd, const std::string &) { send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(0)); },
+                        "empty client id");
   // Job id and id promised but the peer hangs up mid-way.
   expect_server_rejects(
-      [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC3" + kNonceN + be32(7) + be32(0) + be32(5) + "jo");
-      },
+      [](int fd, const std::string &) { send_raw(fd, "KFAUTHC3" + kNonceN + be32(7) + be32(0) + be32(5) + "jo"); },
       "closed by peer while reading client job id");
-  expect_server_rejects(
-      [](int fd, const std::string &) {
-        send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(10) + "abc");
-      },
-      "closed by peer while reading client id");
+  expect_server_rejects([](int fd,
+                           const std::string &) { send_raw(fd, "KFAUTHC3" + kNonceN + ctx(kJob) + be32(10) + "abc"); },
+                        "closed by peer while reading client id");
   // Correct everything except a truncated MAC.
   expect_server_rejects(
       [](int fd, const std::string &nonce) {
@@ -580,11 +539,9 @@ void test_handshake_hostile_clients() {
       },
       "client MAC mismatch");
   // Authenticated but with an id that would corrupt logs.
-  expect_server_rejects(
-      [](int fd, const std::string &nonce) {
-        send_raw(fd, client_msg("s3cret", nonce, "h:1\nfake"));
-      },
-      "control characters");
+  expect_server_rejects([](int fd,
+                           const std::string &nonce) { send_raw(fd, client_msg("s3cret", nonce, "h:1\nfake")); },
+                        "control characters");
   // Sanity check of the crafted messages themselves: unmodified, it passes.
   Result s;
   run_pair(real_server("s3cret", &s), [](int fd) {
@@ -616,18 +573,15 @@ void test_handshake_replay() {
   CHECK(!c.ok);
   CHECK_ERR(c.err, "server closed the connection");
   // ...it is useless against a real server, which picks a fresh nonce.
-  expect_server_rejects(
-      [&](int fd, const std::string &) { send_raw(fd, captured); },
-      "client MAC mismatch");
+  expect_server_rejects([&](int fd, const std::string &) { send_raw(fd, captured); }, "client MAC mismatch");
 }
 
 void test_handshake_timeouts() {
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
   // A client that sends nothing, and hangs up only once the server has.
-  expect_server_rejects(
-      [](int fd, const std::string &) { CHECK(closed_within(fd, 30)); },
-      "timed out waiting for client magic", 0.2);
+  expect_server_rejects([](int fd, const std::string &) { CHECK(closed_within(fd, 30)); },
+                        "timed out waiting for client magic", 0.2);
   // Each byte arrives well within the timeout, but the deadline covers the
   // whole handshake, so dribbling cannot keep the server busy: a valid hello
   // (456 bytes, one every 100 ms: 46 s) is cut off after a few bytes, at the
@@ -669,8 +623,7 @@ void test_handshake_timeouts() {
 
 void test_handshake_hostile_servers() {
   Result c;
-  run_pair([](int fd) { send_raw(fd, std::string(24, '?')); },
-           real_client("s3cret", "h:1", &c));
+  run_pair([](int fd) { send_raw(fd, std::string(24, '?')); }, real_client("s3cret", "h:1", &c));
   CHECK(!c.ok);
   CHECK_ERR(c.err, "bad server magic");
 
@@ -747,9 +700,7 @@ void test_handshake_hostile_servers() {
 
 void test_handshake_bad_self_id() {
   Result s, c;
-  run_pair(real_server("s3cret", &s),
-           real_client("s3cret",
-                       std::string(kungfu::kHandshakeMaxIdLen + 1, 'x'), &c));
+  run_pair(real_server("s3cret", &s), real_client("s3cret", std::string(kungfu::kHandshakeMaxIdLen + 1, 'x'), &c));
   CHECK(!c.ok);
   CHECK_ERR(c.err, "own id");
   CHECK(!s.ok);
@@ -761,8 +712,7 @@ void test_handshake_bad_self_id() {
   CHECK(!s2.ok);
 
   Result s3, c3;
-  run_pair(real_server("s3cret", &s3),
-           real_client("s3cret", std::string("a\0b", 3), &c3));
+  run_pair(real_server("s3cret", &s3), real_client("s3cret", std::string("a\0b", 3), &c3));
   CHECK(!c3.ok);
   CHECK_ERR(c3.err, "control characters");
 }
@@ -883,12 +833,10 @@ void test_reference_gmac() {
   CHECK(t == std::string(reinterpret_cast<const char *>(expected), 16));
 }
 
-std::string reference_tag(const kungfu::SessionKey &k, FrameDirection dir,
-                          uint64_t seq, const std::string &header,
+std::string reference_tag(const kungfu::SessionKey &k, FrameDirection dir, uint64_t seq, const std::string &header,
                           const std::string &key, const std::string &payload) {
   const std::string nonce = be32(uint32_t(dir)) + be64(seq);
-  const std::string aad = be32(uint32_t(header.size())) + header +
-                          be32(uint32_t(key.size())) + key + payload;
+  const std::string aad = be32(uint32_t(header.size())) + header + be32(uint32_t(key.size())) + key + payload;
   return reference_gmac(k.data(), nonce, aad);
 }
 
@@ -896,18 +844,14 @@ struct Frame {
   std::string header, key, payload;
 };
 
-std::string tag_str(const FrameAuthenticator::Tag &t) {
-  return std::string(t.begin(), t.end());
-}
+std::string tag_str(const FrameAuthenticator::Tag &t) { return std::string(t.begin(), t.end()); }
 
 FrameAuthenticator::Tag sign(FrameAuthenticator &a, const Frame &f) {
-  return a.sign(f.header.data(), f.header.size(), f.key.data(), f.key.size(),
-                f.payload.data(), f.payload.size());
+  return a.sign(f.header.data(), f.header.size(), f.key.data(), f.key.size(), f.payload.data(), f.payload.size());
 }
 
 bool verify(FrameAuthenticator &a, const Frame &f, const std::string &tag) {
-  return a.verify(f.header.data(), f.header.size(), f.key.data(), f.key.size(),
-                  f.payload.data(), f.payload.size(),
+  return a.verify(f.header.data(), f.header.size(), f.key.data(), f.key.size(), f.payload.data(), f.payload.size(),
                   reinterpret_cast<const uint8_t *>(tag.data()));
 }
 
@@ -993,8 +937,7 @@ void test_frame_auth_rejects() {
   const std::string t0 = tag_str(sign(sender, f0));
   const std::string t1 = tag_str(sign(sender, f1));
 
-  auto fresh_rejects = [&](const Frame &f, const std::string &tag,
-                           const kungfu::SessionKey &key, FrameDirection dir) {
+  auto fresh_rejects = [&](const Frame &f, const std::string &tag, const kungfu::SessionKey &key, FrameDirection dir) {
     FrameAuthenticator r(key, dir);
     return !verify(r, f, tag) && r.failed();
   };

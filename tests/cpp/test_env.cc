@@ -57,7 +57,8 @@ void test_bad_values() {
   for (const char *v : {"nan", "inf", "-inf", "0", "-1", "1e300", "1e7", "10s", "", " 5", "0x10"}) {
     if (*v) expect_rejected("KUNGFU_TIMEOUT", v);
   }
-  for (const char *v : {"abc", "-1", "4294967296", "1.5", "99999999999", "12a"}) expect_rejected("KUNGFU_CLUSTER_VERSION", v);
+  for (const char *v : {"abc", "-1", "4294967296", "1.5", "99999999999", "12a"})
+    expect_rejected("KUNGFU_CLUSTER_VERSION", v);
   for (const char *v : {"x", "short", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdeg"}) {
     expect_rejected("KUNGFU_JOB_SECRET", v);
   }

@@ -32,8 +32,9 @@ void test_retry_after_mismatch_is_exact() {
       for (size_t r = 0; r < st.size(); ++r) {
         CHECK_OK(st[r]);
         for (float x : good[r]) {
-          if (x != 66.0f) std::fprintf(stderr, "  %s rank %zu attempt %d: got %g, numpy says 66\n",
-                                       topology_name(topo), r, attempt, x);
+          if (x != 66.0f)
+            std::fprintf(stderr, "  %s rank %zu attempt %d: got %g, numpy says 66\n", topology_name(topo), r, attempt,
+                         x);
           CHECK(x == 66.0f);
         }
       }
@@ -71,7 +72,9 @@ void test_late_joiner_fails_its_instance_only() {
   // push that rank 0 sends now, it has recorded the abort.
   float one = 1.0f;
   const TensorDesc desc1{DType::kFloat32, {1}, 1};
-  CHECK_OK(kftest::wait_for([&](DoneCallback d) { rts[0]->push(1, "after-abort", Buffer{&one, nullptr, desc1, nullptr}, d); }));
+  CHECK_OK(kftest::wait_for([&](DoneCallback d) {
+    rts[0]->push(1, "after-abort", Buffer{&one, nullptr, desc1, nullptr}, d);
+  }));
   int64_t pushed = 0;
   Status taken;
   CHECK(kftest::eventually([&] {

@@ -85,8 +85,8 @@ bool peer_reaches_handshake(uint16_t port, const std::string &peer_id, int attem
     if (!fd.valid()) continue;
     std::string err;
     VersionSkew skew = VersionSkew::kNone;
-    client_handshake(fd.get(), "test-secret", {kftest::kTestJobId, 1}, peer_id, nullptr, &err,
-                     kHandshakeTimeoutSeconds, &skew);
+    client_handshake(fd.get(), "test-secret", {kftest::kTestJobId, 1}, peer_id, nullptr, &err, kHandshakeTimeoutSeconds,
+                     &skew);
     if (skew == VersionSkew::kPeerBehind) return true;
   }
   return false;
@@ -114,8 +114,8 @@ bool all_reduce_ok(std::vector<std::unique_ptr<Runtime>> &rts) {
 }
 
 // Runs all-reduces at a training step's pace until `running` clears.
-void train_until(std::vector<std::unique_ptr<Runtime>> &rts, const std::atomic<bool> &running,
-                 std::atomic<int> &steps, std::atomic<int> &bad_steps) {
+void train_until(std::vector<std::unique_ptr<Runtime>> &rts, const std::atomic<bool> &running, std::atomic<int> &steps,
+                 std::atomic<int> &bad_steps) {
   while (running) {
     if (!all_reduce_ok(rts)) ++bad_steps;
     ++steps;
@@ -127,8 +127,9 @@ void test_flood_while_training() {
   // KUNGFU_FLOOD_CONNECTIONS raises or lowers the minimum count (make tsan
   // lowers it: each connection is slow under ThreadSanitizer).
   const char *n_env = std::getenv("KUNGFU_FLOOD_CONNECTIONS");
-  const int min_connections =
-      n_env != nullptr && std::atoi(n_env) > 0 ? std::atoi(n_env) : 40 * static_cast<int>(Transport::kMaxHandshakes);
+  const int min_connections = n_env != nullptr && std::atoi(n_env) > 0
+                                  ? std::atoi(n_env)
+                                  : 40 * static_cast<int>(Transport::kMaxHandshakes);
   const double min_seconds = 5.0;  // reaping periods of the acceptor
   const int kFlooders = 4;
   // The worker's log goes to a file for the duration, to count its lines.
@@ -213,8 +214,9 @@ void test_flood_while_training() {
   std::printf("  a peer's handshake meanwhile: %d of %d got through (most attempts %d), median %.2f ms, max %.3f s\n",
               probes_through, probes, most_attempts, 1e3 * percentile(probe_latency, 0.5),
               percentile(probe_latency, 1.0));
-  std::printf("  %d all-reduces (%d bad); threads %ld -> %ld, VmSize %ld -> %ld kB, VmRSS %ld -> %ld kB, %d log lines\n",
-              steps.load(), bad_steps.load(), threads0, threads1, vm0, vm1, rss0, rss1, log_lines);
+  std::printf(
+      "  %d all-reduces (%d bad); threads %ld -> %ld, VmSize %ld -> %ld kB, VmRSS %ld -> %ld kB, %d log lines\n",
+      steps.load(), bad_steps.load(), threads0, threads1, vm0, vm1, rss0, rss1, log_lines);
   CHECK(sent >= min_connections);
   CHECK(connected > sent / 2);
   CHECK(rejected >= static_cast<uint64_t>(connected) * 9 / 10);  // the peer's probes are not counted
@@ -239,7 +241,8 @@ void test_silent_strangers_cannot_lock_out_peers() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const size_t taken = rts[0]->handshakes_in_progress();
-  // Older than kEvictAfterSeconds (a lower bound: sleeping longer changes nothing, short of the 10 s handshake timeout).
+  // Older than kEvictAfterSeconds (a lower bound: sleeping longer changes nothing, short of the 10 s handshake
+  // timeout).
   std::this_thread::sleep_for(std::chrono::duration<double>(Transport::kEvictAfterSeconds + 0.5));
   int attempts = 0;
   auto t = std::chrono::steady_clock::now();
@@ -273,7 +276,8 @@ void test_listens_on_its_own_address_only() {
   rts[0]->all_reduce("x", Buffer{a.data(), a.data(), TensorDesc{DType::kFloat32, {4}, 4}, nullptr}, ReduceOp::kSum,
                      [pa](const Status &s) { pa->set_value(s); });
   CHECK_OK(kftest::wait_for([&](DoneCallback d) {
-    rts[1]->all_reduce("x", Buffer{b.data(), b.data(), TensorDesc{DType::kFloat32, {4}, 4}, nullptr}, ReduceOp::kSum, d);
+    rts[1]->all_reduce("x", Buffer{b.data(), b.data(), TensorDesc{DType::kFloat32, {4}, 4}, nullptr}, ReduceOp::kSum,
+                       d);
   }));
   CHECK_OK(fa.get());
   CHECK(a[0] == 3.0f && b[3] == 3.0f);

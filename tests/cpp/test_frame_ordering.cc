@@ -32,8 +32,7 @@ void test_large_tensors_round_trip() {
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         for (size_t i = 0; i < count; ++i) v[r][i] = static_cast<float>(round * (r + 1) + static_cast<int>(i % 7));
-        Buffer b{v[r].data(), v[r].data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count},
-                 nullptr};
+        Buffer b{v[r].data(), v[r].data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, nullptr};
         st[r] = kftest::wait_for([&](DoneCallback d) { rts[r]->all_reduce("big", b, ReduceOp::kSum, d); });
       });
     }

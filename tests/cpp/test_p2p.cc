@@ -98,7 +98,8 @@ void test_accumulator_mismatches() {
   Status s = store.take("w", DType::kFloat32, 4, out, &pushes);
   CHECK(s.code() == Code::kInvalidArgument);
   CHECK(contains(s.message(), "'w'") && contains(s.message(), "rank 2 (h:2)"));
-  CHECK(contains(s.message(), "5 float32 elements (20 bytes)") && contains(s.message(), "4 float32 elements (16 bytes)"));
+  CHECK(contains(s.message(), "5 float32 elements (20 bytes)") &&
+        contains(s.message(), "4 float32 elements (16 bytes)"));
   CHECK(contains(s.message(), "1 more dropped"));
   // ... and leaves the good pushes for the next take: nothing was corrupted.
   CHECK_OK(store.take("w", DType::kFloat32, 4, out, &pushes));
@@ -215,12 +216,15 @@ void test_push_take() {
   Status s = rts[0]->take("grad", sum.data(), desc_of(DType::kFloat32, count), &pushes);
   CHECK(s.code() == Code::kInvalidArgument);
   CHECK(contains(s.message(), "'grad'") && contains(s.message(), "rank 2 (127.0.0.1:"));
-  CHECK(contains(s.message(), std::to_string(count + 1) + " float32") && contains(s.message(), std::to_string(count) + " float32"));
+  CHECK(contains(s.message(), std::to_string(count + 1) + " float32") &&
+        contains(s.message(), std::to_string(count) + " float32"));
   CHECK_OK(rts[0]->take("grad", sum.data(), desc_of(DType::kFloat32, count), &pushes));
   CHECK(pushes == 1 && sum[7] == data[1][7]);
 
   // Bad ranks fail at once.
-  s = wait_for([&](DoneCallback d) { rts[1]->push(3, "grad", Buffer{data[1].data(), nullptr, desc_of(DType::kFloat32, 1), nullptr}, d); });
+  s = wait_for([&](DoneCallback d) {
+    rts[1]->push(3, "grad", Buffer{data[1].data(), nullptr, desc_of(DType::kFloat32, 1), nullptr}, d);
+  });
   CHECK(s.code() == Code::kInvalidArgument && contains(s.message(), "rank 3"));
 }
 
@@ -228,7 +232,9 @@ void test_push_to_dead_peer() {
   const double timeout = 2.0;
   Cluster_ rts = make_cluster(2, TopologyKind::kStar, timeout);
   std::vector<float> x(1000, 1);
-  CHECK_OK(wait_for([&](DoneCallback d) { rts[0]->push(1, "g", Buffer{x.data(), nullptr, desc_of(DType::kFloat32, 1000), nullptr}, d); }));
+  CHECK_OK(wait_for([&](DoneCallback d) {
+    rts[0]->push(1, "g", Buffer{x.data(), nullptr, desc_of(DType::kFloat32, 1000), nullptr}, d);
+  }));
   rts[1].reset();
   auto start = std::chrono::steady_clock::now();
   // The first push after the death may still fit in the socket buffer; one of
@@ -239,7 +245,9 @@ void test_push_to_dead_peer() {
   double slowest = 0;
   while (s.ok() && seconds_since(start) < 30) {
     auto t = std::chrono::steady_clock::now();
-    s = wait_for([&](DoneCallback d) { rts[0]->push(1, "g", Buffer{x.data(), nullptr, desc_of(DType::kFloat32, 1000), nullptr}, d); });
+    s = wait_for([&](DoneCallback d) {
+      rts[0]->push(1, "g", Buffer{x.data(), nullptr, desc_of(DType::kFloat32, 1000), nullptr}, d);
+    });
     slowest = std::max(slowest, seconds_since(t));
     if (s.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -301,10 +309,12 @@ void test_store_when_saved() {
   P2PStore store;
   auto blob_of = [](uint64_t v) { return std::make_shared<const std::vector<char>>(1, static_cast<char>(v)); };
   std::vector<std::pair<int, uint64_t>> calls;  // (which waiter, version)
-  auto waiter = [&](int which) { return [&calls, which](uint64_t v, Blob b) {
-    CHECK(b && (*b)[0] == static_cast<char>(v));
-    calls.push_back({which, v});
-  }; };
+  auto waiter = [&](int which) {
+    return [&calls, which](uint64_t v, Blob b) {
+      CHECK(b && (*b)[0] == static_cast<char>(v));
+      calls.push_back({which, v});
+    };
+  };
   uint64_t t1 = store.when_saved("m", 3, waiter(1));
   uint64_t t2 = store.when_saved("m", 5, waiter(2));
   uint64_t t3 = store.when_saved("m", 9, waiter(3));
@@ -402,7 +412,8 @@ void test_request_at_least_times_out() {
   for (int peer : {0, 1}) {  // a peer that never saves it, and ourselves
     auto start = std::chrono::steady_clock::now();
     Status s = wait_for([&](DoneCallback d) {
-      rts[1]->request_at_least(peer, "clock", 100, &value, sizeof(value), nullptr, [d](const Status &st, uint64_t) { d(st); });
+      rts[1]->request_at_least(peer, "clock", 100, &value, sizeof(value), nullptr,
+                               [d](const Status &st, uint64_t) { d(st); });
     });
     double secs = seconds_since(start);
     CHECK(s.code() == Code::kDeadlineExceeded);
@@ -437,11 +448,13 @@ void test_request_at_least_dead_peers() {
     int64_t v = 1, value = -1;
     rts[0]->save("clock", 1, &v, sizeof(v));
     CHECK_OK(wait_for([&](DoneCallback d) {
-      rts[1]->request_at_least(0, "clock", 1, &value, sizeof(value), nullptr, [d](const Status &st, uint64_t) { d(st); });
+      rts[1]->request_at_least(0, "clock", 1, &value, sizeof(value), nullptr,
+                               [d](const Status &st, uint64_t) { d(st); });
     }));
     auto p = std::make_shared<std::promise<Status>>();
     auto f = p->get_future();
-    rts[1]->request_at_least(0, "clock", 50, &value, sizeof(value), nullptr, [p](const Status &st, uint64_t) { p->set_value(st); });
+    rts[1]->request_at_least(0, "clock", 50, &value, sizeof(value), nullptr,
+                             [p](const Status &st, uint64_t) { p->set_value(st); });
     // Parked on the server once the request got there (milliseconds).
     CHECK(kftest::eventually([&] { return rts[0]->parked_requests() == 1; }));
     auto start = std::chrono::steady_clock::now();

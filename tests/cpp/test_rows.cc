@@ -71,9 +71,9 @@ void test_rows_mismatches() {
   int64_t good_rows[1] = {2}, bad_rows[2] = {1, 9};
   float v[4] = {1, 1, 1, 1};
   store.add_rows("t", "rank 1 (h:1)", DType::kFloat32, 4, 2, 1, good_rows, v);
-  store.add_rows("t", "rank 2 (h:2)", DType::kFloat32, 4, 2, 2, bad_rows, v);  // row 9: dropped whole
+  store.add_rows("t", "rank 2 (h:2)", DType::kFloat32, 4, 2, 2, bad_rows, v);   // row 9: dropped whole
   store.add_rows("t", "rank 3 (h:3)", DType::kFloat32, 8, 2, 1, good_rows, v);  // another table size
-  store.add("t", "rank 3 (h:3)", DType::kFloat32, 8, v);                         // a dense push
+  store.add("t", "rank 3 (h:3)", DType::kFloat32, 8, v);                        // a dense push
   Status s = store.take_rows("t", DType::kFloat32, 4, 2, &rows, &values, &pushes);
   CHECK(s.code() == Code::kInvalidArgument);
   CHECK(contains(s.message(), "rank 2 (h:2)") && contains(s.message(), "row 9 is outside the table's 4 rows"));
@@ -269,9 +269,8 @@ void test_request_rows_between_runtimes() {
   Cluster_ quick = make_cluster(2, TopologyKind::kStar, quick_timeout);
   CHECK_OK(quick[0]->save_rows("emb", 1, table.data(), desc, nullptr, 0));
   auto start = std::chrono::steady_clock::now();
-  Status s = wait_for([&](DoneCallback d) {
-    quick[1]->request_rows(0, "emb", 7, [d](const Status &st, RowsReply) { d(st); });
-  });
+  Status s = wait_for(
+      [&](DoneCallback d) { quick[1]->request_rows(0, "emb", 7, [d](const Status &st, RowsReply) { d(st); }); });
   CHECK(s.code() == Code::kDeadlineExceeded && contains(s.message(), "'emb' version >= 7 from rank 0"));
   CHECK(seconds_since(start) < 10 * quick_timeout);  // after the timeout, not never (10x: a loaded machine)
   // Nothing left behind once the server's own timeout has answered (about

@@ -24,11 +24,26 @@ using Cluster_ = std::vector<std::unique_ptr<Runtime>>;
 
 template <typename T>
 DType dtype_of();
-template <> DType dtype_of<float>() { return DType::kFloat32; }
-template <> DType dtype_of<double>() { return DType::kFloat64; }
-template <> DType dtype_of<int32_t>() { return DType::kInt32; }
-template <> DType dtype_of<int64_t>() { return DType::kInt64; }
-template <> DType dtype_of<uint8_t>() { return DType::kUInt8; }
+template <>
+DType dtype_of<float>() {
+  return DType::kFloat32;
+}
+template <>
+DType dtype_of<double>() {
+  return DType::kFloat64;
+}
+template <>
+DType dtype_of<int32_t>() {
+  return DType::kInt32;
+}
+template <>
+DType dtype_of<int64_t>() {
+  return DType::kInt64;
+}
+template <>
+DType dtype_of<uint8_t>() {
+  return DType::kUInt8;
+}
 
 template <typename T>
 T value_of(int rank, size_t i) {
@@ -65,7 +80,8 @@ void check_all_reduce(Cluster_ &rts, size_t count, ReduceOp op, const std::strin
     }
     for (int r = 0; r < n; ++r) all_ok = all_ok && out[r][i] == expect;
   }
-  if (!all_ok) std::fprintf(stderr, "  wrong result: n=%d count=%zu op=%s name=%s\n", n, count, reduce_op_name(op), name.c_str());
+  if (!all_ok)
+    std::fprintf(stderr, "  wrong result: n=%d count=%zu op=%s name=%s\n", n, count, reduce_op_name(op), name.c_str());
   CHECK(all_ok);
 }
 
@@ -109,7 +125,8 @@ void test_many_concurrent_in_random_order() {
           futures.push_back(p->get_future());
         }
         std::vector<float> &b = bufs[r][k];
-        Buffer buf{b.data(), b.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(b.size())}, b.size()}, nullptr};
+        Buffer buf{b.data(), b.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(b.size())}, b.size()},
+                   nullptr};
         rts[r]->all_reduce("grad/" + std::to_string(k), buf, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
       }
     });
@@ -134,8 +151,9 @@ void test_per_call_topology() {
   const int n = 3;
   const size_t count = 10007;  // several 4 KiB pieces, not a multiple of n
   Cluster_ rts = make_cluster(n, TopologyKind::kStar, 20, 4096);
-  const std::vector<TopologyKind> kinds = {TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kBinaryTree,
-                                           TopologyKind::kBinaryTreeStar, TopologyKind::kClique, TopologyKind::kAuto};
+  const std::vector<TopologyKind> kinds = {TopologyKind::kStar,       TopologyKind::kRing,
+                                           TopologyKind::kBinaryTree, TopologyKind::kBinaryTreeStar,
+                                           TopologyKind::kClique,     TopologyKind::kAuto};
   std::vector<std::vector<std::vector<float>>> bufs(n, std::vector<std::vector<float>>(kinds.size()));
   std::vector<std::future<Status>> futures;
   for (int r = 0; r < n; ++r) {
@@ -171,10 +189,12 @@ void test_per_call_topology() {
   auto pa = std::make_shared<std::promise<Status>>(), pb = std::make_shared<std::promise<Status>>();
   auto fa = pa->get_future(), fb = pb->get_future();
   auto start = std::chrono::steady_clock::now();
-  two[0]->all_reduce_on(TopologyKind::kStar, "mixed", Buffer{a.data(), a.data(), TensorDesc{DType::kFloat32, {1000}, 1000}, nullptr},
-                        ReduceOp::kSum, [pa](const Status &s) { pa->set_value(s); });
-  two[1]->all_reduce_on(TopologyKind::kRing, "mixed", Buffer{b.data(), b.data(), TensorDesc{DType::kFloat32, {1000}, 1000}, nullptr},
-                        ReduceOp::kSum, [pb](const Status &s) { pb->set_value(s); });
+  two[0]->all_reduce_on(TopologyKind::kStar, "mixed",
+                        Buffer{a.data(), a.data(), TensorDesc{DType::kFloat32, {1000}, 1000}, nullptr}, ReduceOp::kSum,
+                        [pa](const Status &s) { pa->set_value(s); });
+  two[1]->all_reduce_on(TopologyKind::kRing, "mixed",
+                        Buffer{b.data(), b.data(), TensorDesc{DType::kFloat32, {1000}, 1000}, nullptr}, ReduceOp::kSum,
+                        [pb](const Status &s) { pb->set_value(s); });
   for (Status s : {fa.get(), fb.get()}) {
     CHECK(s.code() == Code::kFailedPrecondition);
     CHECK(s.message().find("'mixed'") != std::string::npos);
@@ -238,7 +258,8 @@ void test_rooted_and_gather() {
         auto p = std::make_shared<std::promise<Status>>();
         fs.push_back(p->get_future());
         Buffer b{rb[r].data(), rb[r].data(), TensorDesc{DType::kInt64, {(int64_t)count}, count}, nullptr};
-        rts[r]->reduce("reduce/" + std::to_string(root), b, ReduceOp::kSum, root, [p](const Status &s) { p->set_value(s); });
+        rts[r]->reduce("reduce/" + std::to_string(root), b, ReduceOp::kSum, root,
+                       [p](const Status &s) { p->set_value(s); });
       }
       for (auto &f : fs) CHECK_OK(f.get());
       CHECK(std::all_of(rb[root].begin(), rb[root].end(), [&](int64_t v) { return v == n * (n + 1) / 2; }));
@@ -315,7 +336,8 @@ void test_reduce_to_root_traffic() {
   for (auto &rt : rts) {
     std::vector<float> x(4);
     Status s = wait_for([&](DoneCallback d) {
-      rt->reduce("bad-root", Buffer{x.data(), x.data(), TensorDesc{DType::kFloat32, {4}, 4}, nullptr}, ReduceOp::kSum, 3, d);
+      rt->reduce("bad-root", Buffer{x.data(), x.data(), TensorDesc{DType::kFloat32, {4}, 4}, nullptr}, ReduceOp::kSum,
+                 3, d);
     });
     CHECK(s.code() == Code::kInvalidArgument);
     CHECK(s.message().find("'bad-root'") != std::string::npos && s.message().find("root 3") != std::string::npos);
@@ -330,8 +352,9 @@ void test_consensus_barrier_topology_switch() {
     for (int r = 0; r < n; ++r) {
       auto p = std::make_shared<std::promise<std::pair<Status, bool>>>();
       fs.push_back(p->get_future());
-      rts[r]->consensus(name, std::vector<char>(values[r].begin(), values[r].end()),
-                        [p](const Status &s, bool agreed) { p->set_value({s, agreed}); });
+      rts[r]->consensus(name, std::vector<char>(values[r].begin(), values[r].end()), [p](const Status &s, bool agreed) {
+        p->set_value({s, agreed});
+      });
     }
     std::vector<bool> out;
     for (auto &f : fs) {
@@ -360,15 +383,17 @@ void test_consensus_barrier_topology_switch() {
       CHECK(res.second);
     }
     for (auto &rt : rts) CHECK(rt->topology() == k);
-    for (int i = 0; i < 5; ++i) check_all_reduce<float>(rts, 20000, ReduceOp::kSum, "after-switch/" + std::to_string(i));
+    for (int i = 0; i < 5; ++i)
+      check_all_reduce<float>(rts, 20000, ReduceOp::kSum, "after-switch/" + std::to_string(i));
   }
   // Disagreeing workers keep the old topology.
   std::vector<std::future<std::pair<Status, bool>>> fs;
   for (int r = 0; r < n; ++r) {
     auto p = std::make_shared<std::promise<std::pair<Status, bool>>>();
     fs.push_back(p->get_future());
-    rts[r]->set_topology("switch", r == 1 ? TopologyKind::kStar : TopologyKind::kRing,
-                         [p](const Status &s, bool ok) { p->set_value({s, ok}); });
+    rts[r]->set_topology("switch", r == 1 ? TopologyKind::kStar : TopologyKind::kRing, [p](const Status &s, bool ok) {
+      p->set_value({s, ok});
+    });
   }
   for (auto &f : fs) CHECK(!f.get().second);
   for (auto &rt : rts) CHECK(rt->topology() == TopologyKind::kAuto);
@@ -384,9 +409,11 @@ void test_p2p() {
   std::vector<float> got(1000, -1);
   CHECK_OK(wait_for([&](DoneCallback d) { rts[0]->request(1, "model", 3, got.data(), 4000, nullptr, d); }));
   CHECK(got[0] == 0 && got[999] == 999 * 0.25f);
-  CHECK_OK(wait_for([&](DoneCallback d) { rts[0]->request(1, "model", P2PStore::kLatest, got.data(), 4000, nullptr, d); }));
+  CHECK_OK(
+      wait_for([&](DoneCallback d) { rts[0]->request(1, "model", P2PStore::kLatest, got.data(), 4000, nullptr, d); }));
   CHECK(got[0] == 42);
-  Status s = wait_for([&](DoneCallback d) { rts[0]->request(1, "nothing", P2PStore::kLatest, got.data(), 4000, nullptr, d); });
+  Status s = wait_for(
+      [&](DoneCallback d) { rts[0]->request(1, "nothing", P2PStore::kLatest, got.data(), 4000, nullptr, d); });
   CHECK(s.code() == Code::kNotFound);
   s = wait_for([&](DoneCallback d) { rts[0]->request(1, "model", 4, got.data(), 400, nullptr, d); });
   CHECK(s.code() == Code::kInvalidArgument);
@@ -519,7 +546,7 @@ void test_scale_for_mean() {
   uint16_t h[2] = {0x4400, 0x3c00};  // float16 4.0, 1.0
   scale_inplace(h, 2, DType::kFloat16, 0.5);
   CHECK(h[0] == 0x4000 && h[1] == 0x3800);  // 2.0, 0.5
-  uint16_t b[1] = {0x4080};  // bfloat16 4.0
+  uint16_t b[1] = {0x4080};                 // bfloat16 4.0
   scale_inplace(b, 1, DType::kBFloat16, 0.25);
   CHECK(b[0] == 0x3f80);  // 1.0
   int32_t i[1] = {7};

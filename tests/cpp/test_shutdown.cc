@@ -59,8 +59,9 @@ void test_finishers_do_not_fail_their_peers() {
     size_t bytes;
   };
   const Case cases[] = {
-      {4, TopologyKind::kStar, 64 << 10},  {8, TopologyKind::kStar, 64 << 10},   {16, TopologyKind::kStar, 64 << 10},
-      {8, TopologyKind::kRing, 1 << 20},   {16, TopologyKind::kRing, 1 << 20},   {8, TopologyKind::kBinaryTree, 256 << 10},
+      {4, TopologyKind::kStar, 64 << 10},    {8, TopologyKind::kStar, 64 << 10},
+      {16, TopologyKind::kStar, 64 << 10},   {8, TopologyKind::kRing, 1 << 20},
+      {16, TopologyKind::kRing, 1 << 20},    {8, TopologyKind::kBinaryTree, 256 << 10},
       {16, TopologyKind::kClique, 16 << 10}, {8, TopologyKind::kRing, 8 << 20},
   };
   for (const Case &c : cases) {
@@ -87,7 +88,8 @@ void test_leaver_fails_only_what_needs_it() {
     std::vector<std::vector<float> *> vs = {&v0, &v1, &v2};
     for (int r = 0; r < 3; ++r) {
       ts.emplace_back([&, r] {
-        st[r] = wait_for([&](DoneCallback d) { rts[r]->all_reduce("warmup", float_buffer(*vs[r]), ReduceOp::kSum, d); });
+        st[r] = wait_for(
+            [&](DoneCallback d) { rts[r]->all_reduce("warmup", float_buffer(*vs[r]), ReduceOp::kSum, d); });
       });
     }
     for (auto &t : ts) t.join();
@@ -110,9 +112,8 @@ void test_leaver_fails_only_what_needs_it() {
   // exchange between 0 and 1 still works.
   std::vector<float> blob(5, 7), got(5, 0);
   rts[1]->save("model", 1, blob.data(), blob.size() * sizeof(float));
-  Status r = wait_for([&](DoneCallback d) {
-    rts[0]->request(1, "model", 1, got.data(), got.size() * sizeof(float), nullptr, d);
-  });
+  Status r = wait_for(
+      [&](DoneCallback d) { rts[0]->request(1, "model", 1, got.data(), got.size() * sizeof(float), nullptr, d); });
   CHECK_OK(r);
   CHECK(got == blob);
   // A new collective that includes the leaver fails at once on every
@@ -123,7 +124,8 @@ void test_leaver_fails_only_what_needs_it() {
   auto p0 = std::make_shared<std::promise<Status>>();
   auto f0 = p0->get_future();
   rts[0]->all_reduce("after-leave", float_buffer(b0), ReduceOp::kSum, [p0](const Status &s) { p0->set_value(s); });
-  Status late = wait_for([&](DoneCallback d) { rts[1]->all_reduce("after-leave", float_buffer(b1), ReduceOp::kSum, d); });
+  Status late = wait_for(
+      [&](DoneCallback d) { rts[1]->all_reduce("after-leave", float_buffer(b1), ReduceOp::kSum, d); });
   Status late0 = f0.get();
   CHECK(late0.code() == Code::kUnavailable && late.code() == Code::kUnavailable);
   CHECK(contains(late0.message(), "rank 2") && contains(late0.message(), "left"));

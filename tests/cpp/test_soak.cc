@@ -40,7 +40,8 @@ long proc_status(const std::string &field) {
   std::ifstream f("/proc/self/status");
   std::string line;
   while (std::getline(f, line)) {
-    if (line.compare(0, field.size() + 1, field + ":") == 0) return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
+    if (line.compare(0, field.size() + 1, field + ":") == 0)
+      return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
   }
   return -1;
 }
@@ -164,7 +165,8 @@ struct Soak {
     }
     std::vector<std::vector<float>> got(kNp, std::vector<float>(count, -1)), latest = got;
     auto st = on_all([&](int r, DoneCallback d) {
-      rts[r]->request((r + 1) % kNp, "model", static_cast<uint64_t>(op), got[r].data(), count * sizeof(float), nullptr, d);
+      rts[r]->request((r + 1) % kNp, "model", static_cast<uint64_t>(op), got[r].data(), count * sizeof(float), nullptr,
+                      d);
     });
     bool ok = all_ok(st, "request", op);
     st = on_all([&](int r, DoneCallback d) {
@@ -311,10 +313,12 @@ void test_soak() {
     pending += rt->pending_messages();
     parked += rt->parked_requests();
   }
-  std::printf("soak: %d ops (%d induced failures) at np=%d in %.1f s; after %d warm-up ops: RSS %ld kB -> max %ld kB"
-              " (+%ld kB, bound +%ld kB; -1: none under a sanitizer), threads %ld -> max %ld (bound +%ld); pending messages %zu, parked %zu\n",
-              ops, soak.failures_induced, kNp, secs, warmup, rss_warm, rss_max, rss_max - rss_warm, kBoundRss ? kRssSlackKb : -1L,
-              threads_warm, threads_max, kThreadSlack, pending, parked);
+  std::printf(
+      "soak: %d ops (%d induced failures) at np=%d in %.1f s; after %d warm-up ops: RSS %ld kB -> max %ld kB"
+      " (+%ld kB, bound +%ld kB; -1: none under a sanitizer), threads %ld -> max %ld (bound +%ld); pending messages "
+      "%zu, parked %zu\n",
+      ops, soak.failures_induced, kNp, secs, warmup, rss_warm, rss_max, rss_max - rss_warm,
+      kBoundRss ? kRssSlackKb : -1L, threads_warm, threads_max, kThreadSlack, pending, parked);
   CHECK(wrong == 0);
   CHECK(!kBoundRss || rss_max - rss_warm <= kRssSlackKb);
   CHECK(threads_max - threads_warm <= kThreadSlack);

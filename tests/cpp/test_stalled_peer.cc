@@ -59,7 +59,8 @@ void test_stopped_peer_blocks_no_caller() {
   auto start = std::chrono::steady_clock::now();
   while (!caller_done && seconds_since(start) < kSettled) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(caller_done);  // before the fix the caller blocked in write() for as long as the peer was stopped
-  while (completed < kPushes && seconds_since(start) < kSettled) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  while (completed < kPushes && seconds_since(start) < kSettled)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   double settled = seconds_since(start);
   std::printf("  slowest push() call %.3fs; %d of %d pushes done after %.1fs, %d failed\n", slowest_call,
               completed.load(), kPushes, settled, failed.load());

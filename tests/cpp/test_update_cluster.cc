@@ -71,8 +71,8 @@ bool all_reduce_is_right(Runtimes &rts, const std::vector<int> &members, const s
     }
     for (size_t j = 0; j < n; ++j) {
       if (in[i][j] != weight * static_cast<float>(j + 1)) {
-        std::fprintf(stderr, "all_reduce '%s' on member %d: element %zu is %g, expected %g\n", name.c_str(),
-                     members[i], j, in[i][j], weight * static_cast<float>(j + 1));
+        std::fprintf(stderr, "all_reduce '%s' on member %d: element %zu is %g, expected %g\n", name.c_str(), members[i],
+                     j, in[i][j], weight * static_cast<float>(j + 1));
         right = false;
         break;
       }
@@ -235,7 +235,8 @@ void test_bad_updates_are_refused() {
   Runtimes rts = make_runtimes(peers);
   CHECK_OK(rts[0]->update_cluster(cluster_of(peers, {0, 1}, 3)));
   Status older = rts[0]->update_cluster(cluster_of(peers, {0, 1}, 3));
-  CHECK(older.code() == Code::kInvalidArgument && contains(older.message(), "greater than the current cluster version 3"));
+  CHECK(older.code() == Code::kInvalidArgument &&
+        contains(older.message(), "greater than the current cluster version 3"));
   Status without_self = rts[0]->update_cluster(cluster_of(peers, {1}, 4));
   CHECK(without_self.code() == Code::kInvalidArgument && contains(without_self.message(), peers[0].str()) &&
         contains(without_self.message(), "[" + peers[1].str() + "]") && contains(without_self.message(), "not in"));
@@ -298,9 +299,8 @@ void test_twenty_quick_changes() {
   // number of versions (a little slack for connections still closing; a
   // loaded machine may take a while to close the last ones, a leak never
   // does: 30 s rules out "never").
-  CHECK(kftest::eventually([&] {
-    return count_entries("/proc/self/fd") <= fds + 2 && count_entries("/proc/self/task") <= threads + 2;
-  }));
+  CHECK(kftest::eventually(
+      [&] { return count_entries("/proc/self/fd") <= fds + 2 && count_entries("/proc/self/task") <= threads + 2; }));
   for (auto &rt : rts) CHECK(rt->lost_peers().empty() && rt->rejected_connections() == 0);
 }
 

@@ -31,23 +31,23 @@ inline std::atomic<int> &checks() {
   return n;
 }
 
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    ++kftest::checks();                                                  \
-    if (!(cond)) {                                                       \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    ++kftest::checks();                                                             \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++kftest::failures();                                              \
-    }                                                                    \
+      ++kftest::failures();                                                         \
+    }                                                                               \
   } while (0)
 
-#define CHECK_OK(status)                                                               \
-  do {                                                                                 \
-    ++kftest::checks();                                                                \
-    kungfu::Status _s = (status);                                                      \
-    if (!_s.ok()) {                                                                    \
+#define CHECK_OK(status)                                                                      \
+  do {                                                                                        \
+    ++kftest::checks();                                                                       \
+    kungfu::Status _s = (status);                                                             \
+    if (!_s.ok()) {                                                                           \
       std::fprintf(stderr, "%s:%d: not OK: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
-      ++kftest::failures();                                                            \
-    }                                                                                  \
+      ++kftest::failures();                                                                   \
+    }                                                                                         \
   } while (0)
 
 inline int report() {
@@ -117,8 +117,7 @@ inline std::vector<kungfu::PeerID> local_peers(int n) {
 constexpr char kTestJobId[] = "test-job";
 
 inline kungfu::RuntimeOptions options(const std::vector<kungfu::PeerID> &peers, int rank,
-                                      kungfu::TopologyKind topo = kungfu::TopologyKind::kAuto,
-                                      double timeout = 20) {
+                                      kungfu::TopologyKind topo = kungfu::TopologyKind::kAuto, double timeout = 20) {
   kungfu::RuntimeOptions o;
   o.cluster = kungfu::Cluster(0, peers);
   o.self_rank = rank;
@@ -135,7 +134,7 @@ inline kungfu::RuntimeOptions options(const std::vector<kungfu::PeerID> &peers, 
 // picked twice): then the whole cluster is made again on fresh ports, a few
 // times, before giving up.
 inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(const std::vector<double> &timeouts,
-                                                                   kungfu::TopologyKind topo, size_t chunk = 1 << 20) {
+                                                                  kungfu::TopologyKind topo, size_t chunk = 1 << 20) {
   constexpr int kAttempts = 5;
   const int n = static_cast<int>(timeouts.size());
   for (int attempt = 1;; ++attempt) {
@@ -157,8 +156,8 @@ inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(const std::vec
 }
 
 // n runtimes, all with the same timeout.
-inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(int n, kungfu::TopologyKind topo,
-                                                                   double timeout = 20, size_t chunk = 1 << 20) {
+inline std::vector<std::unique_ptr<kungfu::Runtime>> make_cluster(int n, kungfu::TopologyKind topo, double timeout = 20,
+                                                                  size_t chunk = 1 << 20) {
   return make_cluster(std::vector<double>(n, timeout), topo, chunk);
 }
 

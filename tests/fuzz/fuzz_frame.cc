@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "../cpp/test_util.h"
 #include "frame.h"
 #include "runtime.h"
-#include "../cpp/test_util.h"
 
 namespace {
 
@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   data += sizeof(h);
   size -= sizeof(h);
   if (!kungfu::check_frame_header(h).ok()) return 0;  // the transport drops the connection
-  if (h.key_len > size) return 0;                      // the connection ends inside the key
+  if (h.key_len > size) return 0;                     // the connection ends inside the key
   std::string key(reinterpret_cast<const char *>(data), h.key_len);
   data += h.key_len;
   size -= h.key_len;
@@ -90,8 +90,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   // claims, not what it sends, and is trusted from an authenticated peer of
   // the job (a real embedding table can be gigabytes). Claims of up to 64 MiB
   // are fuzzed; larger ones would only measure the claim.
-  if (h.type == static_cast<uint8_t>(kungfu::FrameType::kPushRows) && h.ndims == 2 && h.dims[0] > 0 &&
-      h.dims[1] > 0 && static_cast<uint64_t>(h.dims[0]) > (uint64_t(64) << 20) / 8 / static_cast<uint64_t>(h.dims[1])) {
+  if (h.type == static_cast<uint8_t>(kungfu::FrameType::kPushRows) && h.ndims == 2 && h.dims[0] > 0 && h.dims[1] > 0 &&
+      static_cast<uint64_t>(h.dims[0]) > (uint64_t(64) << 20) / 8 / static_cast<uint64_t>(h.dims[1])) {
     return 0;
   }
   const int src = 1;
