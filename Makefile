@@ -24,6 +24,8 @@
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
 #   make lint      ruff, then mypy over the public API ([tool.mypy] in pyproject.toml; ~10 s)
+#   make docs      documentation site in build/docs/ (Sphinx: API reference from the docstrings,
+#                  guide pages from README.md, benchmark pages from benchmarks/results/)
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
 #
 # Dependencies are installed only when requirements.txt or constraints.txt changes and the package
@@ -121,7 +123,7 @@ echo "C++ tests: $(words $(1)) programs passed"
 endef
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -290,6 +292,14 @@ bench-autoscaling: install
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models
 	$(VENV)/bin/mypy
+
+# The documentation site: docs/conf.py (Sphinx + MyST) and the pages of docs/;
+# docs/_ext/generated_pages.py writes the guide pages (README.md's sections),
+# the benchmark pages (benchmarks/results/) and the `kungfu-run --help` page
+# first. Read afresh (-E) with warnings as errors, as tests/test_docs.py builds it.
+docs: install
+	$(PY) -m sphinx -E -W --keep-going -q -b html docs build/docs
+	@echo "docs: build/docs/index.html"
 
 clean:
 	rm -rf build *.egg-info kungfu_tf/*.egg-info $(SO) \

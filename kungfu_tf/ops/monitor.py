@@ -135,8 +135,8 @@ def gns_estimates(
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Unbiased ``(|G|^2, tr(Sigma))`` from two batch sizes (McCandlish et al. 2018, App. A.1).
 
-    ``small_sq_norm`` is E|g|^2 of gradients over ``small_batch`` examples,
-    ``big_sq_norm`` that of ``big_batch`` examples (``big_batch > small_batch``):
+    ``small_sq_norm`` is ``E|g|^2`` of gradients over ``small_batch`` examples,
+    ``big_sq_norm`` that of ``big_batch`` examples (``big_batch > small_batch``)::
 
         |G|^2     = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
         tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)

@@ -10,7 +10,8 @@ holds variables of the same names (a job's model signature compares them).
 
 Example:
     >>> import keras
-    >>> opt = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    >>> sgd = keras.optimizers.SGD(0.1, momentum=0.9, name="sgd")  # named: default names count up
+    >>> opt = keras.mixed_precision.LossScaleOptimizer(sgd, name="loss_scale_optimizer")
     >>> build_as_apply_would(opt, [keras.Variable([1.0, 2.0], name="w")])
     >>> [v.path for v in opt.variables][-1]
     'loss_scale_optimizer/sgd/w_momentum'

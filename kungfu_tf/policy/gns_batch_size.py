@@ -19,7 +19,7 @@ UNITS = ("step", "epoch")
 class GNSBatchSizePolicy(PeriodicPolicy):
     """Scales the global batch by ``r`` when the smoothed GNS has grown by ``r >= threshold``.
 
-    The gradient noise scale B_simple = tr(Σ)/|G|² estimates the batch size
+    The gradient noise scale ``B_simple = tr(Σ)/|G|²`` estimates the batch size
     beyond which larger batches stop helping (McCandlish et al.). It grows
     as training proceeds; KungFu's policy follows it: every ``every`` steps
     (or epochs), with ``g`` the monitor's smoothed ``gns`` and ``g0`` its
