@@ -296,12 +296,12 @@ class ElasticState:
         log.info("kungfu elastic: joiner %s ready (job state %d)", me, reply.state_version)
 
         def decided(state) -> bool:
-            return me in em.peers_of(state.cluster) or _rejection(state, me) is not None
+            return me in em.peers_of(state.cluster) or em.rejection_reason(state, me) is not None
 
         state = em.watcher().wait_for(decided, timeout)
         if state is None:
             raise ElasticError(f"joiner {me} was not admitted within {timeout:g} s (the job may already have its target size)")
-        reason = _rejection(state, me)
+        reason = em.rejection_reason(state, me)
         if reason is not None:
             raise JoinerRejectedError(reason)
         version = int(state.cluster.version)
@@ -413,12 +413,3 @@ class ElasticState:
             "kungfu elastic: state synced at cluster version %d, step %d (sources %s, receivers %s)",
             version, top, sources, receivers,
         )
-
-
-def _rejection(state, me: str) -> str | None:
-    from kungfu_tf.proto import config_pb2
-
-    for joiner in state.joiners:
-        if em.peer_of(joiner.peer) == me and joiner.state == config_pb2.Joiner.REJECTED:
-            return joiner.reason or f"joiner {me} was rejected by the config service"
-    return None

@@ -174,6 +174,16 @@ def peer_of(peer) -> str:
     return peer_string(peer)
 
 
+def rejection_reason(state, me: str) -> str | None:
+    """Why the config service rejected joiner ``me`` in job ``state``, or None if it did not."""
+    from kungfu_tf.proto import config_pb2
+
+    for joiner in state.joiners:
+        if peer_of(joiner.peer) == me and joiner.state == config_pb2.Joiner.REJECTED:
+            return joiner.reason or f"joiner {me} was rejected by the config service"
+    return None
+
+
 class _MembershipState:
     """The process-wide state of this module (one per worker)."""
 

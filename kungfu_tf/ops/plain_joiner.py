@@ -106,24 +106,15 @@ def _admit() -> None:
     log.info("kungfu elastic: plain joiner %s ready; waiting for admission", me)
 
     def decided(s) -> bool:
-        return me in em.peers_of(s.cluster) or _rejection(s, me) is not None
+        return me in em.peers_of(s.cluster) or em.rejection_reason(s, me) is not None
 
     state = em.watcher().wait_for(decided, None)
-    reason = _rejection(state, me)
+    reason = em.rejection_reason(state, me)
     if reason is not None:
         raise AdmissionError(reason)
     change = em.enter_admitted(state)
     log.info("kungfu elastic: plain joiner %s admitted at cluster version %d as rank %d of %d",
              me, change.new_version, change.new_peers.index(me), len(change.new_peers))  # fmt: skip
-
-
-def _rejection(state, me: str) -> str | None:
-    from kungfu_tf.proto import config_pb2
-
-    for joiner in state.joiners:
-        if em.peer_of(joiner.peer) == me and joiner.state == config_pb2.Joiner.REJECTED:
-            return joiner.reason or f"joiner {me} was rejected by the config service"
-    return None
 
 
 def place_before_admission() -> tuple[int, int] | None:
