@@ -23,7 +23,10 @@
 #   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart (~20-30 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
-#   make lint      ruff, then mypy over the public API ([tool.mypy] in pyproject.toml; ~10 s)
+#   make lint      ruff, then mypy over the public API ([tool.mypy] in pyproject.toml; ~10 s),
+#                  and cpp-format
+#   make cpp-format  clang-format --dry-run over the C++ sources (.clang-format; < 1 s;
+#                  also run by `make test`); `make format` rewrites them in place
 #   make docs      documentation site in build/docs/ (Sphinx: API reference from the docstrings,
 #                  guide pages from README.md, benchmark pages from benchmarks/results/)
 #   make clean     build outputs (keeps .venv); distclean also removes .venv
@@ -122,8 +125,15 @@ if [ -n "$$failed" ]; then echo "FAILED C++ tests:$$failed"; exit 1; fi; \
 echo "C++ tests: $(words $(1)) programs passed"
 endef
 
+# ---------------------------------------------------------------- C++ format
+# Every C++ source and header of ops/, tests/ and benchmarks/, checked against
+# .clang-format by clang-format (Debian 12's clang-format 14; `make sysdeps`
+# installs it). Another version may break lines differently: CI uses that one.
+CLANG_FORMAT ?= clang-format
+CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
+
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -132,7 +142,8 @@ install: sysdeps $(INSTALL_STAMP) $(SO)
 # Then, best effort only (root + apt-get): iproute2 for the multi-host tests
 # (network namespaces, `ip netns`); Open MPI (mpirun, mpicc) for the mpirun launch tests and the
 # benchmark's MPI_Allreduce anchor and its test; clang (libFuzzer) for
-# `make fuzz` and the fuzz smoke run of `make cpp-test`.
+# `make fuzz` and the fuzz smoke run of `make cpp-test`; clang-format for
+# `make cpp-format` (run by `make test` and `make lint`).
 sysdeps:
 	@if [ ! -f /usr/include/openssl/evp.h ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -155,14 +166,17 @@ sysdeps:
 	if ! command -v $(FUZZ_CXX) >/dev/null 2>&1; then \
 		missing="$$missing clang"; \
 	fi; \
+	if ! command -v $(CLANG_FORMAT) >/dev/null 2>&1; then \
+		missing="$$missing clang-format"; \
+	fi; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "installing$$missing"; \
 			( export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
 			  apt-get install -y -qq $$missing ) || \
-			echo "warning: could not install$$missing; multi-host tests, the MPI benchmark or the fuzzers may not run"; \
+			echo "warning: could not install$$missing; multi-host tests, the MPI benchmark, the fuzzers or the C++ format check may not run"; \
 		else \
-			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests, the MPI benchmark or the fuzzers may not run"; \
+			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests, the MPI benchmark, the fuzzers or the C++ format check may not run"; \
 		fi; \
 	fi
 
@@ -194,7 +208,7 @@ $(SO): $(BUILD_INPUTS) | $(INSTALL_STAMP)
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
-test: install cpp-test
+test: install cpp-format cpp-test
 	$(PY) -m pytest -x -q -p no:cacheprovider --durations=15 tests
 
 cpp-test: $(CPP_TESTS) fuzz-smoke
@@ -289,9 +303,24 @@ bench-elastic: install
 bench-autoscaling: install
 	$(PY) benchmarks/autoscaling.py
 
-lint: $(DEPS_STAMP)
+lint: $(DEPS_STAMP) cpp-format
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models
 	$(VENV)/bin/mypy
+
+# Fails, listing each misformatted line, if clang-format would change a C++
+# source; `make format` applies what it would change.
+cpp-format: | clang-format-tool
+	@$(CLANG_FORMAT) --dry-run --Werror $(CPP_FORMAT_SRCS)
+	@echo "cpp-format: $(words $(CPP_FORMAT_SRCS)) C++ files formatted as .clang-format says"
+
+format: | clang-format-tool
+	$(CLANG_FORMAT) -i $(CPP_FORMAT_SRCS)
+
+.PHONY: clang-format-tool
+clang-format-tool:
+	@command -v $(CLANG_FORMAT) >/dev/null 2>&1 || { \
+		echo "error: $(CLANG_FORMAT) not found: run \`make sysdeps\` (apt-get install clang-format)"; \
+		exit 1; }
 
 # The documentation site: docs/conf.py (Sphinx + MyST) and the pages of docs/;
 # docs/_ext/generated_pages.py writes the guide pages (README.md's sections),
