@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 from bench_timing import emit_result
 from digits_augmented import augmented_digits
+from digits_mlp import build_model
 
 MODES = ("small", "large", "adaptive", "goodput")
 GRANULARITY = 16  # per-worker batches are multiples of this
@@ -58,20 +59,6 @@ def parse_args() -> argparse.Namespace:
                    "seconds of training (0: train --epochs)")  # fmt: skip
     p.add_argument("--seed", type=int, default=7)
     return p.parse_args()
-
-
-def build_model(hidden: int, seed: int):
-    import keras
-
-    init = keras.initializers.GlorotUniform(seed=seed)
-    return keras.Sequential(
-        [
-            keras.Input((64,)),
-            keras.layers.Dense(hidden, activation="relu", kernel_initializer=init),
-            keras.layers.Dense(hidden, activation="relu", kernel_initializer=init),
-            keras.layers.Dense(10, kernel_initializer=init),
-        ]
-    )
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 from bench_timing import emit_result
 from digits_augmented import augmented_digits
+from digits_mlp import build_model
 
 MODES = ("static", "listing-one")
 
@@ -66,20 +67,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--evals-per-epoch", type=int, default=4, help="rank 0 evaluates this many times per epoch")
     p.add_argument("--seed", type=int, default=7)
     return p.parse_args()
-
-
-def build_model(hidden: int, seed: int):
-    import keras
-
-    init = keras.initializers.GlorotUniform(seed=seed)
-    return keras.Sequential(
-        [
-            keras.Input((64,)),
-            keras.layers.Dense(hidden, activation="relu", kernel_initializer=init),
-            keras.layers.Dense(hidden, activation="relu", kernel_initializer=init),
-            keras.layers.Dense(10, kernel_initializer=init),
-        ]
-    )
 
 
 def main() -> None:
