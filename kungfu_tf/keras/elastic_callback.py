@@ -242,6 +242,9 @@ def elastic_fit(
         ...     return elastic_fit(model, state, sampler, (x, y), epochs=5, verbose=0)
     """
     elastic = ElasticCallback(state, sampler, check_every=check_every)
+    # The sampler orders the data (the same order on every worker, re-split on
+    # a change); Keras would warn that it ignores its own shuffle on a dataset.
+    fit_args.setdefault("shuffle", False)
     history = None
     while state.epoch < epochs:
         dataset = epoch_rest_dataset(sampler, arrays, config.current_int(config.rank), config.current_int(config.cluster_size))
