@@ -208,7 +208,7 @@ $(SO): $(BUILD_INPUTS) | $(INSTALL_STAMP)
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
-test: install cpp-format cpp-test
+test: install lint cpp-test
 	$(PY) -m pytest -x -q -p no:cacheprovider --durations=15 tests
 
 cpp-test: $(CPP_TESTS) fuzz-smoke
