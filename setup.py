@@ -433,7 +433,7 @@ setup(
     extras_require={"ray": [RAY_REQUIREMENT]},
     entry_points={
         "console_scripts": [
-            "kungfu-run = kungfu_tf.run.launcher:main",
+            "kungfu-run = kungfu_tf.run.launch.launcher:main",
             "kungfu-strategy = kungfu_tf.strategy.cli:main",
         ]
     },

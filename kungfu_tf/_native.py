@@ -38,7 +38,7 @@ def library() -> ModuleType:
 
     A process that ``mpirun`` or ``srun`` started (no ``KUNGFU_PEERS``)
     first gets the ``KUNGFU_*`` variables derived from the launcher's
-    (:mod:`kungfu_tf.run.external_launch`), which the runtime reads when
+    (:mod:`kungfu_tf.run.worker_env.external_launch`), which the runtime reads when
     the library loads.
 
     Raises:
@@ -49,8 +49,8 @@ def library() -> ModuleType:
     """
     import tensorflow as tf
 
-    from kungfu_tf.run.external_launch import apply_external_launch
-    from kungfu_tf.run.worker_env import read_worker_env
+    from kungfu_tf.run.worker_env.external_launch import apply_external_launch
+    from kungfu_tf.run.worker_env.worker_env import read_worker_env
 
     apply_external_launch(os.environ)
     read_worker_env(os.environ)

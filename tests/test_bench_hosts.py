@@ -1,7 +1,7 @@
 """benchmarks/bench_hosts.py: the two-host launch commands satisfy kungfu-run's multi-host checks.
 
 A multi-host job needs the same KUNGFU_JOB_SECRET and KUNGFU_JOB_ID on every
-host (kungfu_tf/run/job_secret.py, job_id.py); without the id both launchers
+host (kungfu_tf/run/worker_env/job_secret.py, job_id.py); without the id both launchers
 exited at once and the two-host benchmarks measured nothing. Pure Python: no
 namespaces, no processes.
 """
@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from bench_hosts import TwoHosts, two_host_commands, two_host_env
 
-from kungfu_tf.run.cli import parse_args
-from kungfu_tf.run.job_id import resolve_job_id
-from kungfu_tf.run.job_secret import resolve_job_secret
+from kungfu_tf.run.plan.cli import parse_args
+from kungfu_tf.run.worker_env.job_id import resolve_job_id
+from kungfu_tf.run.worker_env.job_secret import resolve_job_secret
 
 HOSTS = TwoHosts(namespaces=("nsa", "nsb"), addresses=("10.9.0.1", "10.9.0.2"))
 

@@ -1,4 +1,4 @@
-"""Tests for kungfu_tf.run.config_server (gRPC control plane)."""
+"""Tests for kungfu_tf.run.control.config_server (gRPC control plane)."""
 
 import contextlib
 import socket
@@ -10,15 +10,15 @@ import grpc
 import pytest
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run import config_server
-from kungfu_tf.run.config_auth import (
+from kungfu_tf.run.control import config_server
+from kungfu_tf.run.control.config_auth import (
     MAC_METADATA_KEY,
     NONCE_METADATA_KEY,
     SERVER_MAC_METADATA_KEY,
     NonceBook,
     request_mac,
 )
-from kungfu_tf.run.config_server import (
+from kungfu_tf.run.control.config_server import (
     CHALLENGE_METHOD,
     ConfigClient,
     ConfigServer,
@@ -28,7 +28,7 @@ from kungfu_tf.run.config_server import (
     parse_peer_string,
     peer_string,
 )
-from kungfu_tf.run.job_state import job_finished
+from kungfu_tf.run.control.job_state import job_finished
 
 SECRET = "s3cret-token-0123456789abcdef"
 

@@ -39,9 +39,9 @@ import numpy as np
 import pytest
 from conftest import describe, kill_tree, run_job, worker_env, worker_path
 
-from kungfu_tf.run.config_server import ConfigClient, ConfigServer, make_cluster
-from kungfu_tf.run.peer_string import parse_peer_string
-from kungfu_tf.run.ports import find_free_ports
+from kungfu_tf.run.control.config_server import ConfigClient, ConfigServer, make_cluster
+from kungfu_tf.run.control.peer_string import parse_peer_string
+from kungfu_tf.run.plan.ports import find_free_ports
 
 STEPS, REFUSE_AT, SHRINK_AT, GROW_AT, KILL_AT = 20, 2, 4, 8, 14
 DIM, BATCH, LR, MOMENTUM = 4, 6, 0.05, 0.9

@@ -23,14 +23,17 @@ import pytest
 from conftest import REPO_ROOT, finish_job, kill_tree, worker_env, worker_path
 from netns import make_two_hosts
 
-from kungfu_tf.run.cli import parse_args
-from kungfu_tf.run.elastic_plan import build_elastic_plan
+from kungfu_tf.run.control.membership_change import describe_change
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.host_discovery import parse_discovery_output, run_discovery_script
-from kungfu_tf.run.joiner_placement import JoinerPlacer, NoPortLeft
-from kungfu_tf.run.membership_change import describe_change
-from kungfu_tf.run.placement import HostSlots
-from kungfu_tf.run.ports import PortRange
+from kungfu_tf.run.plan.cli import parse_args
+from kungfu_tf.run.plan.elastic_plan import build_elastic_plan
+from kungfu_tf.run.plan.host_discovery import (
+    parse_discovery_output,
+    run_discovery_script,
+)
+from kungfu_tf.run.plan.ports import PortRange
+from kungfu_tf.run.providers.joiner_placement import JoinerPlacer, NoPortLeft
+from kungfu_tf.run.worker_env.placement import HostSlots
 
 FAKE = worker_path("elastic_fake_worker.py")
 SECRET = "0123456789abcdef" * 4
@@ -39,10 +42,10 @@ PEER = r"127\.0\.0\.1:\d+"
 
 # kungfu-run with another SIGTERM -> SIGKILL grace than GRACE_SECONDS (5 s), to keep tests short.
 LAUNCHER_WITH_GRACE = (
-    "import sys; from kungfu_tf.run.grpc_fork_safety import disable_grpc_fork_handlers; "
-    "disable_grpc_fork_handlers(); from kungfu_tf.run.elastic_supervisor import ElasticSupervisor; "
+    "import sys; from kungfu_tf.run.launch.grpc_fork_safety import disable_grpc_fork_handlers; "
+    "disable_grpc_fork_handlers(); from kungfu_tf.run.launch.elastic_supervisor import ElasticSupervisor; "
     "ElasticSupervisor.__init__.__kwdefaults__['grace'] = {grace}; "
-    "from kungfu_tf.run.launcher import main; sys.exit(main(sys.argv[1:]))"
+    "from kungfu_tf.run.launch.launcher import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -599,10 +602,10 @@ def test_job_ends_when_the_members_of_every_host_finished(request):
 
 FORKS_WHILE_POLLING = """
     import subprocess, sys, threading
-    from kungfu_tf.run.grpc_fork_safety import disable_grpc_fork_handlers
+    from kungfu_tf.run.launch.grpc_fork_safety import disable_grpc_fork_handlers
     if sys.argv[1] == "disabled":
         disable_grpc_fork_handlers()
-    from kungfu_tf.run.config_server import ConfigClient, ConfigServer
+    from kungfu_tf.run.control.config_server import ConfigClient, ConfigServer
 
     server = ConfigServer(secret="ab" * 32, elastic=True).start()
     client = ConfigClient(server.address, secret="ab" * 32)

@@ -143,8 +143,8 @@ class FakeMembership:
 
     def __init__(self, monkeypatch, *, lost, committed, min_size=1, alive=(), finished=()):
         from kungfu_tf.proto import config_pb2
-        from kungfu_tf.run.config_server import make_cluster
-        from kungfu_tf.run.peer_string import parse_peer_string
+        from kungfu_tf.run.control.config_server import make_cluster
+        from kungfu_tf.run.control.peer_string import parse_peer_string
 
         self.peers = ("h:1", "h:2", "h:3")
         self.committed = committed  # version -> peers, what the service commits once asked
@@ -258,8 +258,8 @@ def test_only_a_crash_or_a_restart_after_its_version_stops_a_member(monkeypatch)
     """stop_reason, as every watcher applies it to the newest committed version (peers by version below)."""
     from kungfu_tf.ops import elastic_membership as em
     from kungfu_tf.proto import config_pb2
-    from kungfu_tf.run.config_server import make_cluster
-    from kungfu_tf.run.peer_string import parse_peer_string
+    from kungfu_tf.run.control.config_server import make_cluster
+    from kungfu_tf.run.control.peer_string import parse_peer_string
 
     committed = {3: ("a", "b"), 4: ("a", "b", "c"), 5: ("a", "b", "c", "d"), 6: ("a", "b", "c", "d"), 7: ("a", "c")}
 
@@ -289,8 +289,8 @@ def test_the_watcher_stops_a_member_when_a_later_version_was_restarted(monkeypat
     """A member still in version 3 while 4 (a joiner) and 5 (a restart of 4) were committed is interrupted."""
     from kungfu_tf.ops import elastic_membership as em
     from kungfu_tf.proto import config_pb2
-    from kungfu_tf.run.config_server import make_cluster
-    from kungfu_tf.run.peer_string import parse_peer_string
+    from kungfu_tf.run.control.config_server import make_cluster
+    from kungfu_tf.run.control.peer_string import parse_peer_string
 
     def cluster(version, peers):
         return make_cluster(version, [parse_peer_string(p) for p in peers])
@@ -340,8 +340,8 @@ def test_a_restart_commits_the_same_members_and_keeps_a_growth_under_way(monkeyp
     import secrets
 
     from kungfu_tf.ops import elastic_membership as em
-    from kungfu_tf.run.config_server import ConfigServer, make_cluster
-    from kungfu_tf.run.peer_string import parse_peer_string
+    from kungfu_tf.run.control.config_server import ConfigServer, make_cluster
+    from kungfu_tf.run.control.peer_string import parse_peer_string
 
     secret = secrets.token_hex(32)
     cluster = make_cluster(1, [parse_peer_string("h:1"), parse_peer_string("h:2")])
@@ -396,8 +396,8 @@ def test_a_refused_cancel_of_a_pending_growth_raises_the_same_error_on_every_mem
 
     resize_module = importlib.import_module("kungfu_tf.ops.resize")  # kungfu_tf.ops.resize is also the function
     from kungfu_tf.proto import config_pb2
-    from kungfu_tf.run.config_server import make_cluster
-    from kungfu_tf.run.peer_string import parse_peer_string
+    from kungfu_tf.run.control.config_server import make_cluster
+    from kungfu_tf.run.control.peer_string import parse_peer_string
 
     em = __import__("kungfu_tf.ops.elastic_membership", fromlist=["x"])
     peers = ("h:1", "h:2")

@@ -1,4 +1,4 @@
-"""mpirun/srun environments -> KUNGFU_* variables (kungfu_tf.run.external_launch), no TF.
+"""mpirun/srun environments -> KUNGFU_* variables (kungfu_tf.run.worker_env.external_launch), no TF.
 
 The environments are fabricated as Open MPI 4.1 and Slurm set them; the
 real mpirun launches are in tests/test_external_launch.py. Expected peer
@@ -14,15 +14,18 @@ import socket
 
 import pytest
 
-from kungfu_tf.run.external_launch import (
+from kungfu_tf.run.worker_env.external_launch import (
     PORT_WINDOW_FIRST,
     ExternalLaunchError,
     apply_external_launch,
     derived_port_base,
     detect_external_launch,
 )
-from kungfu_tf.run.slurm_hostlist import expand_hostlist, expand_tasks_per_node
-from kungfu_tf.run.worker_env import WorkerEnvError, read_worker_env
+from kungfu_tf.run.worker_env.slurm_hostlist import (
+    expand_hostlist,
+    expand_tasks_per_node,
+)
+from kungfu_tf.run.worker_env.worker_env import WorkerEnvError, read_worker_env
 
 TRANSPORTS = "66a1437396f18193-6276e9352810f2e1"
 SECRET = "ab" * 32

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from kungfu_tf.run.cli import parse_args
-from kungfu_tf.run.job_plan import build_plan
+from kungfu_tf.run.plan.cli import parse_args
+from kungfu_tf.run.plan.job_plan import build_plan
 
 SECRET = "5ec7e7" + "0f" * 29
 

@@ -1,5 +1,5 @@
-"""Unit tests for kungfu_tf.run.job_state (the config service's state machine, no gRPC)
-and kungfu_tf.run.peer_string."""
+"""Unit tests for kungfu_tf.run.control.job_state (the config service's state machine, no gRPC)
+and kungfu_tf.run.control.peer_string."""
 
 import math
 import threading
@@ -8,8 +8,8 @@ import time
 import pytest
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run import job_state
-from kungfu_tf.run.job_state import (
+from kungfu_tf.run.control import job_state
+from kungfu_tf.run.control.job_state import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -19,7 +19,11 @@ from kungfu_tf.run.job_state import (
     job_finished,
     signature_difference,
 )
-from kungfu_tf.run.peer_string import cluster_peers, parse_peer_string, peer_string
+from kungfu_tf.run.control.peer_string import (
+    cluster_peers,
+    parse_peer_string,
+    peer_string,
+)
 
 Joiner = config_pb2.Joiner
 SIG = "dense/kernel (784, 10) float32\ndense/bias (10,) float32\nstep () int64"

@@ -1,4 +1,4 @@
-"""Tests for kungfu_tf.run.job_watcher (background long poll of the job state), against a real server."""
+"""Tests for kungfu_tf.run.control.job_watcher (background long poll of the job state), against a real server."""
 
 import threading
 import time
@@ -6,8 +6,8 @@ import time
 import grpc
 import pytest
 
-from kungfu_tf.run.config_server import ConfigClient, ConfigServer, make_cluster
-from kungfu_tf.run.job_watcher import JobWatcher, JobWatcherError
+from kungfu_tf.run.control.config_server import ConfigClient, ConfigServer, make_cluster
+from kungfu_tf.run.control.job_watcher import JobWatcher, JobWatcherError
 
 SECRET = "s3cret-token-0123456789abcdef"
 

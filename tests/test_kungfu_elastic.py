@@ -20,10 +20,10 @@ from collections import defaultdict
 import numpy as np
 from conftest import describe, run_job, worker_env
 
-from kungfu_tf.run.config_server import ConfigClient, ConfigServer, make_cluster
-from kungfu_tf.run.job_state import PLAIN_SIGNATURE, signature_difference
-from kungfu_tf.run.peer_string import parse_peer_string
-from kungfu_tf.run.ports import find_free_ports
+from kungfu_tf.run.control.config_server import ConfigClient, ConfigServer, make_cluster
+from kungfu_tf.run.control.job_state import PLAIN_SIGNATURE, signature_difference
+from kungfu_tf.run.control.peer_string import parse_peer_string
+from kungfu_tf.run.plan.ports import find_free_ports
 
 DIM, BATCH, LR, MOMENTUM = 4, 12, 0.05, 0.9  # as in tests/workers/kungfu_elastic_eager.py
 TRUE_W = np.array([1.0, -2.0, 0.5, 3.0])

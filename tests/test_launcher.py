@@ -20,18 +20,18 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-from kungfu_tf.run import local_host
-from kungfu_tf.run.cli import parse_args, program_command
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.placement import (
+from kungfu_tf.run.plan import local_host
+from kungfu_tf.run.plan.cli import parse_args, program_command
+from kungfu_tf.run.plan.ports import parse_port_range
+from kungfu_tf.run.plan.topology import normalize_topology
+from kungfu_tf.run.providers.worker_process import describe_exit, exit_status
+from kungfu_tf.run.worker_env.placement import (
     HostSlots,
     Placement,
     parse_hosts,
     place_workers,
 )
-from kungfu_tf.run.ports import parse_port_range
-from kungfu_tf.run.topology import normalize_topology
-from kungfu_tf.run.worker_process import describe_exit, exit_status
 
 LINE_RE = re.compile(r"^\[(\d+)\] (.*)$")
 

@@ -18,9 +18,9 @@ from netns import make_two_hosts
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.job_id import resolve_job_id
-from kungfu_tf.run.job_secret import resolve_job_secret
-from kungfu_tf.run.placement import (
+from kungfu_tf.run.worker_env.job_id import resolve_job_id
+from kungfu_tf.run.worker_env.job_secret import resolve_job_secret
+from kungfu_tf.run.worker_env.placement import (
     Peer,
     assign_range_ports,
     hosts_in_use,

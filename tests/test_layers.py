@@ -20,6 +20,14 @@ unless it imports the package itself (``from kungfu_tf.policy import X``).
     ops             kungfu_tf.ops
     bottom          kungfu_tf._native, kungfu_tf.proto, kungfu_tf.run (launcher,
                     config service and the worker environment they define)
+
+Inside ``kungfu_tf.run`` the sub-packages are layered too (RUN_LAYERS):
+
+    launch/       kungfu-run's entry point, the static and elastic supervisors
+    providers/    where workers run: local processes (output relay), Ray actors, joiners
+    plan/         command line -> job plan (options, ports, hosts, topology)
+    control/      config service, job state, watcher     worker_env/  KUNGFU_* variables
+    errors.py     LaunchError
 """
 
 from __future__ import annotations
@@ -36,6 +44,16 @@ LAYERS = {  # top-level subpackage/module -> layer (higher may import lower)
     "strategy": 2,
     "optimizers": 3, "keras": 3, "v1": 3, "policy": 3, "elastic": 3, "data": 3, "variables": 3,
 }  # fmt: skip
+
+
+RUN_LAYERS = {  # kungfu_tf.run sub-package (or module at its root) -> layer (higher may import lower)
+    "errors": 0,
+    "worker_env": 1, "control": 1,
+    "plan": 2,
+    "providers": 3,
+    "launch": 4,
+}  # fmt: skip
+RUN_TOP = 5  # the package itself, __main__ and the deprecated modules left at the old paths
 
 
 def module_name(path: Path) -> str:
@@ -83,6 +101,36 @@ def test_nothing_imports_upward():
         for src, dsts in edges().items()
         for dst in sorted(dsts)
         if layer(src) is not None and layer(dst) is not None and layer(dst) > layer(src)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def run_layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) < 3:
+        return RUN_TOP
+    path = PACKAGE_DIR / "run" / parts[2]
+    return RUN_LAYERS[parts[2]] if parts[2] in RUN_LAYERS else RUN_TOP if path.with_suffix(".py").is_file() else -1
+
+
+def test_every_part_of_run_has_a_layer():
+    assert not [m for m in modules() if m.startswith("kungfu_tf.run.") and run_layer(m) < 0]
+
+
+def test_run_subpackages_import_only_downward():
+    """A sub-package of kungfu_tf.run imports only those below it, never a sibling of its own layer."""
+    run = [m for m in modules() if m == "kungfu_tf.run" or m.startswith("kungfu_tf.run.")]
+    graph = edges()
+
+    def part(m: str) -> str:
+        return m.split(".")[2] if len(m.split(".")) > 2 else ""
+
+    upward = [
+        f"{src} (layer {run_layer(src)}) imports {dst} (layer {run_layer(dst)})"
+        for src in run
+        for dst in sorted(graph[src])
+        if dst.startswith("kungfu_tf.run.") and part(src) != part(dst) and run_layer(dst) >= run_layer(src)
+        and run_layer(src) != RUN_TOP
     ]
     assert not upward, "\n".join(upward)
 

@@ -35,8 +35,8 @@ from conftest import REPO_ROOT, kill_tree, worker_env, worker_path
 from ray.cluster_utils import AutoscalingCluster, Cluster
 
 from kungfu_tf.run import ray_launch
-from kungfu_tf.run.cli import parse_args_or_raise
 from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.plan.cli import parse_args_or_raise
 
 FAKE = worker_path("elastic_fake_worker.py")
 VENV_BIN = str(Path(sys.executable).parent)

@@ -12,8 +12,8 @@ import sys
 import pytest
 from conftest import REPO_ROOT, worker_env
 
-from kungfu_tf.run.cli import parse_args
-from kungfu_tf.run.worker_env import (
+from kungfu_tf.run.plan.cli import parse_args
+from kungfu_tf.run.worker_env.worker_env import (
     MAX_TIMEOUT_SECONDS,
     WorkerEnvError,
     read_worker_env,
@@ -154,8 +154,8 @@ def test_malformed_elastic_variable_is_named(base, variable, value, message):
 
 
 def test_launcher_exports_the_elastic_variables():
-    from kungfu_tf.run.placement import Peer
-    from kungfu_tf.run.worker_env import build_worker_env
+    from kungfu_tf.run.worker_env.placement import Peer
+    from kungfu_tf.run.worker_env.worker_env import build_worker_env
 
     me = Peer(5, "127.0.0.1", 10005)
     common = {"topology": "STAR", "timeout": 30, "secret": SECRET, "job_id": "j"}

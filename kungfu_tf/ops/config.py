@@ -14,8 +14,8 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from kungfu_tf._native import library
-from kungfu_tf.run.external_launch import apply_external_launch
-from kungfu_tf.run.worker_env import read_worker_env
+from kungfu_tf.run.worker_env.external_launch import apply_external_launch
+from kungfu_tf.run.worker_env.worker_env import read_worker_env
 
 # The runtime's all-reduce topologies (ops/runtime/topology.h), in its spelling.
 TOPOLOGIES = ("STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE", "AUTO")

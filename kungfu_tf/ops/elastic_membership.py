@@ -1,9 +1,9 @@
 """This worker's membership of an elastic job: the config service, its watcher, and applying versions.
 
 An elastic job (``kungfu-run --elastic``) keeps its versioned cluster in the
-launcher's config service (kungfu_tf/run/config_server.py). Every worker:
+launcher's config service (kungfu_tf/run/control/config_server.py). Every worker:
 
-* talks to it with one :class:`~kungfu_tf.run.config_server.ConfigClient`
+* talks to it with one :class:`~kungfu_tf.run.control.config_server.ConfigClient`
   built from ``KUNGFU_CONFIG_SERVER``, ``KUNGFU_JOB_SECRET`` and
   ``KUNGFU_JOB_ID`` (:func:`config_client`);
 * runs a background watcher thread (a ``WaitJobState`` long poll) that keeps
@@ -162,14 +162,14 @@ def _require_elastic(what: str) -> str:
 
 def peers_of(cluster) -> tuple[str, ...]:
     """The workers of a ``Cluster`` message as "host:port" strings, in rank order."""
-    from kungfu_tf.run.peer_string import cluster_peers
+    from kungfu_tf.run.control.peer_string import cluster_peers
 
     return tuple(cluster_peers(cluster))
 
 
 def peer_of(peer) -> str:
     """A ``PeerID`` message as "host:port"."""
-    from kungfu_tf.run.peer_string import peer_string
+    from kungfu_tf.run.control.peer_string import peer_string
 
     return peer_string(peer)
 
@@ -229,7 +229,7 @@ def config_client():
     address = _require_elastic("the config service")
     with _state.lock:
         if _state.client is None:
-            from kungfu_tf.run.config_server import ConfigClient
+            from kungfu_tf.run.control.config_server import ConfigClient
 
             _state.client = ConfigClient(
                 address,
@@ -294,11 +294,11 @@ def resizing(own_commit: int) -> Iterator[None]:
 
 
 class _Watcher:
-    """Follows the job state (run/job_watcher.py's long poll); interrupts the runtime on a crash."""
+    """Follows the job state (run/control/job_watcher.py's long poll); interrupts the runtime on a crash."""
 
     def __init__(self, address: str) -> None:
-        from kungfu_tf.run.config_server import ConfigClient
-        from kungfu_tf.run.job_watcher import JobWatcher
+        from kungfu_tf.run.control.config_server import ConfigClient
+        from kungfu_tf.run.control.job_watcher import JobWatcher
 
         # A client of its own: its long polls must not wait behind short calls.
         self._client = ConfigClient(
@@ -583,8 +583,8 @@ def restart_version(version: int, peers: Sequence[str]) -> None:
     """
     import grpc
 
-    from kungfu_tf.run.config_server import make_cluster
-    from kungfu_tf.run.peer_string import parse_peer_string
+    from kungfu_tf.run.control.config_server import make_cluster
+    from kungfu_tf.run.control.peer_string import parse_peer_string
 
     client = config_client()
     target = int(client.get_job_state().target_size)

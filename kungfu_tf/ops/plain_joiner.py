@@ -6,7 +6,7 @@ the launcher's new workers run the same script from the top and receive the
 state from that broadcast. Here such a job declares itself when it grows:
 members without an apply listener (nothing that would sync in step with a
 joiner, see :func:`kungfu_tf.ops.resize`) set the job's model signature to
-:data:`~kungfu_tf.run.job_state.PLAIN_SIGNATURE`.
+:data:`~kungfu_tf.run.control.job_state.PLAIN_SIGNATURE`.
 
 A joiner process (``KUNGFU_JOINER=1``) looks at the job once, at its first
 collective or its first ``kungfu_tf.rank()``/``size()``
@@ -83,14 +83,14 @@ def admit_if_plain() -> None:
 
 
 def _job_signature_or_none():
-    from kungfu_tf.run.job_state import job_finished
+    from kungfu_tf.run.control.job_state import job_finished
 
     state = em.watcher().wait_for(lambda s: bool(s.signature) or job_finished(s), em.timeout_seconds())
     return None if state is None or not state.signature else state
 
 
 def _admit() -> None:
-    from kungfu_tf.run.job_state import PLAIN_SIGNATURE
+    from kungfu_tf.run.control.job_state import PLAIN_SIGNATURE
 
     if not em.is_joiner():
         return

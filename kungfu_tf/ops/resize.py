@@ -147,8 +147,8 @@ def _shrink_to(target: tuple[str, ...], version: int, peers: tuple[str, ...]) ->
     if em.self_peer() == peers[0]:
         import grpc
 
-        from kungfu_tf.run.config_server import make_cluster
-        from kungfu_tf.run.peer_string import parse_peer_string
+        from kungfu_tf.run.control.config_server import make_cluster
+        from kungfu_tf.run.control.peer_string import parse_peer_string
 
         try:
             em.config_client().put_cluster(make_cluster(version + 1, [parse_peer_string(p) for p in target]))
@@ -189,7 +189,7 @@ def _set_target_everywhere(n: int, state, version: int, peers: tuple[str, ...], 
     ``plain``: first declare the job one of plain processes (its joiners are
     admitted at their first collective, see kungfu_tf/ops/plain_joiner.py).
     """
-    from kungfu_tf.run.job_state import PLAIN_SIGNATURE
+    from kungfu_tf.run.control.job_state import PLAIN_SIGNATURE
 
     code, detail = _COMMITTED, ""
     if em.self_peer() == peers[0]:

@@ -2,7 +2,7 @@
 
 import sys
 
-from kungfu_tf.run.launcher import main
+from kungfu_tf.run.launch.launcher import main
 
 if __name__ == "__main__":
     sys.exit(main())

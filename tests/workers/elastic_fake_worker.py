@@ -58,8 +58,8 @@ if sys.argv[1:2] == ["stuck-deaf"] and os.environ.get("KUNGFU_JOINER") == "1":
     # Before the slow imports below: the launcher may stop it any time.
     signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
 
-from kungfu_tf.run.config_server import ConfigClient, cluster_peers, peer_string
-from kungfu_tf.run.worker_env import read_worker_env
+from kungfu_tf.run.control.config_server import ConfigClient, cluster_peers, peer_string
+from kungfu_tf.run.worker_env.worker_env import read_worker_env
 
 SIGNATURE = "w (2,) float32"
 OTHER_SIGNATURE = "w (3,) float32"

@@ -3,7 +3,7 @@
 Usage: external_launch.py check|die
 
 No kungfu-run: the job comes from the launcher's variables
-(kungfu_tf.run.external_launch). ``check`` compares rank, size, local rank
+(kungfu_tf.run.worker_env.external_launch). ``check`` compares rank, size, local rank
 and local size with the launcher's own numbers, and all_reduce, broadcast
 and SYNC_STEPS steps of SynchronousSGDOptimizer with numpy; ends with
 "checked N results". ``die``: after one all-reduce, rank 1 kills itself

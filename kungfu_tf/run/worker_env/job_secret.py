@@ -2,8 +2,8 @@
 
 from collections.abc import Mapping
 
-from kungfu_tf.run.host_shared_value import resolve_host_shared_value
-from kungfu_tf.run.worker_env import JOB_SECRET_PATTERN, SECRET_ENV
+from kungfu_tf.run.worker_env.host_shared_value import resolve_host_shared_value
+from kungfu_tf.run.worker_env.worker_env import JOB_SECRET_PATTERN, SECRET_ENV
 
 
 def resolve_job_secret(environ: Mapping[str, str], multi_host: bool) -> str:

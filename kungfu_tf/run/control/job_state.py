@@ -1,7 +1,7 @@
 """The job's membership and elastic state, as the config service keeps it (no gRPC).
 
 One :class:`JobStateMachine` lives inside each ConfigServer
-(kungfu_tf/run/config_server.py, which only translates gRPC calls to the
+(kungfu_tf/run/control/config_server.py, which only translates gRPC calls to the
 methods below and :class:`JobStateError` to status codes). It holds:
 
 * the committed Cluster versions (every one is kept: GetClusterAt);
@@ -42,8 +42,8 @@ Rules (see /work/wt/notes/elastic_spec.md and proto/config.proto):
   over when every member has finished (:func:`job_finished`).
 
 Example:
-    >>> from kungfu_tf.run.job_state import JobStateMachine
-    >>> from kungfu_tf.run.peer_string import parse_peer_string as p
+    >>> from kungfu_tf.run.control.job_state import JobStateMachine
+    >>> from kungfu_tf.run.control.peer_string import parse_peer_string as p
     >>> from kungfu_tf.proto import config_pb2
     >>> initial = config_pb2.Cluster(version=1, workers=[p("h:1"), p("h:2")])
     >>> jobs = JobStateMachine(initial, elastic=True, max_size=4)
@@ -78,7 +78,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run.peer_string import peer_problem, peer_string
+from kungfu_tf.run.control.peer_string import peer_problem, peer_string
 
 __all__ = [
     "MAX_WAIT_SECONDS",
@@ -216,7 +216,7 @@ def job_finished(state: config_pb2.JobState) -> bool:
     """Whether every member of ``state``'s cluster has finished (the job is over).
 
     Example:
-        >>> from kungfu_tf.run.peer_string import parse_peer_string as p
+        >>> from kungfu_tf.run.control.peer_string import parse_peer_string as p
         >>> state = config_pb2.JobState(cluster=config_pb2.Cluster(version=1, workers=[p("h:1")]))
         >>> job_finished(state)
         False

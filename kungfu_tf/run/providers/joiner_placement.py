@@ -18,8 +18,8 @@ import socket
 from collections.abc import Mapping, Sequence
 
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.placement import HostSlots
-from kungfu_tf.run.ports import PortRange, find_free_ports
+from kungfu_tf.run.plan.ports import PortRange, find_free_ports
+from kungfu_tf.run.worker_env.placement import HostSlots
 
 
 class NoPortLeft(LaunchError):

@@ -8,12 +8,12 @@ be the current one + 1), so two launchers cannot both apply a resize.
 Elastic jobs (``ConfigServer(elastic=True)``) also keep a JobState: target
 size, min/max, the model signature, joiners, finished members and a ``state_version`` that
 launchers and workers long-poll (WaitJobState). The rules live in
-kungfu_tf/run/job_state.py; this module is the gRPC glue: it maps
-:class:`~kungfu_tf.run.job_state.JobStateError` to status codes and gives
+kungfu_tf/run/control/job_state.py; this module is the gRPC glue: it maps
+:class:`~kungfu_tf.run.control.job_state.JobStateError` to status codes and gives
 each long poll its own thread without starving the other calls.
 
 Every call is authenticated both ways by challenge-response keyed with the
-job secret (kungfu_tf/run/config_auth.py): the secret itself never crosses
+job secret (kungfu_tf/run/control/config_auth.py): the secret itself never crosses
 the wire, a wrong or missing proof gets PERMISSION_DENIED, and ConfigClient
 refuses an answer from a server that cannot prove it holds the secret. The
 channel is not encrypted: cluster contents are visible, not forgeable.
@@ -43,7 +43,7 @@ from typing import Self
 import grpc
 
 from kungfu_tf.proto import config_pb2, config_pb2_grpc
-from kungfu_tf.run.config_auth import (
+from kungfu_tf.run.control.config_auth import (
     MAC_METADATA_KEY,
     NONCE_BYTES,
     NONCE_METADATA_KEY,
@@ -53,13 +53,17 @@ from kungfu_tf.run.config_auth import (
     request_mac,
     response_mac,
 )
-from kungfu_tf.run.job_state import (
+from kungfu_tf.run.control.job_state import (
     MAX_WAIT_SECONDS,
     JobStateError,
     JobStateMachine,
     cluster_problem,
 )
-from kungfu_tf.run.peer_string import cluster_peers, parse_peer_string, peer_string
+from kungfu_tf.run.control.peer_string import (
+    cluster_peers,
+    parse_peer_string,
+    peer_string,
+)
 
 SERVICE = "/kungfu.ConfigService/"
 CHALLENGE_METHOD = SERVICE + "Challenge"
@@ -585,7 +589,7 @@ class ConfigClient:
 
         Answers with the current (unchanged) state after ``timeout`` seconds,
         which is capped at 60 s: loop on it to watch the job (or use
-        kungfu_tf.run.job_watcher.JobWatcher).
+        kungfu_tf.run.control.job_watcher.JobWatcher).
         """
         return self.start_wait_job_state(after_state_version, timeout).result()
 
@@ -626,7 +630,7 @@ class ConfigClient:
         """The member at ``peer`` exited 0: it is listed in JobState.finished.
 
         The job is over when every member has finished
-        (:func:`kungfu_tf.run.job_state.job_finished`); FAILED_PRECONDITION if
+        (:func:`kungfu_tf.run.control.job_state.job_finished`); FAILED_PRECONDITION if
         ``peer`` is not a member of the current cluster (it detached).
         """
         request = config_pb2.ReportFinishedRequest(peer=_peer_argument("peer", peer))

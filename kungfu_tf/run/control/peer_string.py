@@ -6,7 +6,7 @@ runtime, the ``KUNGFU_*`` variables and the elastic code name it
 so the port is always what follows the last colon.
 
 Example:
-    >>> from kungfu_tf.run.peer_string import parse_peer_string, peer_string
+    >>> from kungfu_tf.run.control.peer_string import parse_peer_string, peer_string
     >>> peer_string(parse_peer_string("[::1]:10000"))
     '[::1]:10000'
     >>> parse_peer_string("10.0.0.1:10001").port

@@ -6,7 +6,7 @@ start-up (:func:`read_worker_env`) with the same rules as the C++ runtime's
 naming the variable and its value, before any op runs.
 
 Example:
-    >>> from kungfu_tf.run.worker_env import read_worker_env
+    >>> from kungfu_tf.run.worker_env.worker_env import read_worker_env
     >>> env = read_worker_env({"KUNGFU_PEERS": "h:1,h:2", "KUNGFU_SELF": "h:2",
     ...                        "KUNGFU_JOB_SECRET": "ab" * 32})
     >>> env.rank, env.size, env.timeout_seconds
@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kungfu_tf.run.job_id import JOB_ID_ENV
-from kungfu_tf.run.placement import Peer
+from kungfu_tf.run.worker_env.job_id import JOB_ID_ENV
+from kungfu_tf.run.worker_env.placement import Peer
 
 SELF_ENV = "KUNGFU_SELF"
 PEERS_ENV = "KUNGFU_PEERS"

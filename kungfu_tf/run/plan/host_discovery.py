@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.placement import HostSlots
+from kungfu_tf.run.worker_env.placement import HostSlots
 
 # How often the script runs while the job runs (Horovod polls about as often).
 DISCOVERY_INTERVAL = 2.0

@@ -3,13 +3,13 @@
 import os
 from collections.abc import Sequence
 
-from kungfu_tf.run.cli import LaunchOptions, parse_args
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.grpc_fork_safety import disable_grpc_fork_handlers
-from kungfu_tf.run.job_plan import build_plan
-from kungfu_tf.run.output import Console
-from kungfu_tf.run.startup_noise import hide_tf_startup
-from kungfu_tf.run.supervisor import JobSupervisor
+from kungfu_tf.run.launch.grpc_fork_safety import disable_grpc_fork_handlers
+from kungfu_tf.run.launch.supervisor import JobSupervisor
+from kungfu_tf.run.plan.cli import LaunchOptions, parse_args
+from kungfu_tf.run.plan.job_plan import build_plan
+from kungfu_tf.run.providers.output import Console
+from kungfu_tf.run.providers.startup_noise import hide_tf_startup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,8 +64,8 @@ def _run_elastic(options: LaunchOptions, console: Console) -> int:
         return 2
     # Imported here, after the line above: they import gRPC (which a job of
     # fixed size does not need, so it starts faster without).
-    from kungfu_tf.run.elastic_plan import build_elastic_plan
-    from kungfu_tf.run.elastic_supervisor import ElasticSupervisor
+    from kungfu_tf.run.launch.elastic_supervisor import ElasticSupervisor
+    from kungfu_tf.run.plan.elastic_plan import build_elastic_plan
 
     try:
         plan = build_elastic_plan(options, os.environ)
@@ -84,6 +84,6 @@ def _run_on_ray(options: LaunchOptions, console: Console) -> int:
     """``--ray ADDRESS``: every worker is a subprocess of its own Ray actor."""
     # Workers get the environment as the user set it (not Ray's additions).
     base_env = dict(os.environ)
-    from kungfu_tf.run.ray_job import run_on_ray
+    from kungfu_tf.run.launch.ray_job import run_on_ray
 
     return run_on_ray(options, console, base_env)

@@ -17,7 +17,7 @@ processes:
 * a member that dies otherwise is reported lost (ReportLost; its peers may
   have reported it first) and, with ``--elastic``, replaced: the config
   service keeps the target size, so a joiner is placed for it;
-* joiners are placed by the serving launcher (kungfu_tf/run/joiner_scheduler.py:
+* joiners are placed by the serving launcher (kungfu_tf/run/providers/joiner_scheduler.py:
   slots, ``--max-np``, giving up on joiners that keep failing, host
   discovery); the launcher of the joiner's host starts it
   (``KUNGFU_JOINER=1``, a one-worker cluster at version 0);
@@ -44,7 +44,7 @@ from typing import BinaryIO
 import grpc
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run.config_server import (
+from kungfu_tf.run.control.config_server import (
     ConfigClient,
     ConfigServer,
     cluster_peers,
@@ -52,29 +52,33 @@ from kungfu_tf.run.config_server import (
     parse_peer_string,
     peer_string,
 )
-from kungfu_tf.run.elastic_plan import ElasticPlan
+from kungfu_tf.run.control.job_state import job_finished
+from kungfu_tf.run.control.job_watcher import JobWatcher
+from kungfu_tf.run.control.membership_change import describe_change, workers_text
+from kungfu_tf.run.control.rpc_errors import rpc_error_text
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.job_state import job_finished
-from kungfu_tf.run.job_watcher import JobWatcher
-from kungfu_tf.run.joiner_scheduler import SupervisorHooks, joiner_peers
-from kungfu_tf.run.membership_change import describe_change, workers_text
-from kungfu_tf.run.output import Console
-from kungfu_tf.run.placement import Peer
-from kungfu_tf.run.rpc_errors import rpc_error_text
-from kungfu_tf.run.supervisor import (
+from kungfu_tf.run.launch.supervisor import (
     FORWARDED_SIGNALS,
     GRACE_SECONDS,
     OUTPUT_DRAIN_SECONDS,
     POLL_INTERVAL,
 )
-from kungfu_tf.run.worker_env import build_worker_env
-from kungfu_tf.run.worker_process import describe_exit, exit_cause, exit_status
-from kungfu_tf.run.worker_provider import (
+from kungfu_tf.run.plan.elastic_plan import ElasticPlan
+from kungfu_tf.run.providers.joiner_scheduler import SupervisorHooks, joiner_peers
+from kungfu_tf.run.providers.output import Console
+from kungfu_tf.run.providers.worker_process import (
+    describe_exit,
+    exit_cause,
+    exit_status,
+)
+from kungfu_tf.run.providers.worker_provider import (
     JoinerPlanner,
     LocalProcesses,
     WorkerHandle,
     WorkerProvider,
 )
+from kungfu_tf.run.worker_env.placement import Peer
+from kungfu_tf.run.worker_env.worker_env import build_worker_env
 
 # Bound on one config-service call (but a long poll).
 CALL_TIMEOUT = 10.0
@@ -131,7 +135,7 @@ class ElasticSupervisor:
         status = ElasticSupervisor(plan, Console(), os.environ).run()
 
     ``provider`` says where workers run (default: this launcher's child
-    processes; kungfu_tf/run/worker_provider.py).
+    processes; kungfu_tf/run/providers/worker_provider.py).
     """
 
     def __init__(

@@ -5,7 +5,7 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO, TextIO
 
-from kungfu_tf.run.startup_noise import is_tf_startup_noise
+from kungfu_tf.run.providers.startup_noise import is_tf_startup_noise
 
 
 class Console:
@@ -19,7 +19,7 @@ class Console:
         """Use the given streams, defaulting to ``sys.stdout``/``sys.stderr``.
 
         ``hide_tf_startup``: workers' TensorFlow start-up notices (see
-        :mod:`kungfu_tf.run.startup_noise`) are not echoed.
+        :mod:`kungfu_tf.run.providers.startup_noise`) are not echoed.
         """
         self._stdout = stdout if stdout is not None else sys.stdout
         self._stderr = stderr if stderr is not None else sys.stderr

@@ -4,7 +4,7 @@ Users of Horovod start training with ``mpirun -np 4 python train.py``
 (Open MPI) or ``srun python train.py`` (Slurm). Those launchers tell each
 process its rank, the job's size and its nodes in their own environment
 variables; this module turns them into the ``KUNGFU_*`` variables that
-``kungfu-run`` would have set (:mod:`kungfu_tf.run.worker_env`), before the
+``kungfu-run`` would have set (:mod:`kungfu_tf.run.worker_env.worker_env`), before the
 op library loads (:func:`kungfu_tf._native.library`), so the runtime starts
 the same job. ``KUNGFU_PEERS`` always wins: a worker of ``kungfu-run`` is
 never reinterpreted, even inside an ``mpirun`` or Slurm job.
@@ -54,10 +54,13 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.job_id import JOB_ID_ENV, MAX_JOB_ID_LEN
-from kungfu_tf.run.placement import LOCALHOST, HostSlots, parse_hosts
-from kungfu_tf.run.slurm_hostlist import expand_hostlist, expand_tasks_per_node
-from kungfu_tf.run.worker_env import (
+from kungfu_tf.run.worker_env.job_id import JOB_ID_ENV, MAX_JOB_ID_LEN
+from kungfu_tf.run.worker_env.placement import LOCALHOST, HostSlots, parse_hosts
+from kungfu_tf.run.worker_env.slurm_hostlist import (
+    expand_hostlist,
+    expand_tasks_per_node,
+)
+from kungfu_tf.run.worker_env.worker_env import (
     JOB_SECRET_PATTERN,
     PEERS_ENV,
     SECRET_ENV,

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.placement import HostSlots, parse_hosts
-from kungfu_tf.run.ports import DEFAULT_PORT_RANGE, PortRange, parse_port_range
-from kungfu_tf.run.topology import DEFAULT_TOPOLOGY, TOPOLOGIES, normalize_topology
-from kungfu_tf.run.worker_env import MAX_TIMEOUT_SECONDS
+from kungfu_tf.run.plan.ports import DEFAULT_PORT_RANGE, PortRange, parse_port_range
+from kungfu_tf.run.plan.topology import DEFAULT_TOPOLOGY, TOPOLOGIES, normalize_topology
+from kungfu_tf.run.worker_env.placement import HostSlots, parse_hosts
+from kungfu_tf.run.worker_env.worker_env import MAX_TIMEOUT_SECONDS
 
 DEFAULT_TIMEOUT = 120
 # Seconds a joiner may take from its placement to READY: a TensorFlow joiner

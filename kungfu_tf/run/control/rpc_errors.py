@@ -2,7 +2,7 @@
 
 Example:
     >>> import grpc
-    >>> from kungfu_tf.run.config_server import ServerNotAuthenticatedError
+    >>> from kungfu_tf.run.control.config_server import ServerNotAuthenticatedError
     >>> rpc_error_text(ServerNotAuthenticatedError("h:1", "/kungfu.ConfigService/GetJobState"))
     'UNAUTHENTICATED: config server at h:1 did not prove it holds the job secret (/kungfu.ConfigService/GetJobState)'
 """

@@ -2,7 +2,7 @@
 
 The elastic launcher starts joiners while its gRPC threads (the config
 service, the long poll) run, and it forks them with a ``preexec_fn`` (the
-parent-death signal, kungfu_tf/run/parent_death.py), so fork handlers run.
+parent-death signal, kungfu_tf/run/providers/parent_death.py), so fork handlers run.
 gRPC's handlers, enabled by default, then leave the child with a poller
 whose descriptors are gone: 1 fork in 6 died with SIGABRT before exec
 ("epoll_wait error: Bad file descriptor") in our tests. The child never

@@ -38,19 +38,19 @@ from dataclasses import dataclass
 import grpc
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run.config_server import (
+from kungfu_tf.run.control.config_server import (
     ConfigClient,
     cluster_peers,
     make_cluster,
     peer_string,
 )
-from kungfu_tf.run.elastic_plan import ElasticPlan
-from kungfu_tf.run.host_discovery import HostDiscovery
-from kungfu_tf.run.joiner_placement import JoinerPlacer, NoPortLeft
-from kungfu_tf.run.membership_change import workers_text
-from kungfu_tf.run.output import Console
-from kungfu_tf.run.placement import HostSlots
-from kungfu_tf.run.rpc_errors import rpc_error_text
+from kungfu_tf.run.control.membership_change import workers_text
+from kungfu_tf.run.control.rpc_errors import rpc_error_text
+from kungfu_tf.run.plan.elastic_plan import ElasticPlan
+from kungfu_tf.run.plan.host_discovery import HostDiscovery
+from kungfu_tf.run.providers.joiner_placement import JoinerPlacer, NoPortLeft
+from kungfu_tf.run.providers.output import Console
+from kungfu_tf.run.worker_env.placement import HostSlots
 
 # Joiners in a row that may end without being admitted before no more are
 # placed: a joiner that keeps failing would otherwise be restarted for ever.

@@ -8,9 +8,13 @@ from types import FrameType
 from typing import BinaryIO
 
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.job_plan import JobPlan
-from kungfu_tf.run.output import Console
-from kungfu_tf.run.worker_process import WorkerProcess, describe_exit, exit_status
+from kungfu_tf.run.plan.job_plan import JobPlan
+from kungfu_tf.run.providers.output import Console
+from kungfu_tf.run.providers.worker_process import (
+    WorkerProcess,
+    describe_exit,
+    exit_status,
+)
 
 # How long workers get to exit after SIGTERM before they are SIGKILLed.
 GRACE_SECONDS = 5.0

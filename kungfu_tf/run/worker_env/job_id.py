@@ -9,7 +9,7 @@ that holds the same secret cannot join, or be joined by, this run.
 import re
 from collections.abc import Mapping
 
-from kungfu_tf.run.host_shared_value import resolve_host_shared_value
+from kungfu_tf.run.worker_env.host_shared_value import resolve_host_shared_value
 
 JOB_ID_ENV = "KUNGFU_JOB_ID"
 MAX_JOB_ID_LEN = 128  # kHandshakeMaxJobIdLen in ops/runtime/handshake.h

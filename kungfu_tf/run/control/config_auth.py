@@ -20,7 +20,7 @@ that does not hold the secret. The channel stays unencrypted: cluster
 contents (hosts and ports) are visible on the network, but not forgeable.
 
 Example:
-    >>> from kungfu_tf.run.config_auth import request_mac
+    >>> from kungfu_tf.run.control.config_auth import request_mac
     >>> len(request_mac(b"secret", b"n" * 32, "/kungfu.ConfigService/GetCluster", "job-1", b""))
     64
 """

@@ -30,7 +30,7 @@ from typing import Self
 import grpc
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run.config_server import ConfigClient, PendingCall
+from kungfu_tf.run.control.config_server import ConfigClient, PendingCall
 
 __all__ = ["JobWatcher", "JobWatcherError"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from kungfu_tf.run.worker_env import WorkerEnvError
+from kungfu_tf.run.worker_env.worker_env import WorkerEnvError
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _TASKS = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")

@@ -15,25 +15,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kungfu_tf.run.cli import LaunchOptions
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.host_discovery import run_discovery_script
-from kungfu_tf.run.job_id import resolve_job_id
-from kungfu_tf.run.job_secret import resolve_job_secret
-from kungfu_tf.run.local_host import choose_self_host
-from kungfu_tf.run.placement import (
-    LOCALHOST,
-    HostSlots,
-    Peer,
-    assign_range_ports,
-    place_workers,
-)
-from kungfu_tf.run.ports import (
+from kungfu_tf.run.plan.cli import LaunchOptions
+from kungfu_tf.run.plan.host_discovery import run_discovery_script
+from kungfu_tf.run.plan.local_host import choose_self_host
+from kungfu_tf.run.plan.ports import (
     DEFAULT_PORT_RANGE,
     PortRange,
     check_ports_free,
     find_free_ports,
     parse_port_range,
+)
+from kungfu_tf.run.worker_env.job_id import resolve_job_id
+from kungfu_tf.run.worker_env.job_secret import resolve_job_secret
+from kungfu_tf.run.worker_env.placement import (
+    LOCALHOST,
+    HostSlots,
+    Peer,
+    assign_range_ports,
+    place_workers,
 )
 
 

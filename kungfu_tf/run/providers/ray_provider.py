@@ -1,7 +1,7 @@
-"""Workers as Ray actors (``kungfu-run --ray ADDRESS``): the Ray side of :mod:`kungfu_tf.run.worker_provider`.
+"""Workers as Ray actors (``kungfu-run --ray ADDRESS``): the Ray side of :mod:`kungfu_tf.run.providers.worker_provider`.
 
 Each worker gets a *slot*: a placement group of one bundle (``{"CPU":
-cpus_per_worker}``) and one :class:`~kungfu_tf.run.ray_worker_actor.WorkerActor`
+cpus_per_worker}``) and one :class:`~kungfu_tf.run.providers.ray_worker_actor.WorkerActor`
 in it. Once Ray placed the actor, it reports its node id and a free port
 there; the slot is known by its peer ``host:port`` from then on (fake nodes
 of Ray's test clusters share one IP, so the port and node id tell them
@@ -40,20 +40,20 @@ from typing import Any, BinaryIO
 import grpc
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run.config_server import ConfigClient, cluster_peers
-from kungfu_tf.run.elastic_plan import ElasticPlan
+from kungfu_tf.run.control.config_server import ConfigClient, cluster_peers
+from kungfu_tf.run.control.membership_change import workers_text
+from kungfu_tf.run.control.rpc_errors import rpc_error_text
 from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.joiner_scheduler import (
+from kungfu_tf.run.plan.elastic_plan import ElasticPlan
+from kungfu_tf.run.providers.joiner_scheduler import (
     MAX_JOINER_FAILURES,
     JoinerScheduler,
     SupervisorHooks,
     joiner_peers,
 )
-from kungfu_tf.run.membership_change import workers_text
-from kungfu_tf.run.output import Console, OutputRelay
-from kungfu_tf.run.placement import Peer
-from kungfu_tf.run.ray_worker_actor import STDERR, WorkerActor
-from kungfu_tf.run.rpc_errors import rpc_error_text
+from kungfu_tf.run.providers.output import Console, OutputRelay
+from kungfu_tf.run.providers.ray_worker_actor import STDERR, WorkerActor
+from kungfu_tf.run.worker_env.placement import Peer
 
 RAY_INSTALL_HINT = "pip install kungfu_tf[ray]"
 # How long a TCP connect to --ray HOST:PORT may take before it is unreachable.

@@ -6,9 +6,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
-from kungfu_tf.run.output import Console, OutputRelay
-from kungfu_tf.run.parent_death import parent_death_preexec
-from kungfu_tf.run.placement import Peer
+from kungfu_tf.run.providers.output import Console, OutputRelay
+from kungfu_tf.run.providers.parent_death import parent_death_preexec
+from kungfu_tf.run.worker_env.placement import Peer
 
 
 class WorkerProcess:

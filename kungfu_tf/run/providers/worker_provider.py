@@ -1,13 +1,13 @@
 """Where the workers of an elastic job run: the seam between the supervisor and its resources.
 
-:class:`~kungfu_tf.run.elastic_supervisor.ElasticSupervisor` decides what
+:class:`~kungfu_tf.run.launch.elastic_supervisor.ElasticSupervisor` decides what
 happens to the cluster (commits, losses, joiners, the job's end); a
 :class:`WorkerProvider` decides where a worker's process runs and how it is
 reached:
 
 * :class:`LocalProcesses` (``kungfu-run --elastic``): child processes of
   this launcher, joiners placed on the ``-H`` hosts' slots;
-* :class:`~kungfu_tf.run.ray_provider.RayActors` (``kungfu-run --ray``):
+* :class:`~kungfu_tf.run.providers.ray_provider.RayActors` (``kungfu-run --ray``):
   each worker a subprocess of one Ray actor in its own placement group,
   joiners placed by Ray's scheduler and autoscaler.
 
@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO, Protocol
 
-from kungfu_tf.run.config_server import ConfigClient
-from kungfu_tf.run.elastic_plan import ElasticPlan
-from kungfu_tf.run.joiner_scheduler import JoinerScheduler, SupervisorHooks
-from kungfu_tf.run.output import Console
-from kungfu_tf.run.placement import Peer
-from kungfu_tf.run.worker_process import WorkerProcess
+from kungfu_tf.run.control.config_server import ConfigClient
+from kungfu_tf.run.plan.elastic_plan import ElasticPlan
+from kungfu_tf.run.providers.joiner_scheduler import JoinerScheduler, SupervisorHooks
+from kungfu_tf.run.providers.output import Console
+from kungfu_tf.run.providers.worker_process import WorkerProcess
+from kungfu_tf.run.worker_env.placement import Peer
 
 
 class WorkerHandle(Protocol):

@@ -4,11 +4,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kungfu_tf.run.cli import LaunchOptions
-from kungfu_tf.run.job_id import resolve_job_id
-from kungfu_tf.run.job_secret import resolve_job_secret
-from kungfu_tf.run.local_host import choose_self_host
-from kungfu_tf.run.placement import (
+from kungfu_tf.run.plan.cli import LaunchOptions
+from kungfu_tf.run.plan.local_host import choose_self_host
+from kungfu_tf.run.plan.ports import (
+    DEFAULT_PORT_RANGE,
+    check_ports_free,
+    find_free_ports,
+    parse_port_range,
+)
+from kungfu_tf.run.worker_env.job_id import resolve_job_id
+from kungfu_tf.run.worker_env.job_secret import resolve_job_secret
+from kungfu_tf.run.worker_env.placement import (
     LOCALHOST,
     HostSlots,
     Peer,
@@ -16,13 +22,7 @@ from kungfu_tf.run.placement import (
     hosts_in_use,
     place_workers,
 )
-from kungfu_tf.run.ports import (
-    DEFAULT_PORT_RANGE,
-    check_ports_free,
-    find_free_ports,
-    parse_port_range,
-)
-from kungfu_tf.run.worker_env import build_worker_env
+from kungfu_tf.run.worker_env.worker_env import build_worker_env
 
 
 @dataclass(frozen=True)

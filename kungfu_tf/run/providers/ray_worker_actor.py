@@ -10,7 +10,7 @@ actor's one execution thread: the thread that forked the subprocess lives
 as long as the actor, so the subprocess's parent-death signal fires only
 when the actor dies (killed, or its node gone) — then the worker dies too.
 
-This module does not import Ray; :mod:`kungfu_tf.run.ray_provider` makes the
+This module does not import Ray; :mod:`kungfu_tf.run.providers.ray_provider` makes the
 class a Ray actor.
 """
 
@@ -23,7 +23,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 
-from kungfu_tf.run.worker_process import popen_worker
+from kungfu_tf.run.providers.worker_process import popen_worker
 
 STDOUT, STDERR = 1, 2
 # Output held for the launcher beyond which the oldest is dropped (a
@@ -34,7 +34,7 @@ MAX_HELD_BYTES = 8 << 20
 class WorkerActor:
     """One worker's subprocess on a Ray node.
 
-    Example (what :class:`~kungfu_tf.run.ray_provider.RayActors` does)::
+    Example (what :class:`~kungfu_tf.run.providers.ray_provider.RayActors` does)::
 
         actor = ray.remote(WorkerActor).options(...).remote()
         node_id, host, port = ray.get(actor.address.remote())

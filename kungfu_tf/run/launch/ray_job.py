@@ -1,10 +1,10 @@
 """Running a job's workers on a Ray cluster: ``kungfu-run --ray ADDRESS`` and :func:`ray_launch`.
 
 The launcher joins the Ray cluster as a driver, creates one slot (placement
-group + actor, kungfu_tf/run/ray_provider.py) per initial worker, waits until
+group + actor, kungfu_tf/run/providers/ray_provider.py) per initial worker, waits until
 Ray placed them, commits the peers their actors reported as cluster
 version 1, and then supervises the job exactly as ``kungfu-run --elastic``
-does (kungfu_tf/run/elastic_supervisor.py), with Ray providing the workers.
+does (kungfu_tf/run/launch/elastic_supervisor.py), with Ray providing the workers.
 Without ``--elastic`` or ``--min-np`` the job has a fixed size: losing any
 worker fails it (``--min-np`` = ``-np``), as a local job of fixed size does.
 """
@@ -15,15 +15,15 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kungfu_tf.run.cli import (
+from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.plan.cli import (
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_TIMEOUT,
     LaunchOptions,
     parse_args_or_raise,
 )
-from kungfu_tf.run.errors import LaunchError
-from kungfu_tf.run.output import Console
-from kungfu_tf.run.topology import DEFAULT_TOPOLOGY
+from kungfu_tf.run.plan.topology import DEFAULT_TOPOLOGY
+from kungfu_tf.run.providers.output import Console
 
 
 def ray_launch(
@@ -90,11 +90,11 @@ def run_on_ray(
     options: LaunchOptions, console: Console, base_env: Mapping[str, str]
 ) -> int:
     """Run the job of ``options`` (``options.on_ray``) and return its status (2: it could not start)."""
-    from kungfu_tf.run.elastic_plan import ElasticPlan
-    from kungfu_tf.run.elastic_supervisor import ElasticSupervisor
-    from kungfu_tf.run.job_id import resolve_job_id
-    from kungfu_tf.run.job_secret import resolve_job_secret
-    from kungfu_tf.run.ray_provider import RayActors, connect, import_ray
+    from kungfu_tf.run.launch.elastic_supervisor import ElasticSupervisor
+    from kungfu_tf.run.plan.elastic_plan import ElasticPlan
+    from kungfu_tf.run.providers.ray_provider import RayActors, connect, import_ray
+    from kungfu_tf.run.worker_env.job_id import resolve_job_id
+    from kungfu_tf.run.worker_env.job_secret import resolve_job_secret
 
     assert options.ray_address is not None
     provider = None
