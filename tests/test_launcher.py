@@ -611,3 +611,25 @@ def test_tensorflow_startup_notices_stay_off_the_terminal(tmp_path, show):
         res = subprocess.run(launcher_cmd("-np", "1", sys.executable, str(script)), env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"},
                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
         assert res.returncode == 0 and "oneDNN custom operations" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("kungfu_tf.run.launcher", "kungfu_tf.run.launch.launcher"),
+        ("kungfu_tf.run.config_server", "kungfu_tf.run.control.config_server"),
+        ("kungfu_tf.run.job_state", "kungfu_tf.run.control.job_state"),
+    ],
+)
+def test_moved_modules_still_import_from_their_old_paths(old, new):
+    """The paths README and installed ``kungfu-run`` scripts name give the moved module, with a warning."""
+    code = (
+        "import importlib, sys, warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        f"try:\n    importlib.import_module({old!r})\n"
+        "except DeprecationWarning as e:\n    print('warned:', e)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"print(importlib.import_module({old!r}) is importlib.import_module({new!r}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [f"warned: {old} moved to {new}; import it from there", "True"]
