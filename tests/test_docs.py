@@ -143,12 +143,26 @@ def test_benchmark_pages_hold_every_table_and_plot_of_the_results(site):
             assert (site / "_images" / png.name).read_bytes() == png.read_bytes(), f"{png.name}: the site holds another plot"
 
 
-def test_guide_pages_carry_the_readme_sections(site):
+def test_the_readme_front_door_links_resolve(site):
+    """Every relative link of README.md names a file that exists, and an anchor a heading of that file has."""
     readme = (REPO_ROOT / "README.md").read_text()
-    titles = re.findall(r"^## (.+)$", re.sub(r"^```.*?^```", "", readme, flags=re.MULTILINE | re.DOTALL), re.MULTILINE)
-    text = text_of(page(site, "guide/index"))
-    for title in titles:
-        assert title.replace("`", "").strip() in text, f"README section {title!r} has no guide page"
+    links = re.findall(r"\]\(([^)\s]+)\)", re.sub(r"^```.*?^```", "", readme, flags=re.MULTILINE | re.DOTALL))
+    relative = [link for link in links if not re.match(r"^[a-z]+://", link)]
+    assert any(link.startswith("docs/guide/") for link in relative), relative
+    for link in relative:
+        path, _, anchor = link.partition("#")
+        target = REPO_ROOT / path if path else REPO_ROOT / "README.md"
+        assert target.exists(), f"README links to {link!r}: no such file"
+        if anchor:
+            headings = re.findall(r"^#{1,6} (.+)$", target.read_text(), re.MULTILINE)
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, f"README links to {link!r}: {path or 'README.md'} has no such heading"
+    # Every guide page is on the site, reached from the guide's index.
+    index = text_of(page(site, "guide/index"))
+    for md in sorted((REPO_ROOT / "docs" / "guide").glob("*.md")):
+        if md.stem != "index":
+            title = re.search(r"^# (.+)$", md.read_text(), re.MULTILINE).group(1).replace("`", "").strip()
+            assert title in index, f"guide page {md.name} ({title!r}) is not in the guide's table of contents"
 
 
 def test_make_docs_builds_into_build_docs_with_warnings_as_errors():

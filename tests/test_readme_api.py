@@ -1,4 +1,4 @@
-"""README.md's API table lists only what ``kungfu_tf.ops`` really exports.
+"""The guide's API table (docs/guide/api.md) lists only what ``kungfu_tf.ops`` really exports.
 
 The table under ``| `kungfu_tf.ops` |`` names functions users call as
 ``ops.NAME``; each must be in ``kungfu_tf/ops/__init__.py``'s ``__all__``
@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_ops_names() -> set[str]:
-    """Function names in the first column of README's ``kungfu_tf.ops`` table."""
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    """Function names in the first column of the guide's ``kungfu_tf.ops`` table."""
+    lines = (ROOT / "docs" / "guide" / "api.md").read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| `kungfu_tf.ops` |"))
     names: set[str] = set()
     for line in lines[start + 2 :]:
@@ -42,4 +42,4 @@ def test_readme_table_is_parsed():
 
 def test_every_op_the_readme_lists_is_exported():
     missing = readme_ops_names() - exported_ops_names()
-    assert not missing, f"README lists under kungfu_tf.ops but kungfu_tf.ops does not export: {sorted(missing)}"
+    assert not missing, f"docs/guide/api.md lists under kungfu_tf.ops but kungfu_tf.ops does not export: {sorted(missing)}"

@@ -1,32 +1,26 @@
 """Sphinx extension: writes the pages that are generated from other files, before Sphinx reads the sources.
 
-- ``guide/``: one page per ``## `` section of README.md, its headings one level up; a link
-  to a heading of another section points at that section's page, an image at its file.
-  The README stays the one copy of this text (the sections move here later: README.md's
-  front door keeps a pointer per moved section).
 - ``benchmarks/``: one page per experiment in ``benchmarks/results/`` (the ``make bench-*``
   targets write them): its table file (``NAME.md``) as written, then its plots
   (``NAME.png``) and its raw data (``NAME.json``, a download).
 - ``_generated/kungfu-run-help.txt``: what ``kungfu-run --help`` prints.
 
-Nothing generated is kept in git. Files are rewritten only when their content
-changed (Sphinx then reads only those again) and files no longer generated are
-removed, so a section deleted from the README does not leave a stale page behind.
+Nothing generated is kept in git (the guide, ``guide/``, is written by hand). Files are
+rewritten only when their content changed (Sphinx then reads only those again) and
+files no longer generated are removed, so a result deleted from ``benchmarks/results/``
+does not leave a stale page behind.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-README = REPO_ROOT / "README.md"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 # Page titles for results files that carry no "# " title of their own.
@@ -38,121 +32,6 @@ BENCHMARK_TITLES = {
     "elastic_admit_window": "Elastic admission window",
     "listing_one": "Listing 1: a cluster that grows with the GNS",
 }
-
-FENCE = re.compile(r"^\s*(```|~~~)")
-HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
-
-
-def github_slug(title: str) -> str:
-    """The anchor GitHub (and MyST's ``myst_heading_anchors``) gives a heading."""
-    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
-
-
-def page_name(title: str) -> str:
-    """A short file name for a section: its title up to the first ``:``, ``,`` or ``(``."""
-    return github_slug(re.split(r"[:,(]", title, maxsplit=1)[0]).strip("-") or "section"
-
-
-def outside_code(lines: list[str]):
-    """Yields (index, line, in_code) for every line, in_code for lines of fenced blocks (fences included)."""
-    fence = None
-    for i, line in enumerate(lines):
-        m = FENCE.match(line)
-        if fence is None and m:
-            fence = m.group(1)
-            yield i, line, True
-        elif fence is not None:
-            if line.strip().startswith(fence):
-                fence = None
-            yield i, line, True
-        else:
-            yield i, line, False
-
-
-@dataclass
-class Section:
-    title: str
-    name: str
-    lines: list[str] = field(default_factory=list)
-    anchors: set[str] = field(default_factory=set)
-
-
-def split_readme(text: str) -> tuple[list[str], list[Section]]:
-    """README.md's text before its first ``## `` heading, and one Section per ``## `` heading."""
-    intro: list[str] = []
-    sections: list[Section] = []
-    names: set[str] = set()
-    lines = text.splitlines()
-    for _, line, in_code in outside_code(lines):
-        m = None if in_code else HEADING.match(line)
-        if m and len(m.group(1)) == 2:
-            name = base = page_name(m.group(2))
-            n = 2
-            while name in names or name == "index":
-                name, n = f"{base}-{n}", n + 1
-            names.add(name)
-            sections.append(Section(m.group(2), name))
-        if m and sections:
-            sections[-1].anchors.add(github_slug(m.group(2)))
-        (sections[-1].lines if sections else intro).append(line)
-    return intro, sections
-
-
-def rewrite_links(text: str, here: str | None, anchor_page: dict[str, str], page_dir: Path) -> str:
-    """Points the README-relative links of some Markdown (no code blocks) at the site's pages and files."""
-
-    def replace(m: re.Match) -> str:
-        bang, label, target = m.groups()
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, mailto:, ...
-            return m.group(0)
-        if target.startswith("#"):
-            page = anchor_page.get(target[1:])
-            if page is None or page == here:
-                return m.group(0)  # a missing anchor stays: the strict build names it
-            return f"[{label}]({page}.md{target})"
-        path = (REPO_ROOT / target.split("#", 1)[0]).resolve()
-        if bang and path.parent == RESULTS_DIR:
-            return f"![{label}](../benchmarks/{path.name})"  # the benchmark pages' copy
-        if bang:
-            return f"![{label}]({os.path.relpath(path, page_dir)})"
-        return f"{label} (`{target}`)"  # a repository file, not a page of the site
-
-    return LINK.sub(replace, text)
-
-
-def to_page(lines: list[str], here: str | None, anchor_page: dict[str, str], page_dir: Path) -> str:
-    """README lines as a page: headings one level up (the ``## `` title becomes the page's), links rewritten."""
-    out: list[str] = []
-    prose: list[str] = []  # lines outside code since the last code block: a link may span lines
-
-    def flush():
-        if prose:
-            out.append(rewrite_links("\n".join(prose), here, anchor_page, page_dir))
-            prose.clear()
-
-    for _, line, in_code in outside_code(lines):
-        if in_code:
-            flush()
-            out.append(line)
-            continue
-        m = HEADING.match(line)
-        if m and len(m.group(1)) == 1:
-            continue  # the README's own title
-        prose.append("#" * (len(m.group(1)) - 1) + " " + m.group(2) if m else line)
-    flush()
-    return "\n".join(out).strip() + "\n"
-
-
-def guide_pages(readme_text: str, page_dir: Path) -> dict[str, str]:
-    """The guide pages (file name -> text) made from README.md."""
-    intro, sections = split_readme(readme_text)
-    anchor_page = {a: s.name for s in sections for a in s.anchors}
-    pages = {f"{s.name}.md": to_page(s.lines, s.name, anchor_page, page_dir) for s in sections}
-    toctree = "\n".join(["```{toctree}", ":maxdepth: 2", "", *(s.name for s in sections), "```"])
-    pages["index.md"] = "# Guide\n\n" + to_page(intro, None, anchor_page, page_dir) + "\n" + toctree + "\n"
-    return pages
-
 
 def benchmark_pages(results_dir: Path, methods_page: str | None) -> tuple[dict[str, str], dict[str, Path]]:
     """The benchmark pages (file name -> text) and the files they show (file name -> source).
@@ -223,9 +102,8 @@ def sync_dir(directory: Path, texts: dict[str, str], files: dict[str, Path] | No
 
 
 def generate(srcdir: Path) -> None:
-    guide = guide_pages(README.read_text(), srcdir / "guide")
-    sync_dir(srcdir / "guide", guide)
-    sync_dir(srcdir / "benchmarks", *benchmark_pages(RESULTS_DIR, "benchmarks.md" if "benchmarks.md" in guide else None))
+    methods = "benchmarks.md" if (srcdir / "guide" / "benchmarks.md").exists() else None
+    sync_dir(srcdir / "benchmarks", *benchmark_pages(RESULTS_DIR, methods))
     sync_dir(srcdir / "_generated", {"kungfu-run-help.txt": kungfu_run_help()})
 
 
