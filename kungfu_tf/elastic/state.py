@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from kungfu_tf.elastic import progress_report
 from kungfu_tf.elastic import state_transfer as st
 from kungfu_tf.elastic.errors import (
     ElasticError,
@@ -78,6 +79,17 @@ def _signature_hash(signature: str) -> int:
     import hashlib
 
     return int.from_bytes(hashlib.sha256(signature.encode()).digest()[:7], "little")
+
+
+_reporter: progress_report.ProgressReporter | None = None
+
+
+def _progress_reporter() -> progress_report.ProgressReporter:
+    global _reporter
+    if _reporter is None:
+        client = em.config_client()
+        _reporter = progress_report.ProgressReporter(client.report_progress)
+    return _reporter
 
 
 class ElasticState:
@@ -157,6 +169,7 @@ class ElasticState:
         object.__setattr__(self, "_signature_sent", False)
         object.__setattr__(self, "_reset_callbacks", [])
         object.__setattr__(self, "last_change", None)
+        object.__setattr__(self, "_report_at", 0.0)  # time.monotonic() of the next progress report
         remove = em.add_apply_listener(self._on_applied) if em.is_elastic() else None
         object.__setattr__(self, "_remove_listener", remove)
 
@@ -224,6 +237,19 @@ class ElasticState:
         if self._recount:
             self._recount = False
             self._update_signature()
+        now = time.monotonic()
+        if now >= self._report_at:
+            self._report_at = now + progress_report.REPORT_EVERY
+            self._report_progress()
+
+    def _report_progress(self) -> None:
+        """Rank 0 tells the config service its step, for kungfu-run's job status (off this thread)."""
+        if not em.is_elastic() or em.detached():
+            return
+        version, peers = em.current()
+        if not peers or peers[0] != em.self_peer():
+            return
+        _progress_reporter().offer(int(self._values["step"]), int(version))
 
     def _update_signature(self) -> None:
         """After the first step since a sync: variables that step created (lazily built optimizer slots,

@@ -243,6 +243,11 @@ class _Servicer(config_pb2_grpc.ConfigServiceServicer):
     def RemoveJoiner(self, request, context):
         return self._jobs.remove_joiner(request.peer)
 
+    @_rpc
+    def ReportProgress(self, request, context):
+        self._jobs.report_progress(request.step, request.version)
+        return config_pb2.ReportProgressResponse()
+
 
 class _ChallengeResponseAuth(grpc.ServerInterceptor):
     """Lets a call through only with a valid proof for a nonce this server issued,
@@ -655,6 +660,11 @@ class ConfigClient:
         """Forgets the joiner at ``peer`` (its process exited or was stopped)."""
         request = config_pb2.AddJoinerRequest(peer=_peer_argument("peer", peer))
         return self._call("RemoveJoiner", request, config_pb2.JobState)
+
+    def report_progress(self, step: int, version: int) -> None:
+        """Rank 0 trained to ``step`` at cluster ``version`` (shown as steps/s by kungfu-run's job status)."""
+        request = config_pb2.ReportProgressRequest(step=step, version=version)
+        self._call("ReportProgress", request, config_pb2.ReportProgressResponse)
 
     def close(self) -> None:
         self._channel.close()

@@ -322,6 +322,7 @@ class JobStateMachine:
         self._state_version = 1
         # release_waiters() bumps it; a wait that sees it change returns at once.
         self._release_generation = 0
+        self._progress = config_pb2.JobProgress()  # rank 0's newest report (report_progress)
 
     # ------------------------------------------------------------------ reads
 
@@ -657,6 +658,18 @@ class JobStateMachine:
             self._changed()
             return self._snapshot()
 
+    def report_progress(self, step: int, version: int) -> None:
+        """Rank 0 trained to ``step`` at cluster ``version`` (kept for kungfu-run's job status).
+
+        Only the newest report is kept, stamped with this machine's clock. It
+        does not advance ``state_version``: no long poll wakes for it, and the
+        launchers read it with the next state they fetch.
+        """
+        self._require_elastic("ReportProgress")
+        with self._cond:
+            reported_ms = max(1, int(self._clock() * 1000))  # 0 means never reported
+            self._progress = config_pb2.JobProgress(step=step, version=version, reported_ms=reported_ms)
+
     # ------------------------------------------------------ admission window
 
     @property
@@ -805,6 +818,7 @@ class JobStateMachine:
             state_version=self._state_version,
         )
         state.cluster.CopyFrom(self._cluster)
+        state.progress.CopyFrom(self._progress)
         for j in self._joiners.values():
             state.joiners.add(peer=j.peer, state=j.state, signature=j.signature, reason=j.reason)
         for w in self._finished.values():

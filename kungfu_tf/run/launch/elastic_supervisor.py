@@ -64,6 +64,7 @@ from kungfu_tf.run.launch.supervisor import (
     POLL_INTERVAL,
 )
 from kungfu_tf.run.plan.elastic_plan import ElasticPlan
+from kungfu_tf.run.providers.job_status import StatusDisplay
 from kungfu_tf.run.providers.joiner_scheduler import SupervisorHooks, joiner_peers
 from kungfu_tf.run.providers.output import Console
 from kungfu_tf.run.providers.worker_process import (
@@ -180,6 +181,7 @@ class ElasticSupervisor:
         self._exit_causes: dict[str, str] = {}
         self._rejected_seen: set[str] = set()
         self._joiner_end: dict[str, str] = {}
+        self._display = StatusDisplay(console, console.status_every)
 
     # ----------------------------------------------------------------- run
 
@@ -420,8 +422,26 @@ class ElasticSupervisor:
                 if not running:
                     self._say_waiting()
             self._kill_overdue(running)
+            if running and self._display.due():
+                self._show_status()
             time.sleep(POLL_INTERVAL)
+        self._display.close()
         return self._status if self._status is not None else 0
+
+    def _show_status(self) -> None:
+        """The job's status line: the serving launcher reads the state locally, the others ask for it."""
+        state = self._state
+        if self._server is not None:
+            state = self._server.job_state()
+        elif self._client is not None:
+            try:
+                state = self._client.get_job_state()
+            except grpc.RpcError:
+                pass  # the last one watched (its progress may be older)
+        if state is None:
+            return
+        progress = state.progress if state.HasField("progress") else None
+        self._display.show(len(state.cluster.workers), state.cluster.version, progress)
 
     def _job_over(self) -> bool:
         """Every member of the current cluster finished (says so once)."""
@@ -741,6 +761,7 @@ class ElasticSupervisor:
     # ------------------------------------------------------------ teardown
 
     def _teardown(self) -> None:
+        self._display.close()
         for w in self._workers:
             if w.process.poll() is None:
                 w.process.signal_group(signal.SIGKILL)

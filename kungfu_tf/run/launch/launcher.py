@@ -27,7 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # so that callers embedding main() are not terminated.
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
-    console = Console(hide_tf_startup=hide_tf_startup(options.tf_startup_logs, os.environ))
+    console = Console(
+        hide_tf_startup=hide_tf_startup(options.tf_startup_logs, os.environ),
+        status_every=options.status_every,
+    )
     if options.on_ray:
         return _run_on_ray(options, console)
     if options.elastic:

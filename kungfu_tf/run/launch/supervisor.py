@@ -9,6 +9,7 @@ from typing import BinaryIO
 
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.plan.job_plan import JobPlan
+from kungfu_tf.run.providers.job_status import StatusDisplay
 from kungfu_tf.run.providers.output import Console
 from kungfu_tf.run.providers.worker_process import (
     WorkerProcess,
@@ -144,6 +145,7 @@ class JobSupervisor:
         status: int | None = None
         stopping = False
         kill_at: float | None = None
+        display = StatusDisplay(self._console, self._console.status_every)
 
         def stop(sig: int) -> None:
             nonlocal stopping, kill_at
@@ -188,8 +190,11 @@ class JobSupervisor:
                     w.signal_group(signal.SIGKILL)
                 kill_at = None
 
+            if running and display.due():
+                display.show(len(self._plan.peers))
             if running:
                 time.sleep(POLL_INTERVAL)
+        display.close()
         return status if status is not None else 0
 
     def _teardown(self) -> None:

@@ -37,7 +37,8 @@ class LaunchOptions:
     picking free ports on a single host.
 
     Elastic jobs (``--elastic`` or ``--min-np``): ``min_np``/``max_np`` are
-    ``tf_startup_logs`` is ``--tf-startup-logs``;
+    ``tf_startup_logs`` is ``--tf-startup-logs``; ``status_every`` the
+    ``--status-every`` seconds (0: no job status);
     the bounds on the cluster size (None when not given); ``replace_crashed``
     is ``--elastic`` (crashed workers are replaced by joiners);
     ``config_server`` is the ``--config-server`` ``host:port``;
@@ -57,6 +58,7 @@ class LaunchOptions:
     quiet: bool
     command: list[str]
     tf_startup_logs: bool = False
+    status_every: float = 30.0
     replace_crashed: bool = False
     min_np: int | None = None
     max_np: int | None = None
@@ -140,6 +142,15 @@ def _build_parser() -> argparse.ArgumentParser:
         help="echo the workers' TensorFlow start-up notices (absl, oneDNN, CPU "
         "instructions), hidden by default unless TF_CPP_MIN_LOG_LEVEL is set; "
         "--logdir files always keep them",
+    )
+    parser.add_argument(
+        "--status-every",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="print the job's status (cluster version and size, step and steps/s of an "
+        "elastic job, elapsed time) every S seconds (default 30; 0: never); on a "
+        "terminal, one line at the bottom is rewritten in place instead",
     )
     parser.add_argument(
         "-q",
@@ -274,6 +285,8 @@ def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
         raise LaunchError(
             f"--timeout must be 1..{MAX_TIMEOUT_SECONDS} seconds, got {ns.timeout}"
         )
+    if not (0 <= ns.status_every < float("inf")):
+        raise LaunchError(f"--status-every must be a number of seconds >= 0, got {ns.status_every}")
     _check_elastic_options(ns)
     _check_ray_options(ns)
     return LaunchOptions(
@@ -288,6 +301,7 @@ def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
         logdir=ns.logdir,
         quiet=ns.quiet,
         tf_startup_logs=ns.tf_startup_logs,
+        status_every=ns.status_every,
         command=program_command(command),
         replace_crashed=ns.elastic,
         min_np=ns.min_np,

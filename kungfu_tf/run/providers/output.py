@@ -1,11 +1,14 @@
 """Relaying worker output line by line with a ``[rank] `` prefix."""
 
+import shutil
 import sys
 import threading
 from collections.abc import Callable
 from typing import BinaryIO, TextIO
 
 from kungfu_tf.run.providers.startup_noise import is_tf_startup_noise
+
+_ERASE_LINE = b"\r\x1b[K"  # carriage return, then erase to the end of the line
 
 
 class Console:
@@ -15,16 +18,31 @@ class Console:
     without it lines from different ranks could interleave mid-line.
     """
 
-    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, *, hide_tf_startup: bool = False):
+    def __init__(
+        self,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        *,
+        hide_tf_startup: bool = False,
+        status_every: float = 0.0,
+    ):
         """Use the given streams, defaulting to ``sys.stdout``/``sys.stderr``.
 
         ``hide_tf_startup``: workers' TensorFlow start-up notices (see
         :mod:`kungfu_tf.run.providers.startup_noise`) are not echoed.
+        ``status_every``: ``kungfu-run --status-every`` seconds, read by the
+        supervisors' job status (0: none; see providers/job_status.py).
         """
         self._stdout = stdout if stdout is not None else sys.stdout
         self._stderr = stderr if stderr is not None else sys.stderr
         self._lock = threading.Lock()
         self.hide_tf_startup = hide_tf_startup
+        self.status_every = status_every
+        try:
+            self.status_in_place = bool(self._stderr.isatty())
+        except (AttributeError, ValueError):
+            self.status_in_place = False
+        self._status_line = b""  # the status now drawn at the bottom of the terminal (in place)
 
     def shows(self, worker_line: bytes) -> bool:
         """Whether a worker's output line (without the rank prefix) is echoed."""
@@ -51,23 +69,55 @@ class Console:
         """
         self._write(self._stderr, f"[kungfu-run] {text}\n".encode())
 
+    def status(self, text: str) -> None:
+        """Show the job's status: rewritten in place on a terminal, else a ``[kungfu-run] status: text`` line.
+
+        In place, the line is taken off before any other line is written and
+        drawn again after it, so it stays at the bottom and never runs into
+        a worker's line.
+        """
+        if not self.status_in_place:
+            self._write(self._stderr, f"[kungfu-run] status: {text}\n".encode())
+            return
+        width = shutil.get_terminal_size().columns - 1  # a wrapped line could not be rewritten
+        line = f"[kungfu-run] {text}"[: max(width, 20)].encode()
+        with self._lock:
+            self._put(self._stderr, _ERASE_LINE + line)
+            self._status_line = line
+
+    def clear_status(self) -> None:
+        """Take the in-place status line off the terminal (nothing otherwise)."""
+        with self._lock:
+            if self._status_line:
+                self._put(self._stderr, _ERASE_LINE)
+                self._status_line = b""
+
     def _write(self, stream: TextIO, data: bytes) -> None:
         with self._lock:
-            try:
-                buffer = getattr(stream, "buffer", None)
-                if buffer is None:
-                    # Text-only streams (e.g. io.StringIO in tests).
-                    stream.write(data.decode("utf-8", errors="replace"))
-                    stream.flush()
-                else:
-                    # Flush pending text first so ordering is preserved.
-                    stream.flush()
-                    buffer.write(data)
-                    buffer.flush()
-            except (OSError, ValueError):
-                # A closed or broken stdout (e.g. piped into `head`) must
-                # not stop draining the pipes, or workers would block.
-                pass
+            if self._status_line:
+                self._put(self._stderr, _ERASE_LINE)
+            self._put(stream, data)
+            if self._status_line:
+                self._put(self._stderr, self._status_line)
+
+    @staticmethod
+    def _put(stream: TextIO, data: bytes) -> None:
+        """Write ``data`` to ``stream`` and flush (the caller holds the lock)."""
+        try:
+            buffer = getattr(stream, "buffer", None)
+            if buffer is None:
+                # Text-only streams (e.g. io.StringIO in tests).
+                stream.write(data.decode("utf-8", errors="replace"))
+                stream.flush()
+            else:
+                # Flush pending text first so ordering is preserved.
+                stream.flush()
+                buffer.write(data)
+                buffer.flush()
+        except (OSError, ValueError):
+            # A closed or broken stdout (e.g. piped into `head`) must
+            # not stop draining the pipes, or workers would block.
+            pass
 
 
 class OutputRelay:
