@@ -17,7 +17,17 @@ and CPU quotas (tests/cgroup_quota.py, cgroup v1, root):
    0.17 or 0.08 cores (the job's steps become about 2x and 4x slower; the
    table gives the slowdown measured without a policy): completion time with
    ``StragglerPolicy`` (replacement first, then eviction) against no policy
-   and against a straggler-free run.
+   and against a straggler-free run. The straggler-free and policy jobs
+   train ``--straggler-samples`` (6 M: ~2 min straggler-free, so that the
+   replacement's start-up of a few seconds is amortised as in Or et al.'s
+   runs of minutes); the runs that keep the straggler only measure the
+   slowdown and train ``--no-policy-samples`` (1.2 M; 0 skips them): every
+   run is compared with the straggler-free one per sample. A second table
+   splits each replacement into its phases (asked for, process up, joined,
+   straggler removed, from the job's records) and the seconds lost against
+   the straggler-free pace in each: detection (at the straggler's pace until
+   the policy asks), start-up (the members keep training at the straggler's
+   pace while the replacement starts), join to removal, and after.
 3. **Utility vs cost.** The job of 1 with ``AutoscalingPolicy`` and a linear
    utility (``--utility-value`` dollars, 0 at ``--deadline`` s) at several
    prices per worker-hour: the size chosen and the completion time.
@@ -27,9 +37,9 @@ raw numbers to the same name .json and the cluster size over time of the
 autoscaling runs to .png. One run of each configuration (no repeats: the
 machine is shared; read the numbers with that in mind).
 
-    .venv/bin/python benchmarks/autoscaling.py                 # ~14 min on 2 cores (load 3-5)
-    .venv/bin/python benchmarks/autoscaling.py --quick         # half the samples, ~8 min
-    .venv/bin/python benchmarks/autoscaling.py --experiments stragglers
+    .venv/bin/python benchmarks/autoscaling.py                 # ~20 min on 2 cores (load 3-5)
+    .venv/bin/python benchmarks/autoscaling.py --quick         # half the samples, ~10 min
+    .venv/bin/python benchmarks/autoscaling.py --experiments stragglers   # ~10 min (~7 with --no-policy-samples 0)
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -87,6 +98,10 @@ class Run:
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (s since launch, workers alive)
     log: list[str] = field(default_factory=list)  # the policy's decisions
     note: str = ""
+    samples: int = 0  # samples trained (the last step's count)
+    train_start_s: float = float("nan")  # launch to the first step's start
+    phases: dict[str, float] = field(default_factory=dict)  # replacement_phases(): a straggler replacement's timeline
+    load: float = float("nan")  # the 1-min load average, mean over the run (sampled with the workers)
 
 
 def run_job(name: str, np: int, max_np: int, samples: int, extra: Sequence[str], *, quota: float | None = None,
@@ -124,6 +139,13 @@ def run_job(name: str, np: int, max_np: int, samples: int, extra: Sequence[str],
     log = decisions(records)
     settle = next((r["t"] - start for r in of(records, "decision") if "settled at" in r["text"]), None)
     sizes = step_sizes(records)
+    train_start = min(r["t0"] for r in steps) - start if steps else float("nan")
+    phases = replacement_phases(records)
+    if "request_s" in phases:  # the replacement's process: the first time the job had more workers after the request
+        spawned = next((t - train_start for t, n in watcher.timeline if t - train_start >= phases["request_s"]
+                        and n > np), None)  # fmt: skip
+        if spawned is not None:
+            phases["spawned_s"] = spawned
     return Run(
         name=name,
         ok=ok,
@@ -137,7 +159,45 @@ def run_job(name: str, np: int, max_np: int, samples: int, extra: Sequence[str],
         timeline=watcher.timeline,
         log=[x for x in log if "autoscaling:" in x or "straggler" in x.lower() or "->" in x],
         note=watcher.note,
+        samples=max(r["samples"] for r in steps) if steps else 0,
+        train_start_s=train_start,
+        phases=phases,
+        load=sum(watcher.loads) / len(watcher.loads) if watcher.loads else float("nan"),
     )
+
+
+def replacement_phases(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The timeline of a straggler's replacement, in seconds since the first step started.
+
+    ``request_s``: the policy asked for the replacement (rank 0's record of
+    the pending growth, written right after the step that decided it);
+    ``join_s``: the replacement was admitted (the first membership change
+    that grew the cluster, recorded by the first worker done with the
+    state sync); ``removal_s``: the straggler left (the first shrink after
+    that). ``*_samples``: the samples trained by then (the last step that
+    had ended). Missing keys: that event did not happen. Empty without
+    steps or without a request.
+    """
+    steps = of(records, "step")
+    growth = next((r for r in of(records, "decision") if r.get("name") == "size" and isinstance(r.get("new"), int)
+                   and isinstance(r.get("old"), int) and r["new"] > r["old"]), None)  # fmt: skip
+    if not steps or growth is None:
+        return {}
+    t0 = min(r["t0"] for r in steps)
+
+    def samples_by(t: float) -> float:
+        return float(max((r["samples"] for r in steps if r["t1"] <= t), default=0))
+
+    phases = {"request_s": growth["t"] - t0, "request_samples": samples_by(growth["t"])}
+    changes = of(records, "change")
+    join = min((r["t"] for r in changes if r["new_size"] > r["old_size"] and r["t"] >= growth["t"]), default=None)
+    if join is None:
+        return phases
+    phases.update(join_s=join - t0, join_samples=samples_by(join))
+    removal = min((r["t"] for r in changes if r["new_size"] < r["old_size"] and r["t"] > join), default=None)
+    if removal is not None:
+        phases.update(removal_s=removal - t0, removal_samples=samples_by(removal))
+    return phases
 
 
 class Watcher(threading.Thread):
@@ -147,6 +207,7 @@ class Watcher(threading.Thread):
         super().__init__(daemon=True)
         self.launcher, self.t0, self.slow, self.record = launcher, start, slow, record
         self.worker_seconds = 0.0
+        self.loads: list[float] = []  # the 1-min load average, every second
         self.timeline: list[tuple[float, int]] = []
         self.note = ""
         self._done = threading.Event()
@@ -160,6 +221,8 @@ class Watcher(threading.Thread):
             last = now
             if not self.timeline or self.timeline[-1][1] != len(pids):
                 self.timeline.append((round(now - self.t0, 2), len(pids)))
+            if len(self.loads) < now - self.t0:
+                self.loads.append(os.getloadavg()[0])
             if self.slow is not None and not self.note and self.record.exists() and self.record.stat().st_size:
                 self._slow_down(pids)  # once training runs: the straggler started like the others
             self._done.wait(0.2)
@@ -194,15 +257,20 @@ def efficient_size(args: argparse.Namespace) -> list[Run]:
 
 
 def stragglers(args: argparse.Namespace) -> list[Run]:
-    runs = [run_job("straggler-free, 2 workers", 2, 3, args.straggler_samples, ["--policy", "none"])]
+    """Straggler-free, StragglerPolicy at each quota, then no policy at each (``--no-policy-samples``; 0: none)."""
+    timeout = max(400.0, 6 * args.straggler_samples / 50_000)  # ~50k samples/s straggler-free on 2 idle cores
+    runs = [run_job("straggler-free, 2 workers", 2, 3, args.straggler_samples, ["--policy", "none"], timeout=timeout)]
     report_progress(runs[-1])
+    # The policy runs right after the straggler-free one (the load of a shared machine drifts), then the short ones.
     for slowdown, cores in args.straggler_quotas:
-        for policy in ("none", "straggler"):
-            extra = ["--policy", policy, "--scale-every", "5"] if policy == "straggler" else ["--policy", "none"]
-            label = "StragglerPolicy" if policy == "straggler" else "no policy"
-            runs.append(run_job(f"{slowdown} straggler, {label}", 2, 3, args.straggler_samples, extra,
-                                straggler_quota=cores))  # fmt: skip
-            report_progress(runs[-1])
+        extra = ["--policy", "straggler", "--scale-every", str(args.straggler_every)]
+        runs.append(run_job(f"{slowdown} straggler, StragglerPolicy", 2, 3, args.straggler_samples, extra,
+                            straggler_quota=cores, timeout=timeout))  # fmt: skip
+        report_progress(runs[-1])
+    for slowdown, cores in args.straggler_quotas if args.no_policy_samples else ():
+        runs.append(run_job(f"{slowdown} straggler, no policy", 2, 3, args.no_policy_samples, ["--policy", "none"],
+                            straggler_quota=cores, timeout=timeout))  # fmt: skip
+        report_progress(runs[-1])
     return runs
 
 
@@ -226,7 +294,7 @@ def report_progress(run: Run) -> None:
 
 
 def fmt(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+    return "-" if v is None or math.isnan(v) else f"{v:.{digits}f}"  # None and NaN: "-"
 
 
 def efficient_size_table(runs: list[Run]) -> str:
@@ -246,14 +314,79 @@ def efficient_size_table(runs: list[Run]) -> str:
     return "\n".join(rows)
 
 
+def seconds_per_sample(run: Run) -> float:
+    """Training seconds per sample (training seconds alone when the run does not say how many samples)."""
+    return run.training_s / run.samples if run.samples else run.training_s
+
+
+def own_pace(run: Run) -> float | None:
+    """Seconds per sample of ``run`` after the straggler left (two healthy workers, at the load of that run)."""
+    p = run.phases
+    if not run.samples or "removal_s" not in p or run.samples <= p["removal_samples"]:
+        return None
+    return (run.training_s - p["removal_s"]) / (run.samples - p["removal_samples"])
+
+
+def straggler_losses(run: Run, pace: float) -> dict[str, float]:
+    """Seconds ``run`` lost against ``pace`` (seconds per sample) in each phase of the replacement.
+
+    For each phase, the lost time is its duration minus the time the
+    samples trained in it take at ``pace`` (the members keep training
+    while the replacement starts, at the straggler's pace):
+    ``detection`` from the first step to the request, ``start-up`` from
+    the request to the replacement joining (its process start,
+    TensorFlow, warm-up, and the state sync that admits it), ``removal``
+    from the join to the straggler leaving, ``after`` from then to the
+    end. They add up to ``run``'s training time minus its samples at
+    ``pace``. With the run's own pace after the removal (:func:`own_pace`),
+    ``after`` is 0 and a change of the machine's load between runs does
+    not count. Empty if the replacement did not both join and remove the
+    straggler, or the run lacks a sample count.
+    """
+    p = run.phases
+    if not run.samples or not {"request_s", "join_s", "removal_s"} <= set(p):
+        return {}
+    bounds = [(0.0, 0.0), (p["request_s"], p["request_samples"]), (p["join_s"], p["join_samples"]),
+              (p["removal_s"], p["removal_samples"]), (run.training_s, float(run.samples))]  # fmt: skip
+    names = ("detection", "start-up", "removal", "after")
+    return {n: (t1 - t0) - (s1 - s0) * pace for n, (t0, s0), (t1, s1) in zip(names, bounds, bounds[1:])}
+
+
 def straggler_table(runs: list[Run]) -> str:
+    """The runs against the straggler-free one (per sample: the no-policy runs may be shorter), then the phases."""
     free = next((r for r in runs if r.name.startswith("straggler-free") and r.ok), None)
-    rows = ["| run | completion (s) | training (s) | vs straggler-free | worker-time (worker-s) | sizes | straggler |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [("| run | samples | completion (s) | training (s) | vs straggler-free | vs straggler-free, start-up loss "
+             "excluded | worker-time (worker-s) | sizes | load | straggler |"),
+            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    phases = []
     for r in runs:
-        vs = "-" if free is None else f"{100 * (r.training_s / free.training_s - 1):+.0f} %"
-        rows.append(f"| {r.name}{'' if r.ok else ' (FAILED)'} | {fmt(r.completion_s)} | {fmt(r.training_s)} | {vs} | "
-                    f"{fmt(r.worker_s)} | {' -> '.join(map(str, r.sizes))} | {r.note or '-'} |")  # fmt: skip
+        vs = excluded = "-"
+        pace = own_pace(r)
+        lost = straggler_losses(r, pace) if pace is not None else {}
+        if lost:
+            phases.append((r, pace, lost))
+        if free is not None:
+            vs = f"{100 * (seconds_per_sample(r) / seconds_per_sample(free) - 1):+.0f} %"
+            if lost:
+                excluded = f"{100 * ((r.training_s - lost['start-up']) / r.samples / seconds_per_sample(free) - 1):+.0f} %"
+        samples = f"{r.samples / 1e6:g} M" if r.samples else "-"
+        rows.append(f"| {r.name}{'' if r.ok else ' (FAILED)'} | {samples} | {fmt(r.completion_s)} | {fmt(r.training_s)} | "
+                    f"{vs} | {excluded} | {fmt(r.worker_s)} | {' -> '.join(map(str, r.sizes))} | {fmt(r.load)} | "
+                    f"{r.note or '-'} |")  # fmt: skip
+    if phases:
+        rows += ["", ("Replacement timeline (s since the first step; the first replacement of each run) and the seconds "
+                      "lost in each phase against the run's own pace after the straggler left (duration minus the time "
+                      "of the samples trained in it at that pace; the load may differ between runs, not within "
+                      "one):"), "",
+                 ("| run | asked for | replacement process up | joined | straggler removed | start-up (asked -> joined) "
+                  "| lost: detection | lost: start-up | lost: join -> removal | lost in all | overhead at its own pace |"),
+                 "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r, pace, lost in phases:
+            p, total = r.phases, lost["detection"] + lost["start-up"] + lost["removal"]
+            rows.append(f"| {r.name} | {fmt(p['request_s'])} | {fmt(p.get('spawned_s'))} | {fmt(p['join_s'])} | "
+                        f"{fmt(p['removal_s'])} | {fmt(p['join_s'] - p['request_s'])} | {fmt(lost['detection'])} | "
+                        f"{fmt(lost['start-up'])} | {fmt(lost['removal'])} | {fmt(total)} | "
+                        f"{100 * total / (r.samples * pace):+.1f} % |")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -304,7 +437,9 @@ def render(results: dict[str, Any], meta: dict[str, Any], args: argparse.Namespa
         out += [f"## 1. Known efficient size ({args.samples} samples, job quota {args.quota:g} cores)", "",
                 efficient_size_table(results["efficient-size"]), ""]  # fmt: skip
     if results.get("stragglers"):
-        out += [f"## 2. Stragglers ({args.straggler_samples} samples, 2 workers, --max-np 3)", "",
+        no_policy = f", no-policy runs {args.no_policy_samples}" if args.no_policy_samples else ", no-policy runs skipped"
+        out += [(f"## 2. Stragglers ({args.straggler_samples} samples{no_policy}, 2 workers, --max-np 3, "
+                f"StragglerPolicy every {args.straggler_every} steps)"), "",
                 straggler_table(results["stragglers"]), ""]  # fmt: skip
     if results.get("utility"):
         out += [f"## 3. Utility vs cost (linear utility: {args.utility_value:g} $ at 0 s, 0 at {args.deadline:g} s)", "",
@@ -323,7 +458,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}")
     p.add_argument("--samples", type=int, default=1_400_000, help="experiments 1 and 3: samples per job")
-    p.add_argument("--straggler-samples", type=int, default=1_200_000, help="experiment 2: samples per job")
+    p.add_argument("--straggler-samples", type=int, default=6_000_000,
+                   help="experiment 2: samples of the straggler-free and StragglerPolicy jobs (~2 min straggler-free)")
+    p.add_argument("--no-policy-samples", type=int, default=1_200_000,
+                   help="experiment 2: samples of the runs that keep the straggler (compared per sample; 0 skips them)")
+    p.add_argument("--straggler-every", type=int, default=5, help="experiment 2: StragglerPolicy checks every N steps")
     p.add_argument("--quota", type=float, default=0.6, help="experiments 1 and 3: the job's CPU quota (cores)")
     p.add_argument("--prices", default="0.05,1,50", help="experiment 3: prices per worker-hour")
     p.add_argument("--utility-value", type=float, default=1.0)
@@ -338,6 +477,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.prices = [float(x) for x in args.prices.split(",")]
     if args.quick:
         args.samples, args.straggler_samples = args.samples // 2, args.straggler_samples // 2
+        args.no_policy_samples //= 2
     # A worker's step: ~50 ms of CPU + 100 ms without; measured: 0.25 cores made the job's steps 1.25x slower,
     # 0.1 cores 3.2x (the quota's CPU time left over from the sleeping part counts too).
     args.straggler_quotas = [("~2x", 0.17), ("~4x", 0.08)]

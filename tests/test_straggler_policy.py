@@ -3,6 +3,7 @@ construction (its forward pass waits 0.2 s every step, a few ms of work besides)
 
 * the policy names the slowed worker and asks for a replacement;
 * the replacement joins before the straggler leaves, and the cluster never has fewer than 2 workers;
+* the straggler is evicted right after the first step the replacement ran with it (not at the next check);
 * the straggler is evicted (``resize(workers=...)``), detaches and exits 0;
 * the survivors (the original fast worker and the replacement) end with the same weights;
 * the GradientMonitor's ``worker_compute_times`` holds each worker's own ``compute_time`` at its rank,
@@ -68,6 +69,9 @@ def test_a_slowed_worker_is_replaced_first_then_evicted_and_the_size_never_drops
     last_slow = steps[slow][-1]
     assert last_slow["size"] == 3 and peer_of[joiner] in last_slow["peers"], last_slow
     assert steps[joiner][0]["step"] <= last_slow["step"], (steps[joiner][0], last_slow)
+    # evicted right after the first step it ran with its replacement, not at the next check (up to EVERY - 1
+    # more steps at the straggler's pace)
+    assert last_slow["step"] == steps[joiner][0]["step"], (steps[joiner][0], last_slow)
     assert all(peer_of[slow] not in r["peers"] and r["size"] == 2 for r in steps[fast] if r["step"] > last_slow["step"])
     assert steps[fast][-1]["step"] > last_slow["step"], "the survivors trained on after the eviction"
 

@@ -93,24 +93,34 @@ class Simulation:
         del self.workers[peer]
 
     def run(self, steps: int, apply=None) -> None:
-        """``steps`` steps; after each check ``apply(requests)`` may change the cluster (the runner's resize)."""
+        """``steps`` steps, each as ``after_step`` runs it (measure; check every ``every`` steps, else follow a
+        cluster change); after each step ``apply(requests)`` may change the cluster (the runner's resize)."""
         for _ in range(steps):
+            before = {p: len(self.workers[p][1].requests) for p in self.peers}
+            lines_before = {p: len(self.workers[p][1].lines) for p in self.peers}
             for peer in self.peers:
-                policy, ctx = self.workers[peer]
-                ctx.metrics = {"compute_time": 8 / self.throughput(self.step, peer)}
-                policy.measure(ctx)
+                self.workers[peer][1].metrics = {"compute_time": 8 / self.throughput(self.step, peer)}
             if (self.step + 1) % self.workers[self.peers[0]][0].every == 0:
+                # after_step's check needs every worker's window first (the all-gather): measure all, then check
+                for peer in self.peers:
+                    policy, ctx = self.workers[peer]
+                    policy.measure(ctx)
                 self.table = np.stack([self.workers[p][0].window(self.step) for p in self.peers])
-                before = {p: len(self.workers[p][1].requests) for p in self.peers}
                 for peer in list(self.peers):
                     policy, ctx = self.workers[peer]
                     policy.check(ctx)
-                new = {p: self.workers[p][1].requests[before[p]:] for p in self.peers}
-                assert len({json.dumps(r) for r in new.values()}) == 1, new  # identical on every worker
-                states = {json.dumps(self.workers[p][0].state_dict(), sort_keys=True) for p in self.peers}
-                assert len(states) == 1
-                if apply is not None and new[self.peers[0]]:
-                    apply(new[self.peers[0]])
+            else:
+                for peer in list(self.peers):
+                    policy, ctx = self.workers[peer]
+                    policy.after_step(ctx)  # measure, and follow a cluster change between checks
+            new = {p: self.workers[p][1].requests[before[p]:] for p in self.peers}
+            assert len({json.dumps(r) for r in new.values()}) == 1, new  # identical on every worker
+            states = {json.dumps(self.workers[p][0].state_dict(), sort_keys=True) for p in self.peers}
+            assert len(states) == 1
+            logged = {json.dumps(self.workers[p][1].lines[lines_before[p]:]) for p in self.peers}
+            assert len(logged) == 1, logged  # the joiner decides and logs as the members do
+            if apply is not None and new[self.peers[0]]:
+                apply(new[self.peers[0]])
             self.step += 1
 
     def policy(self, peer: str | None = None) -> StragglerPolicy:
@@ -204,18 +214,52 @@ def test_replacement_joins_first_then_the_straggler_is_evicted_and_the_size_neve
         sizes.append(len(sim.peers))
         if events and events[-1][1] == 4 and "h:4" not in sim.peers and sim.step >= 10:
             sim.join("h:4", state_from="h:1")  # admitted some steps after the request
-    assert events == [(5, 4, None), (15, None, ("h:1", "h:2", "h:4"))]
+    # joined after step 9 (the check at 10 still waited): evicted after the next step, not at the check of step 15
+    assert events == [(5, 4, None), (11, None, ("h:1", "h:2", "h:4"))]
     assert sizes == [3, 3, 3, 3] and min(sizes) >= 3
     lines = [line.split(": ", 1)[1] for line in sim.ctx("h:1").lines]
     assert [line for line in lines if not line.startswith("straggler check")] == [
         f"straggler h:3 (average {1 - 0.7 * (1 - 0.9**5):.3f} < 0.8): asked for a replacement (3 -> 4)",
         "straggler h:3: waiting for its replacement (asked at step 5, 3 workers); keeping it until then",
         "evicting straggler h:3: its replacement has joined (3 -> 4 workers)",
-        "straggler h:3 has left the cluster (3 workers): replacement done",
-        "no straggler: every average is >= 0.8",  # the round is over: the same check looks again
+        "straggler h:3 has left the cluster (3 workers): replacement done",  # seen at the next step
+        "no straggler: every average is >= 0.8",  # the round is over: the checks at 15 and 20 look again
+        "no straggler: every average is >= 0.8",
     ]
     assert sim.policy().state_dict()["replaced"] == 1 and sim.policy().pending is None
     assert sim.ctx("h:1").metrics["straggler/replaced"] == 1.0
+
+
+def test_the_straggler_is_evicted_at_the_first_step_after_its_replacement_joined_not_at_the_next_check():
+    """With every=10 and the replacement joining after step 12, the straggler used to stay (and set the pace
+    of all three) until the check after step 19; now every member, the joiner included, evicts it after the
+    first step they run together, and logs alike (Simulation asserts identical requests, state and lines)."""
+    speeds = {"h:1": 100.0, "h:2": 25.0, "h:3": 100.0}
+    sim = Simulation(["h:1", "h:2"], lambda s, p: speeds[p], bounds=(1, 3), every=10, warmup_steps=2)
+    requests = []
+
+    def apply(new):
+        requests.extend(new)
+        (_step, _size, workers, _reason) = new[-1]
+        if workers is not None:
+            for p in [p for p in sim.peers if p not in workers]:
+                sim.leave(p)
+
+    sim.run(10, apply)
+    assert [(r[0], r[1]) for r in requests] == [(10, 3)]  # 8 steps measured at 1/4: caught at the first check
+    sim.run(3, apply)  # steps 10-12 at the straggler's pace while the replacement starts
+    assert len(requests) == 1 and sim.policy().pending == {"peers": ["h:2"], "size": 2, "step": 10}
+    sim.join("h:3", state_from="h:1")
+    sim.run(1, apply)  # step 13: the first with the joiner
+    assert requests[1][:3] == (14, None, ("h:1", "h:3"))
+    assert "evict straggler h:2: the cluster grew from 2 to 3 workers" in requests[1][3]
+    assert sim.peers == ["h:1", "h:3"]
+    sim.run(6, apply)  # to the check after step 19: the round ends when the straggler is seen gone
+    assert len(requests) == 2 and sim.policy().pending is None and sim.policy().state_dict()["replaced"] == 1
+    lines = [line for line in sim.ctx("h:3").lines if "straggler check" not in line]
+    assert lines == ["step 14: evicting straggler h:2: its replacement has joined (2 -> 3 workers)",
+                     "step 15: straggler h:2 has left the cluster (2 workers): replacement done",
+                     "step 20: no straggler: every average is >= 0.8"]  # fmt: skip
 
 
 def test_at_max_np_the_straggler_is_kept_and_logged():

@@ -121,10 +121,11 @@ class StragglerPolicy(BasePolicy):
     * First replacements are asked for: ``ctx.resize(size + k)``. Growth is
       asynchronous: the launcher warms joiners up and admits them at later
       step boundaries.
-    * At a later check, for each replacement that has joined (the cluster
-      grew beyond the size it had when they were asked for), one straggler
-      is evicted, the slowest first: ``ctx.resize(workers=[every member but
-      them])`` (they detach and exit). The cluster is never smaller than
+    * As soon as replacements have joined (the first step after the
+      cluster grew beyond the size it had when they were asked for, not
+      the next check), one straggler per replacement is evicted, the
+      slowest first: ``ctx.resize(workers=[every member but them])`` (they
+      detach and exit). The cluster is never smaller than
       before the round. The eviction stands even if a straggler's average
       recovered while its replacement warmed up (the replacement was
       started for it).
@@ -215,22 +216,49 @@ class StragglerPolicy(BasePolicy):
     # ----------------------------------------------------------- hooks
 
     def after_step(self, ctx: PolicyContext) -> None:
-        self.measure(ctx)
+        changed = self.measure(ctx)
         if (ctx.step + 1) % self.every == 0:
             self.check(ctx)
+        elif changed:
+            self.follow_change(ctx)
 
-    def measure(self, ctx: PolicyContext) -> None:
-        """Notes this worker's throughput of the step just run (skipped right after a cluster change)."""
+    def measure(self, ctx: PolicyContext) -> bool:
+        """Notes this worker's throughput of the step just run (skipped right after a cluster change).
+
+        Returns True if the cluster differs from the one of this worker's
+        previous step (every member sees a change at the same step; a
+        joiner's first step counts as one).
+        """
         peers = tuple(ctx.peers)
-        if peers != self._peers_seen:
+        changed = peers != self._peers_seen
+        if changed:
             self._peers_seen = peers
             self._measure_from = ctx.step + self.warmup_steps
         if ctx.step < self._measure_from:
-            return
+            return changed
         seconds = ctx.metrics.get("compute_time")
         if not isinstance(seconds, (int, float, np.integer, np.floating)) or not math.isfinite(seconds) or seconds <= 0:
-            return
+            return changed
         self._samples[ctx.step] = float(ctx.local_batch_size or 1) / float(seconds)
+        return changed
+
+    def follow_change(self, ctx: PolicyContext) -> None:
+        """Right after a cluster change between checks: a round in progress evicts at once, without a check.
+
+        Waiting for the next check kept the straggler for up to ``every``
+        more steps after its replacement had joined, and the cluster ran
+        them at the straggler's pace. Only the round's own state and the
+        peers decide (no measurement), so every member, the joiner included
+        (it has the round from the state sync), decides alike at this step.
+        """
+        if self._pending is None:
+            return
+        peers = tuple(ctx.peers)
+        waiting = self._pending["peers"]
+        if len(peers) > int(self._pending["size"]) or any(p not in peers for p in waiting):
+            self._follow_round(ctx, peers)
+            ctx.metrics["straggler/pending"] = float(self._pending is not None)
+            ctx.metrics["straggler/replaced"] = float(self._replaced)
 
     def window(self, step: int) -> np.ndarray:
         """This worker's throughputs of the ``every`` steps ending at ``step`` (NaN: not measured)."""

@@ -79,12 +79,17 @@ def main(record_dir: str, slow_seconds: float, slow_rank: int, every: int, max_s
 
     def start_runner() -> None:
         if not started[0]:
-            runner.before_train()  # a joiner: in its warm-up, alone; members: together before the first step
+            # Members: together before the first step (one round). A joiner: after the sync, without a round
+            # (the members keep training and never start again); before_train in its warm-up ran alone, at
+            # size 1, with a batch_size built for the cluster it was joining, and was refused.
+            if joiner:
+                runner.join_running()
+            else:
+                runner.before_train()
             started[0] = True
 
     def warm_up(state: elastic.ElasticState) -> None:
         train_step(x[:BATCH], y[:BATCH])
-        start_runner()
 
     def batch(step: int, rank: int, size: int) -> np.ndarray:
         return ((step * size + rank) * BATCH + np.arange(BATCH)) % ROWS
