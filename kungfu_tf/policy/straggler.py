@@ -322,7 +322,7 @@ class StragglerPolicy(BasePolicy):
     def _follow_round(self, ctx: PolicyContext, peers: tuple[str, ...]) -> None:
         """A round in progress: forget stragglers that left, evict one per replacement that has joined."""
         assert self._pending is not None
-        size, asked_at_size = len(peers), int(self._pending["size"])
+        size, asked_at_size, asked_at_step = len(peers), int(self._pending["size"]), int(self._pending["step"])
         waiting = list(self._pending["peers"])
         for gone in [p for p in waiting if p not in peers]:
             self._replaced += 1
@@ -345,5 +345,5 @@ class StragglerPolicy(BasePolicy):
             return
         ctx.log(
             f"straggler {', '.join(waiting)}: waiting for {'its replacement' if len(waiting) == 1 else 'replacements'} "
-            f"(asked at step {self._pending['step']}, {size} workers); keeping {'it' if len(waiting) == 1 else 'them'} until then"
+            f"(asked at step {asked_at_step}, {size} workers); keeping {'it' if len(waiting) == 1 else 'them'} until then"
         )
