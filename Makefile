@@ -252,12 +252,12 @@ demo: install
 	$(VENV)/bin/kungfu-run -np 4 $(PY) models/train.py
 
 bench: install
-	$(PY) benchmarks/allreduce.py
+	$(PY) -m benchmarks.allreduce
 
 # Per-frame authentication cost (frame_auth.h) against memcpy, per MiB.
 FRAME_AUTH_BENCH := build/bench/frame_auth_cost
 FRAME_AUTH_OBJS := $(addprefix build/cpp/obj/,secret.o hmac.o libcrypto.o frame_auth.o)
-$(FRAME_AUTH_BENCH): benchmarks/frame_auth_cost.cc $(FRAME_AUTH_OBJS) Makefile
+$(FRAME_AUTH_BENCH): benchmarks/frame_auth/cost.cc $(FRAME_AUTH_OBJS) Makefile
 	@mkdir -p $(@D)
 	$(CXX) $(CPP_FLAGS) $< $(FRAME_AUTH_OBJS) $(CPP_LIBS) -o $@
 
@@ -265,43 +265,43 @@ bench-frame-auth: $(FRAME_AUTH_BENCH)
 	$(FRAME_AUTH_BENCH)
 
 bench-training: install
-	$(PY) benchmarks/training.py
+	$(PY) -m benchmarks.training
 
 bench-strategies: install
-	$(PY) benchmarks/strategies.py
+	$(PY) -m benchmarks.strategies
 
 # The issue's three adaptive-training experiments in one go: GNSBatchSizePolicy
-# against a static small and large batch (benchmarks/adaptive_batch.py,
+# against a static small and large batch (benchmarks/adaptive_batch/run.py,
 # time-to-accuracy; plot in benchmarks/results/), the monitoring overhead, and
 # the adaptive topology under contention (root).
 bench-adaptive: install
-	$(PY) benchmarks/adaptive_batch.py
-	$(PY) benchmarks/monitoring_overhead.py
-	$(PY) benchmarks/adaptive_topology.py
+	$(PY) -m benchmarks.adaptive_batch
+	$(PY) -m benchmarks.monitoring_overhead
+	$(PY) -m benchmarks.adaptive_topology
 
 # KungFu's Listing 1 end to end: kungfu-run --elastic -np 1 --max-np 4 with GNSResizePolicy beside
-# static 1 and static 4 workers (benchmarks/listing_one.py; table and plot in benchmarks/results/).
+# static 1 and static 4 workers (benchmarks/listing_one/run.py; table and plot in benchmarks/results/).
 bench-listing-one: install
-	$(PY) benchmarks/listing_one.py
+	$(PY) -m benchmarks.listing_one
 
 bench-monitoring: install
-	$(PY) benchmarks/monitoring_overhead.py
+	$(PY) -m benchmarks.monitoring_overhead
 
 # Static topology vs AdaptiveTopologyPolicy under link contention, two emulated hosts (root).
 bench-adaptive-topology: install
-	$(PY) benchmarks/adaptive_topology.py
+	$(PY) -m benchmarks.adaptive_topology
 
 # Training idle time of elastic transitions (shrink, grow with pre-warmed joiners,
 # crash) beside checkpoint-restart of the same job, measured in one run
-# (benchmarks/elastic.py; table in benchmarks/results/elastic.md).
+# (benchmarks/elastic/run.py; table in benchmarks/results/elastic.md).
 bench-elastic: install
-	$(PY) benchmarks/elastic.py
+	$(PY) -m benchmarks.elastic
 
 # Autoscaling on a job whose efficient size is known (a CPU quota over the
 # whole job), straggler replacement (one worker in a small quota), utility vs
-# cost (benchmarks/autoscaling.py; tables and a plot in benchmarks/results/).
+# cost (benchmarks/autoscaling/run.py; tables and a plot in benchmarks/results/).
 bench-autoscaling: install
-	$(PY) benchmarks/autoscaling.py
+	$(PY) -m benchmarks.autoscaling
 
 lint: $(DEPS_STAMP) cpp-format
 	$(VENV)/bin/ruff check kungfu_tf tests benchmarks models

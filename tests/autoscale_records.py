@@ -1,5 +1,5 @@
 """Reading the ``--record`` file of models/autoscale_train.py (shared by tests/test_autoscaling.py and
-benchmarks/autoscaling.py, which adds tests/ to ``sys.path``).
+benchmarks/autoscaling/run.py, which adds tests/ to ``sys.path``).
 
 Example:
     >>> records = load("/tmp/run.jsonl")                     # doctest: +SKIP

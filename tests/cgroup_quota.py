@@ -18,7 +18,7 @@ Used two ways:
   worker alone (a straggler); its replacement, a new process, is not inside.
 
 Tests import it (``from cgroup_quota import CpuQuota``, tests/ is on the
-path); benchmarks add tests/ to ``sys.path`` as benchmarks/bench_hosts.py
+path); benchmarks add tests/ to ``sys.path`` as benchmarks/harness/hosts.py
 does for tests/netns.py. Production code never imports it.
 
 Example:

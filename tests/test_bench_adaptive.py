@@ -1,4 +1,4 @@
-"""benchmarks/adaptive_batch.py's analysis and benchmarks/digits_augmented.py's shifts.
+"""benchmarks/adaptive_batch/run.py's analysis and benchmarks/harness/digits_augmented.py's shifts.
 
 Mostly pure Python and numpy on made-up records; one toy run of the worker.
 The time to a target
@@ -11,16 +11,17 @@ checked against numpy's roll with the wrapped-around row or column zeroed.
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from adaptive_batch import markdown_table, seeds_table, summary_rows, time_to_accuracy
-from digits_augmented import augment, shifted
+from benchmarks.adaptive_batch.run import (
+    markdown_table,
+    seeds_table,
+    summary_rows,
+    time_to_accuracy,
+)
+from benchmarks.harness.digits_augmented import augment, shifted
 
 
 def records(points, batch):
@@ -103,10 +104,9 @@ def test_worker_smoke_goodput_run_stops_at_its_time_budget():
     """The goodput mode at toy size, with a 1.5 s training budget: every worker stops at the same step."""
     from conftest import REPO_ROOT, describe, run_job
 
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    from bench_timing import parse_results
+    from benchmarks.harness.timing import parse_results
 
-    rc, out, err = run_job(2, REPO_ROOT / "benchmarks" / "adaptive_batch_worker.py", "--mode", "goodput",
+    rc, out, err = run_job(2, REPO_ROOT / "benchmarks" / "adaptive_batch" / "worker.py", "--mode", "goodput",
                            "--small-batch", "64", "--large-batch", "256", "--epochs", "50", "--copies", "2",
                            "--hidden", "64", "--lr", "0.05", "--gns-every", "5", "--eval-every", "512",
                            "--time-budget", "1.5", timeout=180)  # fmt: skip
@@ -124,10 +124,9 @@ def test_worker_smoke_adaptive_run():
     """The experiment's worker end to end at toy size (2 workers, 64 hidden units, 1.5 small epochs)."""
     from conftest import REPO_ROOT, describe, run_job
 
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    from bench_timing import parse_results
+    from benchmarks.harness.timing import parse_results
 
-    rc, out, err = run_job(2, REPO_ROOT / "benchmarks" / "adaptive_batch_worker.py", "--mode", "adaptive",
+    rc, out, err = run_job(2, REPO_ROOT / "benchmarks" / "adaptive_batch" / "worker.py", "--mode", "adaptive",
                            "--small-batch", "64", "--large-batch", "256", "--epochs", "1.5", "--copies", "2",
                            "--hidden", "64", "--lr", "0.05", "--gns-every", "5", "--eval-every", "512",
                            timeout=180)  # fmt: skip

@@ -1,4 +1,4 @@
-"""benchmarks/adaptive_topology.py: phase accounting, the contention schedule and the background traffic.
+"""benchmarks/adaptive_topology/run.py: phase accounting, the contention schedule and the background traffic.
 
 The benchmark itself needs root, network namespaces and minutes; these check
 its logic cheaply: steps assigned to phases by their times (made-up steps),
@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-from adaptive_topology import ContentionSchedule, parse_run, summarize
-from background_traffic import BackgroundTraffic, parse_rate
-from bench_timing import RESULT_TAG
+from benchmarks.adaptive_topology.background_traffic import (
+    BackgroundTraffic,
+    parse_rate,
+)
+from benchmarks.adaptive_topology.run import ContentionSchedule, parse_run, summarize
+from benchmarks.harness.timing import RESULT_TAG
 
 
 def steps_of(durations: list[float], topology: str = "RING") -> list[dict]:
@@ -172,7 +173,7 @@ def test_paced_sender_keeps_its_rate():
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         sender = subprocess.Popen(
-            [sys.executable, str(BENCH / "background_traffic.py"), "send", "127.0.0.1", str(port), "2", "2000000"],
+            [sys.executable, str(BENCH / "adaptive_topology" / "background_traffic.py"), "send", "127.0.0.1", str(port), "2", "2000000"],
             stdout=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         try:

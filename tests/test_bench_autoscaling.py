@@ -1,17 +1,12 @@
-"""benchmarks/autoscaling.py and tests/autoscale_records.py on made-up records whose numbers are known by
+"""benchmarks/autoscaling/run.py and tests/autoscale_records.py on made-up records whose numbers are known by
 construction (no jobs: the end-to-end run is tests/test_autoscaling.py).
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
 from autoscale_records import (
     load,
     scaling_efficiency,
@@ -19,7 +14,8 @@ from autoscale_records import (
     step_sizes,
     throughput_by_size,
 )
-from autoscaling import (
+
+from benchmarks.autoscaling.run import (
     Run,
     efficient_size_table,
     own_pace,

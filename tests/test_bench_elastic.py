@@ -1,4 +1,4 @@
-"""benchmarks/elastic.py and elastic_idle.py: the idle-time definition, the schedule, and a toy run.
+"""benchmarks/elastic/run.py and benchmarks/elastic/idle.py: the idle-time definition, the schedule, and a toy run.
 
 The analysis is checked on made-up step logs whose gaps are known by
 construction (survivors only; no survivors = a restart; the crash's
@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-from elastic import check_schedule, elastic_schedule, measured_transitions, verdict
-from elastic_idle import StepLog, read_logs, segments, transitions
-from elastic_worker import parse_schedule
+from benchmarks.elastic.idle import StepLog, read_logs, segments, transitions
+from benchmarks.elastic.run import (
+    check_schedule,
+    elastic_schedule,
+    measured_transitions,
+    verdict,
+)
+from benchmarks.elastic.worker import parse_schedule
 
 
 def steps(peers, times, job=0, version=1, size=None):
@@ -129,7 +130,7 @@ def test_benchmark_smoke(tmp_path):
     from conftest import REPO_ROOT, worker_env
 
     out = tmp_path / "elastic.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "elastic.py"), "--models", "digits-mlp",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.elastic", "--models", "digits-mlp",
                            "--transitions", "shrink 2 -> 1", "--repeats", "1", "--steps", "3",
                            "--work-dir", str(tmp_path / "work"), "--out", str(out)],
                           check=False, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=240)  # fmt: skip

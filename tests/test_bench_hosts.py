@@ -1,4 +1,4 @@
-"""benchmarks/bench_hosts.py: the two-host launch commands satisfy kungfu-run's multi-host checks.
+"""benchmarks/harness/hosts.py: the two-host launch commands satisfy kungfu-run's multi-host checks.
 
 A multi-host job needs the same KUNGFU_JOB_SECRET and KUNGFU_JOB_ID on every
 host (kungfu_tf/run/worker_env/job_secret.py, job_id.py); without the id both launchers
@@ -8,15 +8,9 @@ namespaces, no processes.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from bench_hosts import TwoHosts, two_host_commands, two_host_env
-
+from benchmarks.harness.hosts import TwoHosts, two_host_commands, two_host_env
 from kungfu_tf.run.plan.cli import parse_args
 from kungfu_tf.run.worker_env.job_id import resolve_job_id
 from kungfu_tf.run.worker_env.job_secret import resolve_job_secret

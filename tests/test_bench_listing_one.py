@@ -1,4 +1,4 @@
-"""benchmarks/listing_one.py: its analysis on made-up records, and the driver end to end at toy size.
+"""benchmarks/listing_one/run.py: its analysis on made-up records, and the driver end to end at toy size.
 
 The target accuracy is static 1's final accuracy minus the margin; the time
 to reach it is the first evaluation at or above it; the speed-up is static
@@ -15,14 +15,10 @@ the growth end to end).
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from listing_one import (
+from benchmarks.listing_one.run import (
     check_consistent,
     growths,
     markdown_table,
@@ -107,7 +103,8 @@ def test_check_consistent_names_the_run(name, sizes, message):
 
 def test_driver_end_to_end_at_toy_size(tmp_path):
     from conftest import REPO_ROOT
-    from listing_one import main
+
+    from benchmarks.listing_one.run import main
 
     png, out = tmp_path / "listing_one.png", tmp_path / "listing_one.json"
     assert main(["--runs", "static-1,listing-one", "--max-np", "2", "--epochs", "2", "--copies", "2", "--hidden", "64",

@@ -1,27 +1,23 @@
-"""The benchmark's Open MPI anchor (benchmarks/mpi_allreduce.c) is itself correct.
+"""The benchmark's Open MPI anchor (benchmarks/allreduce/mpi_allreduce.c) is itself correct.
 
 ``make bench`` compares our all-reduce with Open MPI's ``MPI_Allreduce``; a
 wrong anchor would make that comparison meaningless. The program is built
-and started exactly as the benchmark does it (benchmarks/bench_mpi.py), and
+and started exactly as the benchmark does it (benchmarks/allreduce/mpi.py), and
 its result at np=2 is checked against numpy. Open MPI is a system package
 that ``make sysdeps`` installs, so its absence is a failure, not a skip.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH_DIR))
-
-import bench_mpi
-from bench_proc import run_group
-from bench_report import MPI_COLUMN, allreduce_tables
-from bench_timing import parse_results
+from benchmarks.allreduce import mpi as bench_mpi
+from benchmarks.allreduce.report import MPI_COLUMN, allreduce_tables
+from benchmarks.harness.proc import run_group
+from benchmarks.harness.timing import parse_results
 
 NP = 2
 TIMEOUT_S = 120.0

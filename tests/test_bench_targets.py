@@ -1,4 +1,4 @@
-"""benchmarks/bench_targets.py: the targets are judged against the transport the workers use.
+"""benchmarks/allreduce/targets.py: the targets are judged against the transport the workers use.
 
 Every benchmark worker runs on one host, where peers talk over Unix sockets;
 judging them against raw TCP loopback (slower) made a 78% result read 135%.
@@ -7,15 +7,10 @@ Pure Python: made-up measurements, no processes.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from bench_report import raw_table, targets_table
-from bench_targets import MIB, evaluate
+from benchmarks.allreduce.report import raw_table, targets_table
+from benchmarks.allreduce.targets import MIB, evaluate
 
 GB = 1e9
 RAW = {

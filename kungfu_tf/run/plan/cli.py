@@ -22,7 +22,7 @@ DEFAULT_JOIN_TIMEOUT = 600.0
 # a state sync and 0.1-0.6 s of idle time, while waiting costs them nothing
 # (they train while joiners warm up). Joiners placed together finished
 # their warm-up (Python, TF, model, tracing: 13-27 s) within 2.5 s of each
-# other in benchmarks/elastic.py runs on 2 busy cores; 5 s covers twice that
+# other in benchmarks/elastic/run.py runs on 2 busy cores; 5 s covers twice that
 # spread, and a joiner that is much slower (or hangs) delays the others by
 # at most 5 s, a fraction of a warm-up.
 DEFAULT_ADMIT_WINDOW = 5.0

@@ -1,0 +1,1 @@
+"""GNSBatchSizePolicy against a static small and large batch: time to accuracy."""

@@ -1,0 +1,1 @@
+"""Static topology against AdaptiveTopologyPolicy under link contention, two emulated hosts."""

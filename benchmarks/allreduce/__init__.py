@@ -1,0 +1,1 @@
+"""All-reduce latency and bandwidth: ours, MultiWorkerMirroredStrategy, Open MPI, a raw transport."""

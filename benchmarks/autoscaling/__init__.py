@@ -1,0 +1,1 @@
+"""AutoscalingPolicy against static sizes, StragglerPolicy against a slowed worker (CPU quotas, root)."""

@@ -1,0 +1,1 @@
+"""Idle time of elastic shrink / grow / crash against checkpoint-restart."""

@@ -1,0 +1,84 @@
+"""Two emulated hosts for benchmarks: network namespaces joined by a rate-limited veth link.
+
+Same-host peers talk over their namespace's own loopback, so only inter-host
+traffic meets the ``tc`` token-bucket limit: what a cluster of multi-GPU
+machines on a slow network looks like. Needs root (``ip netns``); without it
+:func:`make_limited_hosts` says why instead of raising, so a benchmark can
+report the setting as skipped.
+
+Example:
+    >>> hosts, why = make_limited_hosts("10.217.0", "kfs", rate="1gbit")  # doctest: +SKIP
+    >>> argvs = two_host_commands(hosts, 4, ["python", "worker.py"])      # doctest: +SKIP
+    >>> envs = [two_host_env()] * 2                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.harness.proc import worker_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from netns import NamespacesUnavailable, TwoHosts, create_two_hosts
+
+__all__ = ["TwoHosts", "make_limited_hosts", "two_host_commands", "two_host_env"]
+
+
+def make_limited_hosts(
+    subnet: str, tag: str, rate: str, burst: str = "256kb", latency: str = "50ms"
+) -> tuple[TwoHosts | None, str | None]:
+    """The two hosts (``<subnet>.1`` and ``.2``) with ``rate`` on both ends of the link, or (None, why not).
+
+    The default burst is about 1 ms at 1 Gbit/s (at least the 64 KiB of a
+    TSO segment); ``latency`` is how long tbf queues before it drops.
+    """
+    try:
+        hosts = create_two_hosts(subnet, tag)
+    except (NamespacesUnavailable, AssertionError) as e:
+        return None, str(e)
+    try:
+        hosts.limit_bandwidth(rate=rate, burst=burst, latency=latency)
+    except BaseException:
+        hosts.destroy()
+        raise
+    return hosts, None
+
+
+def two_host_commands(
+    hosts: TwoHosts,
+    np: int,
+    worker_argv: Sequence[str],
+    launcher_options: Sequence[str] = (),
+) -> list[list[str]]:
+    """One ``kungfu-run`` per host, ``np // 2`` workers each (``-H A:n,B:n``), run inside its namespace."""
+    if np < 2 or np % 2:
+        raise ValueError(
+            f"np must be even and at least 2 (half the workers on each host), got {np}"
+        )
+    a, b = hosts.addresses
+    launcher = [
+        sys.executable,
+        "-m",
+        "kungfu_tf.run",
+        "-np",
+        str(np),
+        *launcher_options,
+    ]
+    launcher += ["-H", f"{a}:{np // 2},{b}:{np // 2}"]
+    return [
+        hosts.exec_prefix(0) + launcher + list(worker_argv),
+        hosts.exec_prefix(1) + launcher + ["--self", b] + list(worker_argv),
+    ]
+
+
+def two_host_env() -> dict[str, str]:
+    """The workers' environment, with a fresh job secret and job id that both launchers must share."""
+    return worker_env(
+        {
+            "KUNGFU_JOB_SECRET": secrets.token_hex(32),
+            "KUNGFU_JOB_ID": secrets.token_hex(16),
+        }
+    )

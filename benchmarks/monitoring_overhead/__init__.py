@@ -1,0 +1,1 @@
+"""Training throughput with gradient-noise / gradient-variance monitoring against none."""

@@ -1,0 +1,1 @@
+"""Strategy builders x models, one host and two emulated hosts."""
