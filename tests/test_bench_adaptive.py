@@ -107,15 +107,16 @@ def test_worker_smoke_goodput_run_stops_at_its_time_budget():
     from benchmarks.harness.timing import parse_results
 
     rc, out, err = run_job(2, REPO_ROOT / "benchmarks" / "adaptive_batch" / "worker.py", "--mode", "goodput",
-                           "--small-batch", "64", "--large-batch", "256", "--epochs", "50", "--copies", "2",
+                           "--small-batch", "64", "--large-batch", "256", "--epochs", "2000", "--copies", "2",
                            "--hidden", "64", "--lr", "0.05", "--gns-every", "5", "--eval-every", "512",
                            "--time-budget", "1.5", timeout=180)  # fmt: skip
     assert rc == 0, describe(rc, out, err)
     (result,) = parse_results(out.splitlines())
     recs = result["records"]
     assert result["mode"] == "goodput" and result["train_samples"] == 2 * 1438, result
-    # It stopped at the first evaluation past 1.5 s (the one before was under it), long before 50 epochs.
-    assert recs[-1]["time_s"] >= 1.5 > recs[-2]["time_s"] and recs[-1]["samples"] < 50 * 2 * 1438, recs
+    # It stopped at the first evaluation past 1.5 s (the one before was under it), not at the epochs' end. The
+    # cap is far out of reach (5.7 M samples; 50 epochs were, once, done in under 1.5 s on this toy model).
+    assert recs[-1]["time_s"] >= 1.5 > recs[-2]["time_s"] and recs[-1]["samples"] < 2000 * 2 * 1438, recs
     assert all(b["samples"] > a["samples"] for a, b in itertools.pairwise(recs)), recs
     assert all(64 <= r["batch_size"] <= 256 and r["batch_size"] % 32 == 0 for r in recs), recs
 
