@@ -246,9 +246,14 @@ class ElasticState:
         """Rank 0 tells the config service its step, for kungfu-run's job status (off this thread)."""
         if not em.is_elastic() or em.detached():
             return
-        version, peers = em.current()
-        if not peers or peers[0] != em.self_peer():
-            return
+        # Outside any graph: under a v1 MonitoredSession the default graph is
+        # finalized, and reading the membership the first time runs ops.
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                return  # eager execution disabled globally: no step in the job status
+            version, peers = em.current()
+            if not peers or peers[0] != em.self_peer():
+                return
         _progress_reporter().offer(int(self._values["step"]), int(version))
 
     def _update_signature(self) -> None:
