@@ -64,6 +64,7 @@ from kungfu_tf.run.control.peer_string import (
     parse_peer_string,
     peer_string,
 )
+from kungfu_tf.run.control.stored_job_state import StoredJobStateMachine
 
 SERVICE = "/kungfu.ConfigService/"
 CHALLENGE_METHOD = SERVICE + "Challenge"
@@ -155,7 +156,7 @@ def _rpc(method):
 
 
 class _Servicer(config_pb2_grpc.ConfigServiceServicer):
-    def __init__(self, jobs: JobStateMachine, nonces: NonceBook, max_long_polls: int):
+    def __init__(self, jobs: JobStateMachine | StoredJobStateMachine, nonces: NonceBook, max_long_polls: int):
         self._jobs = jobs
         self._nonces = nonces
         self._max_long_polls = max_long_polls
@@ -331,6 +332,10 @@ class ConfigServer:
         their growth, to be admitted in one version (kungfu-run
         --admit-window; 0 admits each when it is READY). A thread of the
         server ends each window on time.
+      jobs: serve this job state, shared through a store with other
+        launchers' config services (stored_job_state.py: ``--config-store``),
+        instead of one of its own; ``cluster`` and the sizes are then the
+        store's.
 
     Example:
         >>> with ConfigServer(secret="s3cret", elastic=True, cluster=make_cluster(1, ["h:1"])) as srv:
@@ -353,6 +358,7 @@ class ConfigServer:
         replace_crashed: bool = False,
         max_long_polls: int = DEFAULT_MAX_LONG_POLLS,
         admit_window: float = 0.0,
+        jobs: StoredJobStateMachine | None = None,
     ):
         self._secret = _secret_bytes(secret)
         self._job_id = job_id
@@ -367,13 +373,17 @@ class ConfigServer:
         problem = cluster_problem(initial)
         if problem is not None:
             raise ValueError(f"initial cluster: {problem}")
-        self._jobs = JobStateMachine(
-            initial,
-            elastic=elastic,
-            min_size=min_size,
-            max_size=max_size,
-            replace_crashed=replace_crashed,
-            admit_window=admit_window,
+        self._jobs: JobStateMachine | StoredJobStateMachine = (
+            jobs
+            if jobs is not None
+            else JobStateMachine(
+                initial,
+                elastic=elastic,
+                min_size=min_size,
+                max_size=max_size,
+                replace_crashed=replace_crashed,
+                admit_window=admit_window,
+            )
         )
         self._admission_timer: threading.Thread | None = None
         self._nonces = NonceBook()

@@ -78,7 +78,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run.control.peer_string import peer_problem, peer_string
+from kungfu_tf.run.control.peer_string import (
+    parse_peer_string,
+    peer_problem,
+    peer_string,
+)
 
 __all__ = [
     "MAX_WAIT_SECONDS",
@@ -669,6 +673,75 @@ class JobStateMachine:
         with self._cond:
             reported_ms = max(1, int(self._clock() * 1000))  # 0 means never reported
             self._progress = config_pb2.JobProgress(step=step, version=version, reported_ms=reported_ms)
+
+    # ------------------------------------------------------------ records
+
+    def to_record(self) -> dict:
+        """Everything this machine knows, as JSON-ready data (a store keeps it: job_store.py).
+
+        :meth:`from_record` builds an equal machine from it, so that several
+        processes can share one job's state through a store: each loads the
+        record, applies one request to the machine, and writes the record
+        back with a compare-and-set. The admission window's start is kept
+        on this machine's clock (stores use a wall clock: ``time.time``).
+        """
+        with self._cond:
+            return {
+                "elastic": self._elastic,
+                "min_size": self._min,
+                "max_size": self._max,
+                "replace_crashed": self._replace_crashed,
+                "admit_window": self._admit_window,
+                "window_opened": self._window_opened,
+                "history": {str(v): [peer_string(w) for w in c.workers] for v, c in self._history.items()},
+                "reasons": {str(v): r for v, r in self._reasons.items()},
+                "version": self._cluster.version,
+                "target": self._target,
+                "signature": self._signature,
+                "joiners": [
+                    [peer_string(j.peer), j.state, j.signature, j.reason, j.ready_order]
+                    for j in self._joiners.values()
+                ],
+                "finished": [peer_string(w) for w in self._finished.values()],
+                "removed": sorted(peer_string(config_pb2.PeerID(host=h, port=p)) for h, p in self._removed),
+                "ready_count": self._ready_count,
+                "state_version": self._state_version,
+                "progress": [self._progress.step, self._progress.version, self._progress.reported_ms],
+            }
+
+    @classmethod
+    def from_record(cls, record: dict, *, clock: Callable[[], float] = time.time) -> JobStateMachine:
+        """The machine that :meth:`to_record` described (raises KeyError/ValueError if malformed)."""
+        peer = parse_peer_string
+        history = {int(v): [peer(w) for w in ws] for v, ws in record["history"].items()}
+        version = int(record["version"])
+        first = min(history)
+        machine = cls(
+            config_pb2.Cluster(version=first, workers=history[first]),
+            elastic=bool(record["elastic"]),
+            min_size=int(record["min_size"]),
+            max_size=int(record["max_size"]),
+            replace_crashed=bool(record["replace_crashed"]),
+            admit_window=float(record["admit_window"]),
+            clock=clock,
+        )
+        machine._history = {v: config_pb2.Cluster(version=v, workers=ws) for v, ws in history.items()}
+        machine._reasons = {int(v): str(r) for v, r in record["reasons"].items()}
+        machine._cluster = cls._copy(machine._history[version])
+        machine._window_opened = None if record["window_opened"] is None else float(record["window_opened"])
+        machine._target = int(record["target"])
+        machine._signature = str(record["signature"])
+        machine._joiners = {}
+        for address, state, signature, reason, ready_order in record["joiners"]:
+            j = _Joiner(peer(address), int(state), str(signature), str(reason), int(ready_order))
+            machine._joiners[_key(j.peer)] = j
+        machine._finished = {_key(p): p for p in map(peer, record["finished"])}
+        machine._removed = {_key(peer(a)) for a in record["removed"]}
+        machine._ready_count = int(record["ready_count"])
+        machine._state_version = int(record["state_version"])
+        step, at_version, reported_ms = record["progress"]
+        machine._progress = config_pb2.JobProgress(step=step, version=at_version, reported_ms=reported_ms)
+        return machine
 
     # ------------------------------------------------------ admission window
 

@@ -1,0 +1,256 @@
+"""A small etcd v3 client: the calls ``--config-store etcd://...`` needs, over our own stubs.
+
+Why stubs and not a client library: the ``etcd3`` package on PyPI pins a
+protobuf 3 runtime (its generated code refuses protobuf 7, which our
+config.proto stubs need) and is unmaintained; the asyncio clients would
+bring an event loop into a launcher built on threads. etcd's v3 API is
+plain gRPC, so proto/etcd_rpc.proto lists the part of it we use and
+setup.py generates its stubs with the grpcio-tools we already build with:
+no new dependency.
+
+Every call goes to one member; when that member does not answer
+(UNAVAILABLE, a deadline) the next endpoint is tried, so a client follows
+the cluster through the loss of any minority of members. A cluster without
+quorum answers nobody: the call fails with :class:`EtcdUnavailableError`,
+naming each endpoint and what it said.
+
+Example::
+
+    client = EtcdClient(["h1:2379", "h2:2379", "h3:2379"])
+    client.put(b"/a", b"1")
+    kvs, revision = client.range(b"/a")
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Self
+
+import grpc
+
+from kungfu_tf.proto import etcd_rpc_pb2 as pb
+from kungfu_tf.proto import etcd_rpc_pb2_grpc as pb_grpc
+
+__all__ = ["EtcdClient", "EtcdUnavailableError", "prefix_end"]
+
+# Bound on one call to one member; a member that takes longer is treated as
+# down and the next is asked (etcd answers within milliseconds when healthy,
+# and within its election timeout when a leader is being elected).
+CALL_SECONDS = 3.0
+
+# Status codes that mean "this member cannot serve now": ask another.
+_RETRY_ELSEWHERE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNKNOWN,  # etcd 3.4 answers "etcdserver: leader changed" / "request timed out" so
+}
+
+
+class EtcdUnavailableError(Exception):
+    """No etcd member could serve a call (down, unreachable, or without quorum)."""
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix``.
+
+    Example:
+        >>> prefix_end(b"/kungfu/job/")
+        b'/kungfu/job0'
+    """
+    end = bytearray(prefix)
+    for i in reversed(range(len(end))):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"  # every key
+
+
+class EtcdClient:
+    """Calls to an etcd cluster given as ``host:port`` endpoints (any member serves any call).
+
+    Example::
+
+        with EtcdClient(["127.0.0.1:2379"]) as etcd:
+            lease = etcd.grant_lease(5)
+            etcd.put(b"/x", b"y", lease=lease)
+    """
+
+    def __init__(self, endpoints: Sequence[str], *, call_seconds: float = CALL_SECONDS):
+        if not endpoints:
+            raise ValueError("no etcd endpoint given")
+        self._endpoints = list(endpoints)
+        self._call_seconds = call_seconds
+        self._channels = [grpc.insecure_channel(e) for e in self._endpoints]
+        self._current = 0
+        self._lock = threading.Lock()
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints)
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _call(self, stub_type, method: str, request, timeout: float | None = None):
+        """``method`` on the current member; on a member that cannot serve, the others in turn."""
+        problems = []
+        with self._lock:
+            start = self._current
+        for k in range(len(self._channels)):
+            i = (start + k) % len(self._channels)
+            stub = stub_type(self._channels[i])
+            try:
+                response = getattr(stub, method)(request, timeout=timeout or self._call_seconds)
+            except grpc.RpcError as e:
+                if e.code() not in _RETRY_ELSEWHERE:
+                    raise
+                problems.append(f"{self._endpoints[i]}: {e.code().name} {e.details()}")
+                continue
+            with self._lock:
+                self._current = i
+            return response
+        raise EtcdUnavailableError(
+            f"no etcd member served {method} ({'; '.join(problems)}); the cluster is down or has no quorum"
+        )
+
+    # ------------------------------------------------------------------ KV
+
+    def range(self, key: bytes, range_end: bytes = b"", *, descending: bool = False, limit: int = 0):
+        """The key-values in ``[key, range_end)`` (just ``key`` if no end) and the store's revision."""
+        request = pb.RangeRequest(key=key, range_end=range_end, limit=limit)
+        if descending:
+            request.sort_order = pb.RangeRequest.DESCEND
+            request.sort_target = pb.RangeRequest.KEY
+        response = self._call(pb_grpc.KVStub, "Range", request)
+        return list(response.kvs), response.header.revision
+
+    def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
+        """Writes ``key``; returns the store's revision after it."""
+        return self._call(pb_grpc.KVStub, "Put", pb.PutRequest(key=key, value=value, lease=lease)).header.revision
+
+    def delete(self, key: bytes, range_end: bytes = b"") -> int:
+        """Deletes ``key`` (or ``[key, range_end)``); returns how many keys went."""
+        return self._call(pb_grpc.KVStub, "DeleteRange", pb.DeleteRangeRequest(key=key, range_end=range_end)).deleted
+
+    def txn(
+        self,
+        compare: Sequence[pb.Compare],
+        success: Sequence[pb.RequestOp],
+        failure: Sequence[pb.RequestOp] = (),
+    ) -> pb.TxnResponse:
+        """An atomic if-then-else (``succeeded`` says which branch ran)."""
+        return self._call(pb_grpc.KVStub, "Txn", pb.TxnRequest(compare=compare, success=success, failure=failure))
+
+    def put_if_absent(self, key: bytes, value: bytes, *, lease: int = 0) -> bool:
+        """Writes ``key`` only if it does not exist; whether it did."""
+        compare = pb.Compare(key=key, target=pb.Compare.CREATE, result=pb.Compare.EQUAL, create_revision=0)
+        put = pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease))
+        return self.txn([compare], [put]).succeeded
+
+    # -------------------------------------------------------------- leases
+
+    def grant_lease(self, ttl: int) -> int:
+        """A new lease of ``ttl`` seconds; its id."""
+        response = self._call(pb_grpc.LeaseStub, "LeaseGrant", pb.LeaseGrantRequest(TTL=ttl))
+        if response.error:
+            raise EtcdUnavailableError(f"etcd refused a lease: {response.error}")
+        return response.ID
+
+    def keep_alive(self, lease: int) -> int:
+        """Renews ``lease``; its remaining TTL in seconds (<= 0: it expired, keys under it are gone)."""
+        response = self._call(pb_grpc.LeaseStub, "LeaseKeepAlive", _single(pb.LeaseKeepAliveRequest(ID=lease)))
+        # A stream call answers an iterator: one request, one answer.
+        for answer in response:
+            return answer.TTL
+        return 0
+
+    def revoke_lease(self, lease: int) -> None:
+        """Ends ``lease`` now (its keys are deleted at once)."""
+        self._call(pb_grpc.LeaseStub, "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease))
+
+    # --------------------------------------------------------------- watch
+
+    def watch(self, key: bytes, range_end: bytes, start_revision: int) -> EtcdWatch:
+        """Events on ``[key, range_end)`` from ``start_revision`` on (see :class:`EtcdWatch`)."""
+        return EtcdWatch(self, key, range_end, start_revision)
+
+    def _open_watch(self, key: bytes, range_end: bytes, start_revision: int, closed: threading.Event):
+        """A Watch stream on the current member (the caller reopens it on another if it breaks);
+        its request stream stays open until ``closed`` is set."""
+        with self._lock:
+            i = self._current
+            self._current = (i + 1) % len(self._channels)  # a broken stream moves to the next member
+        create = pb.WatchRequest(
+            create_request=pb.WatchCreateRequest(key=key, range_end=range_end, start_revision=start_revision)
+        )
+        return pb_grpc.WatchStub(self._channels[i]).Watch(_single(create, until=closed))
+
+    # ------------------------------------------------------------- cluster
+
+    def status(self, endpoint: int) -> pb.StatusResponse:
+        """Member ``endpoint``'s own status (leader id, raft term)."""
+        return pb_grpc.MaintenanceStub(self._channels[endpoint]).Status(pb.StatusRequest(), timeout=self._call_seconds)
+
+
+class EtcdWatch:
+    """A watch that survives its member: iterate it for revisions at which ``[key, end)`` changed.
+
+    Each item is the revision of a batch of events; a broken stream is
+    reopened (on the next member) from the revision after the last seen, so
+    no change is missed. :meth:`cancel` ends the iteration.
+    """
+
+    def __init__(self, client: EtcdClient, key: bytes, range_end: bytes, start_revision: int):
+        self._client = client
+        self._key, self._end = key, range_end
+        self._next = start_revision
+        self._stream = None
+        self._closed: threading.Event | None = None
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        with self._lock:
+            if self._stream is not None:
+                self._stream.cancel()
+            if self._closed is not None:
+                self._closed.set()
+
+    def __iter__(self) -> Iterator[int]:
+        while not self._cancelled.is_set():
+            closed = threading.Event()
+            with self._lock:
+                self._closed = closed
+                self._stream = self._client._open_watch(self._key, self._end, self._next, closed)
+            try:
+                for response in self._stream:
+                    if response.canceled:
+                        break  # e.g. compacted: reopen from what is there now
+                    if response.events:
+                        self._next = response.events[-1].kv.mod_revision + 1
+                        yield response.header.revision
+            except grpc.RpcError:
+                pass  # the member went away: reopen on another
+            finally:
+                closed.set()
+            if not self._cancelled.is_set():
+                self._cancelled.wait(0.2)
+                yield 0  # "look again": the caller re-reads (a change may have been missed while reconnecting)
+
+
+def _single(request, *, until: threading.Event | None = None) -> Iterator:
+    """A request stream of one message, held open until ``until`` is set (if given)."""
+    yield request
+    if until is not None:
+        until.wait()
