@@ -17,6 +17,11 @@ MODE (what the initial members do):
   crash R      rank 0 sets the signature, rank R SIGKILLs itself; the others
                (and the replacement) exit 0 once the cluster is whole again
                at version 3 (v2 without R, v3 with its replacement).
+  hold-replaced
+               rank 0 sets the signature, prints "signature set" and
+               sleeps (the test SIGKILLs its launcher; it dies with it);
+               the others (and the replacement) exit 0 once the cluster is
+               whole again at version 3.
   die R@V,...  rank R SIGKILLs itself once the cluster reaches version V;
                the others wait (the launcher is expected to stop them).
   shrink N     rank 0 commits the first N members (PutCluster); a member
@@ -169,6 +174,16 @@ elif mode == "crash":
     if env.rank == int(arg):
         wait_until(lambda s: s.signature)
         die()
+    state = wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) == env.size)
+    print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
+elif mode == "hold-replaced":
+    # Rank 0 holds on until its launcher is SIGKILLed (it dies with it);
+    # the others exit 0 once the cluster is whole again at version 3.
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+        print("signature set", flush=True)
+        time.sleep(60)
+        sys.exit(3)
     state = wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) == env.size)
     print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
 elif mode == "die":

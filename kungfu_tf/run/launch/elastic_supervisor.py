@@ -39,7 +39,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import grpc
 
@@ -52,10 +52,12 @@ from kungfu_tf.run.control.config_server import (
     parse_peer_string,
     peer_string,
 )
-from kungfu_tf.run.control.job_state import job_finished
+from kungfu_tf.run.control.job_state import JobStateMachine, job_finished
+from kungfu_tf.run.control.job_store import StoreUnavailableError
 from kungfu_tf.run.control.job_watcher import JobWatcher
 from kungfu_tf.run.control.membership_change import describe_change, workers_text
 from kungfu_tf.run.control.rpc_errors import rpc_error_text
+from kungfu_tf.run.control.stored_job_state import StoredJobStateMachine
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.launch.supervisor import (
     FORWARDED_SIGNALS,
@@ -65,7 +67,11 @@ from kungfu_tf.run.launch.supervisor import (
 )
 from kungfu_tf.run.plan.elastic_plan import ElasticPlan
 from kungfu_tf.run.providers.job_status import StatusDisplay
-from kungfu_tf.run.providers.joiner_scheduler import SupervisorHooks, joiner_peers
+from kungfu_tf.run.providers.joiner_scheduler import (
+    JoinerScheduler,
+    SupervisorHooks,
+    joiner_peers,
+)
 from kungfu_tf.run.providers.output import Console
 from kungfu_tf.run.providers.worker_process import (
     describe_exit,
@@ -80,6 +86,10 @@ from kungfu_tf.run.providers.worker_provider import (
 )
 from kungfu_tf.run.worker_env.placement import Peer
 from kungfu_tf.run.worker_env.worker_env import build_worker_env
+
+if TYPE_CHECKING:  # imported where used: only --config-store needs etcd's stubs
+    from kungfu_tf.run.control.etcd_client import EtcdClient
+    from kungfu_tf.run.control.etcd_job_store import EtcdJobStore
 
 # Bound on one config-service call (but a long poll).
 CALL_TIMEOUT = 10.0
@@ -98,6 +108,8 @@ WATCH_POLL_SECONDS = 10.0
 # the other hosts' launchers (their watchers between two polls, or their idle
 # probes) still read the final state rather than find the service gone.
 JOB_END_LINGER_SECONDS = 1.0
+# --config-store: how often a launcher looks at the live launchers and duties.
+DUTY_CHECK_SECONDS = 0.5
 # The job's status when the cluster fell below --min-np.
 BELOW_MIN_STATUS = 1
 
@@ -182,6 +194,15 @@ class ElasticSupervisor:
         self._rejected_seen: set[str] = set()
         self._joiner_end: dict[str, str] = {}
         self._display = StatusDisplay(console, console.status_every)
+        # --config-store: the etcd client, the job's keys, the duties.
+        self._etcd: EtcdClient | None = None
+        self._store: EtcdJobStore | None = None
+        self._stored_jobs: StoredJobStateMachine | None = None
+        self._seen_launchers: set[str] = set()
+        self._live_launchers: set[str] = set()
+        self._holds_duty = False
+        self._duty_check_at = 0.0
+        self._said_store_down = False
 
     # ----------------------------------------------------------------- run
 
@@ -222,6 +243,8 @@ class ElasticSupervisor:
     def _connect(self) -> tuple[list[Peer], int]:
         """Serve or reach the config service; returns the members of version 1 and 1."""
         plan = self._plan
+        if plan.config_store:
+            return self._connect_store()
         if plan.serves:
             cluster = make_cluster(1, [p.address for p in plan.initial_peers])
             server = ConfigServer(
@@ -278,6 +301,120 @@ class ElasticSupervisor:
         self._observe(state)
         self._watcher = JobWatcher(self._client, poll_timeout=WATCH_POLL_SECONDS, unreachable_timeout=plan.timeout)
         return initial, 1
+
+    def _connect_store(self) -> tuple[list[Peer], int]:
+        """--config-store: serve this host's workers from the job's state in etcd.
+
+        The first launcher to reach the store commits the initial workers
+        (every launcher placed them alike) as version 1; the others find
+        them there. Each registers its host under a lease of its own.
+        """
+        from kungfu_tf.run.control.etcd_client import EtcdClient
+        from kungfu_tf.run.control.etcd_job_store import EtcdJobStore
+
+        plan = self._plan
+        self._etcd = EtcdClient(plan.config_store)
+        store = EtcdJobStore(self._etcd, job_id=plan.job_id, secret=plan.secret, log=self._console.message)
+        self._store = store
+        initial_machine = JobStateMachine(
+            make_cluster(1, [p.address for p in plan.initial_peers]),
+            elastic=True,
+            min_size=plan.min_np,
+            max_size=plan.max_np,
+            replace_crashed=plan.replace_crashed,
+            admit_window=plan.admit_window,
+        )
+        try:
+            jobs = StoredJobStateMachine(store, initial_machine)
+            store.register_launcher(plan.self_host)
+        except StoreUnavailableError as e:
+            raise LaunchError(f"cannot reach the config store {store.describe()}: {e}") from None
+        self._stored_jobs = jobs
+        server = ConfigServer(0, secret=plan.secret, job_id=plan.job_id, host=plan.self_host, jobs=jobs)
+        try:
+            server.start()
+        except OSError as e:
+            raise LaunchError(f"cannot serve this host's workers on {plan.self_host}: {e}") from None
+        self._server = server
+        self._plan = plan = plan.served_at(server.port)
+        self._console.event(f"config service at {plan.config_address}, job state in {store.describe()}")
+        self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
+        state = self._client.get_job_state()
+        hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
+        self._scheduler = self._provider.joiner_planner(plan, self._client, self._console, hooks)
+        first = jobs.cluster_at(1)
+        initial = [Peer(rank, w.host, w.port) for rank, w in enumerate(first.workers)]
+        self._next_label = len(initial)
+        if state.cluster.version != 1 and any(self._runs_here(p.host) for p in initial):
+            self._console.message(
+                f"the job is at cluster version {state.cluster.version} already: not starting the "
+                f"members of version 1 placed on {plan.self_host}"
+            )
+            initial = [p for p in initial if not self._runs_here(p.host)]
+        self._printed_version = state.cluster.version
+        self._printed_workers = cluster_peers(state.cluster)
+        self._ever_members.update(self._printed_workers)
+        self._observe(state)
+        return initial, 1
+
+    def _keep_duties(self) -> None:
+        """--config-store: the job-wide duties, done by whichever live launcher holds them.
+
+        The holder of ``placer`` places joiners (on hosts whose launcher
+        lives) and answers for hosts whose launcher is gone: their members
+        are reported lost and their joiners withdrawn (their claims, tied to
+        that launcher's lease, expired). A launcher that dies with the duty
+        lets its key expire; the next launcher to look takes it over.
+        """
+        store, now = self._store, time.monotonic()
+        if store is None or now < self._duty_check_at:
+            return
+        self._duty_check_at = now + DUTY_CHECK_SECONDS
+        try:
+            live = store.live_launchers()
+            holds = store.hold_duty("placer")
+        except StoreUnavailableError as e:
+            if not self._said_store_down:
+                self._said_store_down = True
+                self._console.message(
+                    f"the config store cannot serve ({e}); membership changes wait until it has quorum again"
+                )
+            return
+        if self._said_store_down:
+            self._said_store_down = False
+            self._console.event(f"the config store {store.describe()} answers again")
+        if live != self._live_launchers:
+            self._live_launchers = live
+            self._console.event(f"live launchers: {', '.join(sorted(live)) or 'none'}")
+        self._seen_launchers |= live
+        if isinstance(self._scheduler, JoinerScheduler):
+            self._scheduler.live_hosts = live
+        if holds != self._holds_duty:
+            self._holds_duty = holds
+            if holds:
+                self._console.event(f"{self._plan.self_host} places joiners and answers for lost launchers")
+        if not holds:
+            return
+        gone = self._seen_launchers - live
+        state = self._fresh_state()
+        if not gone or state is None:
+            return
+        done = set(cluster_peers(config_pb2.Cluster(workers=state.finished)))
+        lost = [w for w in cluster_peers(state.cluster) if parse_peer_string(w).host in gone and w not in done]
+        if lost:
+            hosts = sorted({parse_peer_string(w).host for w in lost})
+            reason = f"the launcher of {', '.join(hosts)} is gone (its etcd lease expired)"
+            self._console.message(f"{reason}: reporting {', '.join(lost)} lost")
+            for peer in lost:
+                self._exit_causes.setdefault(peer, reason)
+            try:
+                self._observe(self._client.report_lost(state.cluster.version, lost, reason))
+            except grpc.RpcError as e:
+                self._console.message(f"cannot report {', '.join(lost)} lost: {rpc_error_text(e)}")
+        for peer in joiner_peers(state):
+            if parse_peer_string(peer).host in gone:
+                self._joiner_end.setdefault(peer, "its launcher is gone")
+                self._remove_joiner(peer)
 
     def _reach_config_service(self) -> config_pb2.JobState:
         """Connect to the serving launcher, retrying for --timeout seconds (it may start later)."""
@@ -402,7 +539,8 @@ class ElasticSupervisor:
             self._take_news()
             self._reap()
             if not self._stopping:
-                if self._scheduler is not None:
+                self._keep_duties()
+                if self._scheduler is not None and (self._store is None or self._holds_duty):
                     self._scheduler.poll_hosts()
                     if self._state is not None and not self._finishing:
                         self._scheduler.place(self._state, [w.peer for w in self._running()])
@@ -780,3 +918,9 @@ class ElasticSupervisor:
             self._client.close()
         if self._server is not None:
             self._server.stop(grace=1.0)
+        if self._stored_jobs is not None:
+            self._stored_jobs.close()
+        if self._store is not None:
+            self._store.close()  # revokes this launcher's lease: its claims end now
+        if self._etcd is not None:
+            self._etcd.close()

@@ -42,6 +42,8 @@ class LaunchOptions:
     the bounds on the cluster size (None when not given); ``replace_crashed``
     is ``--elastic`` (crashed workers are replaced by joiners);
     ``config_server`` is the ``--config-server`` ``host:port``;
+    ``config_store`` the ``--config-store`` value (checked with the plan,
+    which also reads ``KUNGFU_CONFIG_STORE``);
     ``discovery_script`` the ``--host-discovery-script``; ``join_timeout``
     the ``--join-timeout`` seconds a joiner may stay STARTING;
     ``admit_window`` the ``--admit-window`` seconds READY joiners wait for
@@ -63,6 +65,7 @@ class LaunchOptions:
     min_np: int | None = None
     max_np: int | None = None
     config_server: str | None = None
+    config_store: str | None = None
     discovery_script: Path | None = None
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     admit_window: float = DEFAULT_ADMIT_WINDOW
@@ -190,6 +193,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "every joiner, the others connect to it; default on one host: a free port)",
     )
     elastic.add_argument(
+        "--config-store",
+        metavar="etcd://HOST:PORT,...",
+        help="keep the job's state in this etcd cluster instead of one launcher's "
+        "config service (default: $KUNGFU_CONFIG_STORE, else none): every launcher "
+        "serves its own host's workers, and the job survives the loss of any "
+        "launcher's host; give the same value to every launcher",
+    )
+    elastic.add_argument(
         "--host-discovery-script",
         type=Path,
         metavar="PATH",
@@ -311,6 +322,7 @@ def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
             if ns.config_server is not None
             else None
         ),
+        config_store=ns.config_store,
         discovery_script=ns.host_discovery_script,
         join_timeout=(
             ns.join_timeout
@@ -342,6 +354,7 @@ def _check_ray_options(ns: argparse.Namespace) -> None:
         (ns.self_host, "--self"),
         (ns.port_range, "--port-range"),
         (ns.config_server, "--config-server"),
+        (ns.config_store, "--config-store"),
         (ns.host_discovery_script, "--host-discovery-script"),
     ):
         if value is not None:
@@ -373,6 +386,16 @@ def _check_elastic_options(ns: argparse.Namespace) -> None:
             f"--config-server {ns.config_server} is only used by elastic jobs "
             "(--elastic or --min-np)"
         )
+    if ns.config_store is not None:
+        if not elastic:
+            raise LaunchError(f"--config-store {ns.config_store} is only used by elastic jobs (--elastic or --min-np)")
+        if ns.config_server is not None:
+            raise LaunchError(
+                f"give either --config-server or --config-store, not both (with --config-store "
+                f"{ns.config_store} every launcher serves its own host's workers)"
+            )
+        if ns.host_discovery_script is not None:
+            raise LaunchError("--host-discovery-script is not supported with --config-store (give -H)")
     if ns.join_timeout is not None:
         if not ns.elastic:
             raise LaunchError(

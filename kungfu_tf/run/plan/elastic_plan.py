@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.plan.cli import LaunchOptions
+from kungfu_tf.run.plan.config_store import CONFIG_STORE_ENV, parse_config_store
 from kungfu_tf.run.plan.host_discovery import run_discovery_script
 from kungfu_tf.run.plan.local_host import choose_self_host
 from kungfu_tf.run.plan.ports import (
@@ -68,6 +69,10 @@ class ElasticPlan:
     logdir: Path | None
     quiet: bool
     secret: str = field(repr=False)
+    # --config-store / KUNGFU_CONFIG_STORE: etcd endpoints holding the job's
+    # state; every launcher then serves its own host's workers (serves is
+    # True everywhere, config_host is this host).
+    config_store: tuple[str, ...] = ()
 
     @property
     def config_address(self) -> str:
@@ -89,6 +94,19 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
             port is unusable, or the secret or run id is missing
             (multi-host) or malformed.
     """
+    store_text = options.config_store
+    store_source = "--config-store"
+    if store_text is None and environ.get(CONFIG_STORE_ENV, "").strip():
+        store_text, store_source = environ[CONFIG_STORE_ENV], CONFIG_STORE_ENV
+    if store_text is not None:
+        if options.config_server is not None:
+            raise LaunchError(
+                f"give either --config-server or {store_source}, not both (with {store_source} "
+                "every launcher serves its own host's workers)"
+            )
+        if options.discovery_script is not None:
+            raise LaunchError(f"--host-discovery-script is not supported with {store_source} (give -H)")
+        return _store_plan(options, environ, parse_config_store(store_text, store_source))
     min_np = options.min_np if options.min_np is not None else 1
     max_np = options.max_np if options.max_np is not None else options.np
     config_host = options.config_server.rpartition(":")[0] if options.config_server is not None else None
@@ -167,6 +185,49 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
         logdir=options.logdir,
         quiet=options.quiet,
         secret=secret,
+    )
+
+
+def _store_plan(options: LaunchOptions, environ: Mapping[str, str], store: tuple[str, ...]) -> ElasticPlan:
+    """Every launcher of a job with a config store places the initial workers
+    alike (the same -H and -np everywhere) and serves its own host's workers;
+    the first to reach the store commits them as version 1."""
+    min_np = options.min_np if options.min_np is not None else 1
+    max_np = options.max_np if options.max_np is not None else options.np
+    hosts = options.hosts or [HostSlots(LOCALHOST, max_np)]
+    total = sum(h.slots for h in hosts)
+    if max_np > total:
+        listing = ",".join(f"{h.host}:{h.slots}" for h in hosts)
+        raise LaunchError(f"--max-np {max_np} exceeds the {total} slots of -H {listing}")
+    self_host = choose_self_host([h.host for h in hosts], options.self_host)
+    # Launchers share the job through the store: the secret seals its records.
+    secret = resolve_job_secret(environ, True)
+    job_id = resolve_job_id(environ, True)
+    port_range = options.port_range or parse_port_range(DEFAULT_PORT_RANGE)
+    initial_peers = assign_range_ports(place_workers(hosts, options.np), port_range.first, port_range.last)
+    check_ports_free(self_host, [p.port for p in initial_peers if p.host == self_host])
+    return ElasticPlan(
+        serves=True,
+        config_host=self_host,
+        config_port=0,
+        self_host=self_host,
+        initial_peers=initial_peers,
+        hosts=hosts,
+        port_range=port_range,
+        min_np=min_np,
+        max_np=max_np,
+        replace_crashed=options.replace_crashed,
+        discovery_script=None,
+        join_timeout=options.join_timeout,
+        admit_window=options.admit_window,
+        command=options.command,
+        topology=options.topology,
+        timeout=options.timeout,
+        job_id=job_id,
+        logdir=options.logdir,
+        quiet=options.quiet,
+        secret=secret,
+        config_store=store,
     )
 
 

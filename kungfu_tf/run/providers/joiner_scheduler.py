@@ -107,6 +107,9 @@ class JoinerScheduler:
         self._withdrawn: dict[str, str] = {}
         self._failures = 0
         self.gave_up = False
+        # With a config store: the hosts whose launcher's lease lives (a
+        # joiner placed on a dead launcher's host would never start); None: all.
+        self.live_hosts: set[str] | None = None
         # Since when no slot was free (None: one was), and whether it was said.
         self._no_slot_since: float | None = None
         self._no_slot_reported = False
@@ -174,7 +177,7 @@ class JoinerScheduler:
         occupied = self._occupied(state, running_peers)
         for _ in range(missing):
             try:
-                placement = self._placer.place(self._hosts, occupied)
+                placement = self._placer.place(self._usable_hosts(), occupied)
             except NoPortLeft as e:
                 self._console.message(f"cannot place a joiner: {e}")
                 self.gave_up = True
@@ -196,6 +199,12 @@ class JoinerScheduler:
             if host != self._plan.self_host:
                 # Its own launcher prints "started joiner" on that host.
                 self._console.event(f"placed joiner {peer} (target {workers_text(target)})")
+
+    def _usable_hosts(self) -> list[HostSlots]:
+        """The hosts joiners may go to: with a config store, only those whose launcher lives."""
+        if self.live_hosts is None:
+            return self._hosts
+        return [h for h in self._hosts if h.host in self.live_hosts]
 
     def _withdraw_late(self, state: config_pb2.JobState) -> bool:
         """Withdraw placed joiners still STARTING after --join-timeout; whether there were any.

@@ -1,0 +1,365 @@
+"""``kungfu-run --config-store etcd://...``: the elastic job's state in a real etcd cluster.
+
+Every test starts its own etcd members (tests/etcd_cluster.py: the Debian
+``etcd`` binary on free loopback ports) and stops them. The launcher tests
+run two launchers on loopback as two hosts (127.0.0.1 and 127.0.0.2, each
+with ``--self``) and the config-service-only fake worker
+(tests/workers/elastic_fake_worker.py), so what is tested is the control
+plane: leases, duties, takeover, compare-and-set, authentication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from conftest import REPO_ROOT, worker_env, worker_path
+
+from benchmarks.harness.etcd_cluster import EtcdCluster
+from kungfu_tf.proto import config_pb2
+from kungfu_tf.run.control.etcd_client import EtcdClient
+from kungfu_tf.run.control.etcd_job_store import EtcdJobStore
+from kungfu_tf.run.control.job_state import JobStateMachine
+from kungfu_tf.run.control.peer_string import parse_peer_string as peer
+from kungfu_tf.run.control.stored_job_state import (
+    StoredJobStateMachine,
+    StoreUnavailableJobError,
+)
+from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.plan.cli import parse_args
+from kungfu_tf.run.plan.config_store import parse_config_store
+from kungfu_tf.run.plan.elastic_plan import build_elastic_plan
+
+FAKE = worker_path("elastic_fake_worker.py")
+SECRET = "0123456789abcdef" * 4
+SIGNATURE = "w (2,) float32"
+
+
+@pytest.fixture
+def etcd3(tmp_path):
+    cluster = EtcdCluster(tmp_path, members=3)
+    yield cluster
+    cluster.close()
+
+
+def initial_machine(n: int = 2, **kwargs) -> JobStateMachine:
+    workers = [peer(f"h:{i + 1}") for i in range(n)]
+    return JobStateMachine(config_pb2.Cluster(version=1, workers=workers), elastic=True, **kwargs)
+
+
+def store_for(cluster: EtcdCluster, job_id: str, secret: str = SECRET, log=None) -> EtcdJobStore:
+    return EtcdJobStore(EtcdClient(cluster.endpoints), job_id=job_id, secret=secret, log=log or (lambda _: None))
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("h1:2379", "expected etcd://HOST:PORT[,HOST:PORT...] (only etcd is supported), got no scheme"),
+        ("consul://h1:8500", "(only etcd is supported), got consul://"),
+        ("etcd://", "endpoint 1 is empty"),
+        ("etcd://h1:2379,,h2:2379", "endpoint 2 is empty"),
+        ("etcd://h1", "endpoint 1 'h1' is not HOST:PORT with a port in 1..65535"),
+        ("etcd://h1:0", "endpoint 1 'h1:0' is not HOST:PORT"),
+        ("etcd://h1:2379,h2:99999", "endpoint 2 'h2:99999' is not HOST:PORT"),
+        ("etcd://h1:2379/kungfu", "no path may follow the endpoints"),
+        ("etcd://h1:2379,h1:2379", "endpoint h1:2379 is named twice"),
+    ],
+)
+def test_malformed_config_store_is_named(value, message):
+    with pytest.raises(LaunchError, match=re.escape(f"bad --config-store {value!r}: ") + ".*" + re.escape(message)):
+        parse_config_store(value)
+
+
+def test_config_store_from_the_environment_and_conflicts(capsys):
+    env = {"KUNGFU_JOB_SECRET": SECRET, "KUNGFU_JOB_ID": "j", "KUNGFU_CONFIG_STORE": "etcd://a:1,b:2"}
+    plan = build_elastic_plan(parse_args(["-np", "2", "--elastic", "-H", "127.0.0.1:2", "true"]), env)
+    assert plan.config_store == ("a:1", "b:2") and plan.serves and plan.config_host == "127.0.0.1"
+    assert [p.address for p in plan.initial_peers] == ["127.0.0.1:10000", "127.0.0.1:10001"]
+    with pytest.raises(LaunchError, match=re.escape("bad KUNGFU_CONFIG_STORE 'etcd:/a:1': expected etcd://")):
+        build_elastic_plan(parse_args(["-np", "2", "--elastic", "true"]), {**env, "KUNGFU_CONFIG_STORE": "etcd:/a:1"})
+    for args, message in (
+        (["--elastic", "--config-server", "h:1"], "give either --config-server or --config-store, not both"),
+        ([], "--config-store etcd://a:1 is only used by elastic jobs (--elastic or --min-np)"),
+        (["--elastic", "--host-discovery-script", "x"], "--host-discovery-script is not supported with --config-store"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["-np", "2", "--config-store", "etcd://a:1", *args, "true"])
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(LaunchError, match="KUNGFU_JOB_SECRET"):
+        build_elastic_plan(parse_args(["-np", "2", "--elastic", "--config-store", "etcd://a:1", "true"]), {})
+
+
+# ------------------------------------------------------- the store itself
+
+
+def test_two_launchers_share_one_job_through_etcd(etcd3):
+    """Two state machines over one etcd record: a change made through one is
+    seen by the other's long poll (the watch), and the compare-and-set lets
+    exactly one of two conflicting writers commit."""
+    job = f"share-{uuid.uuid4().hex[:8]}"
+    a_store, b_store = store_for(etcd3, job), store_for(etcd3, job)
+    a = StoredJobStateMachine(a_store, initial_machine(2, max_size=3))
+    b = StoredJobStateMachine(b_store, initial_machine(1))  # the job exists: b's initial is not used
+    try:
+        assert [w.port for w in b.cluster().workers] == [1, 2]
+        before = b.job_state().state_version
+        woke = []
+        waiter = threading.Thread(target=lambda: woke.append(b.wait(before, 20.0)))
+        waiter.start()
+        a.set_signature(SIGNATURE)
+        waiter.join(25)
+        assert woke and woke[0].signature == SIGNATURE and woke[0].state_version > before
+
+        b.request_size(3)
+        state = a.joiner_ready(peer("h:3"), SIGNATURE)
+        assert (state.cluster.version, [w.port for w in state.cluster.workers]) == (2, [1, 2, 3])
+        assert b.commit_reason(2) == "admitted h:3"
+
+        # Two reports about version 2 from two launchers: the first commits v3, the second changes nothing.
+        results = []
+        threads = [
+            threading.Thread(target=lambda m=m, p=p: results.append(m.report_lost(2, [peer(p)], "x")))
+            for m, p in ((a, "h:1"), (b, "h:2"))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        final = a.job_state()
+        assert final.cluster.version == 3 and len(final.cluster.workers) == 2, final
+    finally:
+        for m, s in ((a, a_store), (b, b_store)):
+            m.close()
+            s.close()
+
+
+def test_records_without_the_job_secret_are_ignored_and_logged(etcd3):
+    """A process without the job secret writes a newer state record (a
+    cluster of its choosing) and a launcher key: readers ignore both, name
+    them in a log line, and the job's next change commits above the forgery."""
+    job = f"forge-{uuid.uuid4().hex[:8]}"
+    lines: list[str] = []
+    store = store_for(etcd3, job, log=lines.append)
+    jobs = StoredJobStateMachine(store, initial_machine(2))
+    try:
+        forger = store_for(etcd3, job, secret="f" * 64)
+        record, version = forger.load()
+        assert record is None  # the forger cannot read the job's record either
+        evil = initial_machine(1).to_record()
+        evil["state_version"] = 10**6
+        assert forger.compare_and_set(version, evil)
+        etcd = EtcdClient(etcd3.endpoints)
+        etcd.put(f"/kungfu/{job}/launchers/10.6.6.6".encode(), b'{"payload": "{\\"host\\": \\"10.6.6.6\\"}", "tag": "00"}')
+
+        state = jobs.job_state()
+        assert [w.port for w in state.cluster.workers] == [1, 2]  # not the forger's cluster
+        assert store.live_launchers() == set()
+        forged_state = [line for line in lines if f"/kungfu/{job}/state/" in line]
+        assert forged_state and "its tag does not match the job secret" in forged_state[0], lines
+        assert any(f"/kungfu/{job}/launchers/10.6.6.6" in line and "does not match" in line for line in lines), lines
+        jobs.set_signature(SIGNATURE)
+        assert jobs.job_state().signature == SIGNATURE
+        fresh = StoredJobStateMachine(store_for(etcd3, job), initial_machine(3))
+        assert fresh.job_state().signature == SIGNATURE and len(fresh.cluster().workers) == 2
+        fresh.close()
+        etcd.close()
+        forger.close()
+    finally:
+        jobs.close()
+        store.close()
+
+
+def test_leader_kill_during_resizes_never_splits_the_cluster(etcd3):
+    """Two launchers keep committing resizes (PutCluster, a compare-and-set on
+    the version) while the etcd leader is SIGKILLed: every attempt either
+    commits or fails with a precise UNAVAILABLE-class error and is retried;
+    the committed versions form one chain (no version committed twice with
+    different members), as seen by a third reader that replays the history."""
+    job = f"leader-{uuid.uuid4().hex[:8]}"
+    stores = [store_for(etcd3, job) for _ in range(2)]
+    machines = [StoredJobStateMachine(s, initial_machine(2, max_size=8)) for s in stores]
+    errors: list[str] = []
+    commits: dict[int, list[list[str]]] = {}
+    stop = threading.Event()
+
+    def resizer(m: StoredJobStateMachine, tag: int) -> None:
+        n = 0
+        while not stop.is_set():
+            current = m.cluster()
+            workers = [f"{tag}.{n}.{i}" for i in range(2 + n % 3)]
+            n += 1
+            cluster = config_pb2.Cluster(version=current.version + 1, workers=[peer(f"h{w}:1") for w in workers])
+            try:
+                done = m.put_cluster(cluster)
+            except StoreUnavailableJobError as e:
+                errors.append(str(e))
+                continue
+            except Exception as e:  # noqa: BLE001 (a version conflict: re-read and retry)
+                if "version conflict" not in str(e):
+                    errors.append(f"unexpected: {e!r}")
+                continue
+            commits.setdefault(done.version, []).append([w.host for w in done.workers])
+
+    threads = [threading.Thread(target=resizer, args=(m, i)) for i, m in enumerate(machines)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(commits) < 5:
+            assert time.monotonic() < deadline, "no resize committed before the leader kill"
+            time.sleep(0.05)
+        killed = etcd3.leader()
+        before = max(commits)
+        etcd3.stop(killed)
+        while max(commits) < before + 10:
+            assert time.monotonic() < deadline + 30, f"resizes stopped after the leader kill: {errors[-3:]}"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not [e for e in errors if e.startswith("unexpected")], errors
+    for e in errors:
+        assert "cannot commit now, so membership changes wait" in e, e
+    # Every version was committed once, by one writer, with the members it reported.
+    assert all(len(v) == 1 for v in commits.values()), {k: v for k, v in commits.items() if len(v) > 1}
+    reader = StoredJobStateMachine(store_for(etcd3, job), initial_machine(1))
+    last = reader.cluster().version
+    for v in range(max(2, last - 3), last + 1):  # the record keeps the whole history
+        if v in commits:
+            assert [w.host for w in reader.cluster_at(v).workers] == commits[v][0]
+    reader.close()
+    for m, s in zip(machines, stores):
+        m.close()
+        s.close()
+
+
+def test_majority_lost_changes_wait_and_say_why_then_resume(etcd3):
+    """Two of three members stopped: reads answer the last state (training
+    goes on), a change fails with UNAVAILABLE naming the store and that
+    changes wait; once a member is back, the same change commits."""
+    job = f"quorum-{uuid.uuid4().hex[:8]}"
+    store = store_for(etcd3, job)
+    jobs = StoredJobStateMachine(store, initial_machine(2, max_size=3))
+    try:
+        jobs.set_signature(SIGNATURE)
+        leader = etcd3.leader()
+        stopped = [i for i in range(3) if i != leader][:1] + [leader]
+        for i in stopped:
+            etcd3.stop(i)
+        state = jobs.job_state()
+        assert state.signature == SIGNATURE and len(state.cluster.workers) == 2
+        with pytest.raises(StoreUnavailableJobError) as refused:
+            jobs.request_size(3)
+        assert refused.value.code == "UNAVAILABLE"
+        assert f"the config store etcd://{','.join(etcd3.endpoints)} cannot commit now" in str(refused.value)
+        assert "membership changes wait (training goes on at its size)" in str(refused.value)
+        etcd3.start(stopped[0])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                state = jobs.request_size(3)
+                break
+            except StoreUnavailableJobError:
+                assert time.monotonic() < deadline, "changes did not resume after quorum came back"
+                time.sleep(0.2)
+        assert state.target_size == 3
+    finally:
+        jobs.close()
+        store.close()
+
+
+# ------------------------------------------------- launchers: the takeover
+
+
+def _reader(stream, into: list[str]) -> threading.Thread:
+    t = threading.Thread(target=lambda: [into.append(line) for line in stream], daemon=True)
+    t.start()
+    return t
+
+
+def _wait_for(lines: list[str], pattern: str, timeout: float, what: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(re.search(pattern, line) for line in list(lines)):
+        assert proc.poll() is None or any(re.search(pattern, line) for line in list(lines)), (
+            f"{what}: launcher exited {proc.returncode} first:\n{''.join(lines)}"
+        )
+        assert time.monotonic() < deadline, f"{what}: no line matching {pattern!r} in {timeout} s:\n{''.join(lines)}"
+        time.sleep(0.05)
+
+
+def _children(pid: int) -> list[int]:
+    with contextlib.suppress(OSError):
+        text = open(f"/proc/{pid}/task/{pid}/children").read()  # noqa: SIM115
+        return [int(p) for p in text.split()]
+    return []
+
+
+def test_launcher_killed_with_its_worker_another_takes_over(etcd3, tmp_path):
+    """Host A (127.0.0.1) runs rank 0 and holds the placer duty; host B
+    (127.0.0.2) runs ranks 1 and 2. SIGKILL A's launcher and its worker:
+    A's lease expires, B takes the duty over, reports A's member lost,
+    places the replacement on its own host (A's is dead) and starts it;
+    the job ends whole at version 3 and B exits 0."""
+    job = f"takeover-{uuid.uuid4().hex[:8]}"
+    base = 20000 + (os.getpid() * 37) % 20000
+    common = [
+        "-np", "3", "--elastic", "-H", "127.0.0.1:1,127.0.0.2:3", "--config-store", etcd3.url,
+        "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
+    ]
+    env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
+    out: dict[str, list[str]] = {"a": [], "b": []}
+    err: dict[str, list[str]] = {"a": [], "b": []}
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name, host in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "kungfu_tf.run", *common, "--self", host, sys.executable, FAKE, "hold-replaced"],
+                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True,
+            )
+            _reader(procs[name].stdout, out[name])
+            _reader(procs[name].stderr, err[name])
+            if name == "a":
+                _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"])
+        _wait_for(out["a"], r"signature set", 60, "rank 0 started on A", procs["a"])
+        _wait_for(err["b"], r"live launchers: 127\.0\.0\.1, 127\.0\.0\.2", 60, "B sees both launchers", procs["b"])
+        workers = _children(procs["a"].pid)
+        assert len(workers) == 1, f"A should run one worker, runs {workers}"
+        os.kill(procs["a"].pid, signal.SIGKILL)
+        os.kill(workers[0], signal.SIGKILL)
+        procs["a"].wait(10)
+        assert procs["b"].wait(90) == 0, "".join(err["b"])
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    lost = f"127.0.0.1:{base}"
+    b_err, b_out = "".join(err["b"]), "".join(out["b"])
+    reason = "the launcher of 127.0.0.1 is gone (its etcd lease expired)"
+    assert f"{reason}: reporting {lost} lost" in b_err
+    assert f"cluster v2: 3 -> 2 workers (lost {lost}: {reason})" in b_err
+    assert "127.0.0.2 places joiners and answers for lost launchers" in b_err  # the takeover
+    started = re.search(r"started joiner \[3\] (127\.0\.0\.2:\d+)", b_err)
+    assert started, b_err
+    assert f"cluster v3: 2 -> 3 workers (admitted {started.group(1)})" in b_err
+    assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v3$", b_out, re.MULTILINE)) == ["1", "2"], b_out
+    assert "[3] admitted at v3 as rank 2 of 3" in b_out.splitlines(), b_out
+    # B took over only after A was gone: before, A held the duty.
+    assert b_err.index("live launchers: 127.0.0.2\n") < b_err.index("127.0.0.2 places joiners")
+    with open(tmp_path / "b-err.txt", "w") as f:
+        json.dump({"err": err, "out": out}, f)
