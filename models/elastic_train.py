@@ -176,6 +176,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy-resize-at", default="",
                    help="STEP:SIZE,...: a policy (PolicyCallback in elastic_fit, --api keras; PolicyHook beside "
                         "ElasticHook, --api v1) resizes after that many steps")
+    p.add_argument("--strategy", default=None,
+                   help="a strategy builder's name (e.g. PSLoadBalancing) or a strategy file for "
+                        "SynchronousSGDOptimizer(strategy=...); --api function")
+    p.add_argument("--plain-tf-function", action="store_true",
+                   help="trace the step with tf.function instead of kungfu_tf.elastic.function (which traces it "
+                        "again after a change re-built the strategy)")
     p.add_argument("--check-every", type=int, default=1, help="membership check every this many steps")
     p.add_argument("--record-dir", default=None, help="write per-step records here (one file per worker)")
     args = p.parse_args(argv)
@@ -186,6 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.policy_schedule and args.api == "function":
         p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit) and v1 (a PolicyHook)")
+    if args.strategy is not None and args.api != "function":
+        p.error("--strategy is for --api function")
     if args.api == "v1" and args.optimizer != "sgd":
         p.error(f"--optimizer {args.optimizer} is for --api function and keras (v1 trains with GradientDescentOptimizer)")
     if args.epochs < 1 or args.batch_size < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
@@ -309,18 +317,21 @@ def loss_fn() -> keras.losses.Loss:
 def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
     args = script.args
     model = build_model(args)
-    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr))
+    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr), strategy=args.strategy)
     loss_object = loss_fn()
     spec = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int32))
 
-    @tf.function(input_signature=spec)
-    def train_step(xb, yb):
+    def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = loss_object(yb, model(xb, training=True))
             scaled = optimizer.scale_loss(loss)  # a LossScaleOptimizer's scale (as fit does); the identity for the others
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
+
+    # elastic.function: traced again after a change re-built a --strategy (a tf.function without one).
+    trace = tf.function if args.plain_tf_function else elastic.function
+    train_step = trace(step, input_signature=spec)
 
     state = make_state(args.state_form, model, optimizer, sampler=script.sampler, check_every=args.check_every)
 

@@ -15,6 +15,8 @@ Start the job with ``kungfu-run --elastic [--min-np A] [--max-np B] -np N``.
   Horovod's Keras callbacks (``CommitStateCallback``,
   ``UpdateBatchStateCallback``, ``UpdateEpochStateCallback``) are here too.
 * :func:`resize` (``kungfu_tf.ops.resize``) shrinks, evicts or grows the job.
+* :func:`function`: a ``tf.function`` for the step, traced again after a
+  membership change re-built the optimizer's strategy (its owners, shards, slots).
 * :func:`is_joiner`, :func:`detached` (KungFu's name: this worker left the job), :func:`model_signature`.
 
 Example (``kungfu-run --elastic -np 3 python train.py``)::
@@ -53,6 +55,7 @@ from kungfu_tf.elastic.rerun import HostsUpdatedInterrupt
 from kungfu_tf.elastic.runner import recover, run
 from kungfu_tf.elastic.signature import model_signature
 from kungfu_tf.elastic.state import ElasticState
+from kungfu_tf.elastic.step_function import function
 from kungfu_tf.ops.elastic_membership import Change, detached, is_joiner
 from kungfu_tf.ops.resize import ResizeError, resize
 
@@ -85,6 +88,7 @@ __all__ = [
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
     "detached",
+    "function",
     "is_joiner",
     "model_signature",
     "recover",

@@ -207,7 +207,11 @@ class ElasticState:
                 # Built as that step would: a joiner's warm-up step built its own,
                 # and a LossScaleOptimizer's inner slots are named by who built them.
                 build_as_apply_would(self._optimizer, self._model.trainable_variables)
-            out = out + list(self._optimizer.variables)
+            # A strategy with parameter servers keeps slots only on their owners
+            # (moved to the new owners by the optimizer at a change): the state
+            # every worker holds alike is the rest of the optimizer's variables.
+            replicated = getattr(self._optimizer, "_kungfu_replicated_variables", None)
+            out = out + (list(replicated()) if replicated is not None else list(self._optimizer.variables))
             monitor = getattr(self._optimizer, "kungfu_monitor", None)
             if monitor is not None:  # its smoothed estimate goes to joiners with the training state
                 out = out + monitor.synced_variables()

@@ -56,7 +56,7 @@ from __future__ import annotations
 import json
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import SupportsIndex, cast
 
 import numpy as np
@@ -141,8 +141,27 @@ def _range_problem(size: int, state) -> str | None:
     return None
 
 
+# Run on every member before a shrink commits, while the leaving workers are still members:
+# ``prepare(old_peers, new_peers, version)`` hands over what they alone hold (a strategy's
+# optimizer slots on parameter-server owners) or raises to refuse the change (nothing changed).
+_shrink_preparations: list[Callable[[tuple[str, ...], tuple[str, ...], int], None]] = []
+
+
+def add_shrink_preparation(prepare: Callable[[tuple[str, ...], tuple[str, ...], int], None]) -> Callable[[], None]:
+    """Calls ``prepare(old_peers, new_peers, version)`` on every member before each shrink commits; returns a remover."""
+    _shrink_preparations.append(prepare)
+
+    def remove() -> None:
+        if prepare in _shrink_preparations:
+            _shrink_preparations.remove(prepare)
+
+    return remove
+
+
 def _shrink_to(target: tuple[str, ...], version: int, peers: tuple[str, ...]) -> tuple[bool, bool]:
     """Commits ``target`` (a subset of the members) as version + 1 and applies it everywhere."""
+    for prepare in _shrink_preparations:
+        prepare(peers, target, version)
     code, detail = _COMMITTED, ""
     if em.self_peer() == peers[0]:
         import grpc

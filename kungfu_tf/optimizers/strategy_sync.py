@@ -17,22 +17,42 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from kungfu_tf.ops import elastic_membership as em
+from kungfu_tf.ops.resize import add_shrink_preparation
 from kungfu_tf.optimizers._wrapping import wrap_keras
+from kungfu_tf.optimizers.strategy_resize import (
+    is_builder,
+    prepare_shrink,
+    rebuild_for_cluster,
+)
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan
+from kungfu_tf.strategy.remap import remap_owners
 from kungfu_tf.strategy.source import StrategySource, resolve_strategy
 from kungfu_tf.strategy.variable_info import describe_variables
 
 
 def make_plan(source: StrategySource, variables: list[Any], name: str, make_variable: Any = None) -> StrategyPlan:
-    """The plan for ``variables`` on the running cluster."""
+    """The plan for ``variables`` on the running cluster.
+
+    A joiner warms up alone (a cluster of one) before it is admitted: a
+    written strategy's owners are re-mapped to it then, and the members'
+    strategy replaces that plan when it joins (kungfu_tf/optimizers/strategy_resize.py).
+    """
+    kwargs: dict[str, Any] = {} if make_variable is None else {"make_variable": make_variable}
+    if em.is_elastic() and em.is_joiner():
+        # Its runtime is a cluster of one (kungfu_tf.size() counts the members it will join).
+        strategy = resolve_strategy(source, describe_variables(variables), ClusterSpec(1))
+        if not is_builder(source):
+            strategy = remap_owners(strategy, (), (em.self_peer(),))
+        return StrategyPlan(strategy, variables, name=name, rank=0, size=1, **kwargs)
     strategy = resolve_strategy(source, describe_variables(variables), ClusterSpec.current())
-    kwargs = {} if make_variable is None else {"make_variable": make_variable}
     return StrategyPlan(strategy, variables, name=name, **kwargs)
 
 
@@ -53,6 +73,26 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                 # Bypass Keras' attribute tracking: the plan is not a layer or variable.
                 object.__setattr__(self, "_kungfu_plan", plan)
                 object.__setattr__(self, "_kungfu_model_variables", var_list)
+                # A joiner's warm-up plan (a cluster of one) held no state of the job's.
+                object.__setattr__(self, "_kungfu_warm_up_plan", em.is_elastic() and em.is_joiner())
+                # What exists before the slots (iterations, learning rate): the same on every rank.
+                object.__setattr__(self, "_kungfu_fixed_variable_ids", {id(v) for v in self.variables})
+                if em.is_elastic():
+                    # A strategy is a function of the cluster: re-built at every change, before the state syncs.
+                    this = weakref.ref(self)
+
+                    def rebuild(change: em.Change) -> None:
+                        opt = this()
+                        if opt is not None:
+                            rebuild_for_cluster(opt, lambda targets: base.build(opt, targets), _keras_variable, change)
+
+                    def prepare(old_peers: tuple[str, ...], new_peers: tuple[str, ...], version: int) -> None:
+                        opt = this()
+                        if opt is not None:
+                            prepare_shrink(opt, old_peers, new_peers, version)
+
+                    em.add_apply_listener(rebuild, first=True)
+                    add_shrink_preparation(prepare)
             base.build(self, self._kungfu_plan.targets)
 
         def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
@@ -82,10 +122,13 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             return self._kungfu_plan.step(grads, apply_fn, rider=local.rider, observe=observe)
 
         def replicated_variables(self: keras.optimizers.Optimizer) -> list[Any]:
-            # Slots of PS variables exist only on their owners: then only the
-            # step counter is the same on every rank.
+            # Slots of PS variables exist only on their owners: then only what
+            # the optimizer held before its slots (step counter, learning
+            # rate) is the same on every rank.
             plan = self.__dict__.get("_kungfu_plan")
-            return list(self.variables) if plan is None or plan.replicated else [self.iterations]
+            if plan is None or plan.replicated:
+                return list(self.variables)
+            return [v for v in self.variables if id(v) in self._kungfu_fixed_variable_ids]
 
         return {"build": build, "apply": apply, "_kungfu_replicated_variables": replicated_variables}
 

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -63,9 +64,19 @@ class ClusterSpec:
         peers = [p for p in os.environ.get("KUNGFU_PEERS", "").split(",") if p]
         if len(peers) != n:
             return cls(n, None, bandwidth_gbps)
+        return cls.of_peers(peers, bandwidth_gbps)
+
+    @classmethod
+    def of_peers(cls, peers: Sequence[str], bandwidth_gbps: float | None = None) -> ClusterSpec:
+        """The cluster of ``peers`` ("host:port" in rank order): ranks with the same host share a host.
+
+        Example:
+            >>> ClusterSpec.of_peers(["a:1", "a:2", "b:1"]).hosts
+            (0, 0, 1)
+        """
         names: dict[str, int] = {}
         hosts = tuple(names.setdefault(p.rsplit(":", 1)[0], len(names)) for p in peers)
-        return cls(n, hosts, bandwidth_gbps)
+        return cls(len(peers), hosts, bandwidth_gbps)
 
     @property
     def num_hosts(self) -> int:

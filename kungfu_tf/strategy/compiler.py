@@ -42,9 +42,11 @@ import numpy as np
 import tensorflow as tf
 
 from kungfu_tf import ops
+from kungfu_tf.ops import elastic_membership
 from kungfu_tf.ops.call_names import call_prefix
 from kungfu_tf.ops.indexed_slices import average_indexed_slices
 from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy import plan_generation
 from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
 from kungfu_tf.strategy.kernels import ps_stale, ps_sync
@@ -164,6 +166,8 @@ class StrategyPlan:
         self._stale_k = [u.node.staleness for p in self._plans for u in p.units if u.stale and u.node.sync]
         self._has_stale = any(u.stale for p in self._plans for u in p.units)
         self._checked_eagerly = self._check_identical_eagerly()
+        # In an elastic job the plan is re-built at membership changes: steps check they are current.
+        self.guarded = elastic_membership.is_elastic()
 
     # ----------------------------------------------------------------- set-up
 
@@ -220,6 +224,14 @@ class StrategyPlan:
         """The variables the wrapped optimizer updates on this rank (its slots exist only for these)."""
         return [u.target for p in self._plans for u in p.units if u.target is not None]
 
+    def placements(self) -> list[tuple[int, ResolvedNode, Any]]:
+        """(variable index, node, target or None) for every unit: who updates which part of which variable.
+
+        A target is the model variable itself (whole, or a partitioned
+        variable whose shards are all all-reduced) or a shard variable.
+        """
+        return [(vi, u.node, u.target) for vi, p in enumerate(self._plans) for u in p.units]
+
     @property
     def replicated(self) -> bool:
         """True if every rank updates every variable (no PS): optimizer state is the same everywhere."""
@@ -264,6 +276,10 @@ class StrategyPlan:
             )
         prefix = call_prefix(self.name)
         must_run: list[Any] = []
+        if self.guarded and not tf.executing_eagerly():
+            # Before the first collective: a step traced for a plan that was
+            # re-built since (a membership change) must not send anything.
+            grads = _after_op(grads, plan_generation.check_current(repr(self.strategy.id)))
         if not self._checked_eagerly:
             must_run.append(
                 tf.debugging.assert_equal(self._consensus(), True, message=self._mismatch_message())
@@ -529,6 +545,18 @@ def _as_dependency(x: Any) -> list[tf.Operation]:
         return [x]
     op = getattr(x, "op", None)
     return [op] if isinstance(op, tf.Operation) else []
+
+
+def _after_op(grads: Sequence[Gradient], op: tf.Operation) -> list[Gradient]:
+    """``grads`` (None kept) as tensors that exist only after ``op`` ran."""
+    out: list[Gradient] = []
+    with tf.control_dependencies([op]):
+        for g in grads:
+            if isinstance(g, tf.IndexedSlices):
+                out.append(tf.IndexedSlices(tf.identity(g.values), tf.identity(g.indices), g.dense_shape))
+            else:
+                out.append(None if g is None else tf.identity(g))
+    return out
 
 
 def _rows_of(piece: Any, plan: _VariablePlan) -> bool:

@@ -1,0 +1,125 @@
+"""A strategy survives membership changes (issue 24 §2): models/elastic_train.py with ``--strategy``.
+
+``kungfu-run --elastic -np 3 --max-np 3``, a custom loop (``kungfu_tf.elastic.function``) inside
+``kungfu_tf.elastic.run`` with ``SynchronousSGDOptimizer(opt, strategy=...)``:
+
+* every builder, and a written strategy (a file naming owners), through three changes in one job:
+  the worker of rank 2 (an owner of variables in every strategy with parameter servers) is SIGKILLed as
+  step 4 begins; the job grows back to 3 at step 8 (``resize(3, wait=True)``: the launcher's replacement
+  joins) and shrinks to 2 at step 12 (the worker of rank 2, an owner again, leaves). Plain SGD: the
+  crashed owner's values are on every worker, and it has no slots to lose.
+* SGD with momentum, whose slots live on the owners only, through a shrink (the leaving owner hands its
+  slots over before the change commits), a growth (the joiner's share moves to it) and a shrink again.
+
+Before the strategy was re-built at a change, every worker died at the first one (``reduce: root 2
+outside a cluster of 2``: a variable's owner had left) and the launcher ended with 0 workers. Checked:
+the job ends well, the final workers hold identical weights, and they equal one process trained on the
+union of each step's batches with the same optimizer (tests/elastic_records.py), so no step was lost or
+applied twice, every owner's update reached every worker and every slot reached its new owner.
+
+Refusals, the same precise error on every worker: a written strategy for a fixed number of replicas at
+a shrink (before the change commits: the cluster stays at 3), and a step traced with a plain
+``tf.function`` before a change that re-built the strategy (before it sends anything).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import describe, rank_lines, run_job
+from elastic_records import (
+    MODELS,
+    final_weights,
+    load,
+    reference_weights,
+    steps_by_index,
+)
+
+SAMPLES, BATCH, HIDDEN, LR, STEPS = 96, 4, 8, 0.05, 16
+BUILDERS = ("AllReduce", "PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "PartitionedAR", "Parallax")
+LAUNCHER = ["--elastic", "--max-np", "3"]
+
+
+def written_strategy(tmp_path, replicas: int = 0) -> str:
+    """A PSLoadBalancing strategy for 3 workers, as a file (``graph_config.replicas``: ``replicas``)."""
+    import sys
+
+    import keras
+
+    from kungfu_tf.strategy import builders
+    from kungfu_tf.strategy import format as strategy_format
+    from kungfu_tf.strategy.cluster_spec import ClusterSpec
+    from kungfu_tf.strategy.variable_info import describe_variables
+
+    sys.path.insert(0, str(MODELS))
+    from digits import build_digits_mlp
+
+    keras.backend.clear_session()  # the variables' names, as the workers' first model has them
+    model = build_digits_mlp(hidden=(HIDDEN,), seed=1)
+    strategy = builders.build("PSLoadBalancing", describe_variables(model.trainable_variables), ClusterSpec(3))
+    strategy.graph_config.replicas = replicas
+    path = tmp_path / "strategy.pbtxt"
+    strategy_format.save(strategy, path)
+    return str(path)
+
+
+def check_trained_like_one_process(tmp_path, rc, out, err, sizes: list[int], optimizer: str) -> None:
+    report = describe(rc, out, err)
+    assert rc == 0, report
+    records = load(tmp_path / "records")
+    steps = steps_by_index(records)
+    assert sorted(steps) == list(range(STEPS)), report
+    assert [len(steps[s]) for s in (3, 4, 7, 8, 11, 12)] == sizes, report
+    ends = {stem: lines[-1] for stem, lines in records.items() if lines and lines[-1]["event"] == "end"}
+    finals = [stem for stem, end in ends.items() if not end["detached"]]
+    assert len(finals) == 2 and len({ends[s]["weights_sha256"] for s in finals}) == 1, report
+    reference = reference_weights(steps, SAMPLES, HIDDEN, LR, optimizer)
+    for got, want in zip(final_weights(tmp_path / "records", finals[0]), reference):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def train_args(tmp_path, strategy: str, optimizer: str = "sgd") -> list[object]:
+    return ["--api", "function", "--strategy", strategy, "--optimizer", optimizer, "--samples", SAMPLES,
+            "--batch-size", BATCH, "--hidden", HIDDEN, "--lr", LR, "--steps", STEPS, "--epochs", 10,
+            "--record-dir", tmp_path / "records"]  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", [*BUILDERS, "written"])
+def test_a_strategy_survives_a_crashed_owner_a_growth_and_a_shrink(tmp_path, strategy):
+    source = written_strategy(tmp_path) if strategy == "written" else strategy
+    args = train_args(tmp_path, source) + ["--crash-at", 4, "--crash-rank", 2, "--resize-at", "8:3,12:2", "--resize-wait"]
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "sgd")
+
+
+@pytest.mark.parametrize("builder", ["PSLoadBalancing", "Parallax"])
+def test_optimizer_slots_move_to_the_new_owners(tmp_path, builder):
+    args = train_args(tmp_path, builder, "momentum") + ["--resize-at", "4:2,8:3,12:2", "--resize-wait"]
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "momentum")
+
+
+def test_a_strategy_written_for_3_replicas_refuses_a_shrink_before_it_commits(tmp_path):
+    args = train_args(tmp_path, written_strategy(tmp_path, replicas=3)) + ["--resize-at", "4:2"]
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
+    report = describe(rc, out, err)
+    assert rc != 0, report
+    lines = rank_lines(err)
+    for rank in range(3):
+        text = "\n".join(lines.get(rank, []))
+        assert "was written for 3 replicas (graph_config.replicas) and the cluster changed to 2 workers" in text, report
+    # Nothing changed: no worker applied a new cluster (the launcher drops the workers after they failed).
+    changes = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "change"]
+    assert not changes and "3 -> 2 workers" not in out, report
+
+
+def test_a_plain_tf_function_refuses_to_run_a_stale_plan(tmp_path):
+    args = train_args(tmp_path, "PSLoadBalancing") + ["--resize-at", "4:2", "--plain-tf-function"]
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
+    report = describe(rc, out, err)
+    assert rc != 0, report
+    lines = rank_lines(err)
+    for rank in range(2):  # the survivors; rank 2 left at the shrink
+        text = "\n".join(lines.get(rank, []))
+        assert "this step was traced for the strategy as it was before a membership change" in text, report
+    assert "outside a cluster" not in err, report
