@@ -330,6 +330,11 @@ class ElasticSupervisor:
         except StoreUnavailableError as e:
             raise LaunchError(f"cannot reach the config store {store.describe()}: {e}") from None
         self._stored_jobs = jobs
+        if job_finished(jobs.job_state()):
+            raise LaunchError(
+                f"job {plan.job_id} already ran to its end in {store.describe()} (every member finished); "
+                "export a new KUNGFU_JOB_ID for every run"
+            )
         server = ConfigServer(0, secret=plan.secret, job_id=plan.job_id, host=plan.self_host, jobs=jobs)
         try:
             server.start()
