@@ -23,6 +23,7 @@ import uuid
 
 import pytest
 from conftest import REPO_ROOT, worker_env, worker_path
+from netns import make_two_hosts
 
 from benchmarks.harness.etcd_cluster import EtcdCluster
 from kungfu_tf.proto import config_pb2
@@ -308,7 +309,7 @@ def _children(pid: int) -> list[int]:
     return []
 
 
-def test_launcher_killed_with_its_worker_another_takes_over(etcd3, tmp_path):
+def test_launcher_killed_with_its_worker_another_takes_over(etcd3):
     """Host A (127.0.0.1) runs rank 0 and holds the placer duty; host B
     (127.0.0.2) runs ranks 1 and 2. SIGKILL A's launcher and its worker:
     A's lease expires, B takes the duty over, reports A's member lost,
@@ -361,5 +362,74 @@ def test_launcher_killed_with_its_worker_another_takes_over(etcd3, tmp_path):
     assert "[3] admitted at v3 as rank 2 of 3" in b_out.splitlines(), b_out
     # B took over only after A was gone: before, A held the duty.
     assert b_err.index("live launchers: 127.0.0.2\n") < b_err.index("127.0.0.2 places joiners")
-    with open(tmp_path / "b-err.txt", "w") as f:
-        json.dump({"err": err, "out": out}, f)
+    # The job's record stays in etcd: the same job id again is refused, naming why.
+    again = subprocess.run(
+        [sys.executable, "-m", "kungfu_tf.run", *common, "--self", "127.0.0.2", sys.executable, FAKE, "hold-replaced"],
+        cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert again.returncode == 2, again.stderr
+    assert f"error: job {job} already ran to its end in {etcd3.url} (every member finished)" in again.stderr
+
+
+HOST_A, HOST_B = "10.217.0.1", "10.217.0.2"  # a /24 no other test uses
+
+
+def test_training_survives_the_host_that_placed_its_workers(request, tmp_path):
+    """The data job of test_elastic_data.py (real TF workers, 4 -> 2 -> 3, a
+    crash, a replacement) on two emulated hosts (network namespaces) sharing
+    a 3-member etcd (run on host A): host A runs rank 0 alone and holds the
+    placer duty; at the crash, rank 0 SIGKILLs A's launcher, then itself.
+    The survivors on B recover, B's launcher takes the duty over and places
+    the replacement on B, and the job ends with every sample of every epoch
+    trained exactly once and numpy's weights on the three workers that finish."""
+    from test_elastic_data import check_trained_exactly_once, load_events, worker_plan
+
+    two = make_two_hosts(request, HOST_A.rsplit(".", 1)[0], "kfc")
+    etcd = EtcdCluster(tmp_path / "etcd", members=3, host=HOST_A, exec_prefix=two.exec_prefix(0))
+    request.addfinalizer(etcd.close)
+    job = f"data-{uuid.uuid4().hex[:8]}"
+    common = [
+        "-np", "4", "--elastic", "--min-np", "2", "--max-np", "4", "-H", f"{HOST_A}:1,{HOST_B}:4",
+        "--config-store", etcd.url, "--timeout", "60",
+    ]
+    env = worker_env(
+        KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job, ELASTIC_DATA_KILL_RANK="0", ELASTIC_DATA_KILL_LAUNCHER="1"
+    )
+    err: dict[str, list[str]] = {"a": [], "b": []}
+    out: dict[str, list[str]] = {"a": [], "b": []}
+    procs: dict[str, subprocess.Popen] = {}
+    script = worker_path("elastic_data.py")
+    try:
+        for i, (name, host) in enumerate((("a", HOST_A), ("b", HOST_B))):
+            procs[name] = subprocess.Popen(
+                [*two.exec_prefix(i), sys.executable, "-m", "kungfu_tf.run", *common, "--self", host,
+                 sys.executable, script, str(tmp_path)],
+                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True,
+            )
+            _reader(procs[name].stdout, out[name])
+            _reader(procs[name].stderr, err[name])
+            if name == "a":
+                _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"])
+        rc_b = procs["b"].wait(240)
+        rc_a = procs["a"].wait(10)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    events = load_events(tmp_path)
+    info = (
+        f"--- A (rc {procs['a'].returncode}) ---\n{''.join(err['a'])}{''.join(out['a'])}\n"
+        f"--- B (rc {procs['b'].returncode}) ---\n{''.join(err['b'])}{''.join(out['b'])}\n--- events ---\n"
+        + "\n".join(map(json.dumps, events))
+    )
+    assert rc_a == -signal.SIGKILL, info
+    assert rc_b == 0, info
+    (kill,) = [e for e in events if e["event"] == "kill"]
+    assert kill["peer"].startswith(f"{HOST_A}:") and kill["rank"] == 0, info
+    check_trained_exactly_once(worker_plan(), events, info)
+    b_err = "".join(err["b"])
+    assert f"{HOST_B} places joiners and answers for lost launchers" in b_err, info  # the takeover
+    assert re.search(rf"started joiner \[\d+\] {re.escape(HOST_B)}:\d+", b_err.split("places joiners")[1]), info
+    assert all(e["peer"].startswith(f"{HOST_B}:") for e in events if e["event"] == "final"), info

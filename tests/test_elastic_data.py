@@ -100,7 +100,6 @@ def replay_weights(plan: ModuleType, batches: list[list[int]]) -> np.ndarray:
 
 def test_each_sample_of_each_epoch_trained_once_through_resizes_and_a_crash(tmp_path):
     plan = worker_plan()
-    n, epochs = plan.N, plan.EPOCHS
     started = time.monotonic()
     rc, out, err = run_job(
         4,
@@ -113,6 +112,16 @@ def test_each_sample_of_each_epoch_trained_once_through_resizes_and_a_crash(tmp_
     events = load_events(tmp_path)
     info = describe(rc, out, err) + "\n--- events ---\n" + "\n".join(map(json.dumps, events))
     assert rc == 0, info
+    replay, discarded = check_trained_exactly_once(plan, events, info)
+    print(f"elastic data job: {wall:.1f} s, {len(replay)} committed steps, {len(discarded)} discarded plans")
+
+
+def check_trained_exactly_once(plan: ModuleType, events: list[dict], info: str) -> tuple[list[list[int]], list]:
+    """The job's logs against numpy: every sample of every epoch trained once, the schedule
+    followed (4 -> 2 -> 3, a crashed step discarded and its ids trained later), and the
+    three workers that finished hold numpy's weights. Returns the committed global batches
+    and the discarded plans. (test_config_store.py checks its job with it too.)"""
+    n, epochs = plan.N, plan.EPOCHS
     log = TrainingLog(events, info)
 
     # Each epoch: the committed global batches are the reference order, cut in consecutive steps.
@@ -147,4 +156,4 @@ def test_each_sample_of_each_epoch_trained_once_through_resizes_and_a_crash(tmp_
     for final in finals:
         assert final["seen"] == [float(epochs)] * n, info
         np.testing.assert_allclose(final["weights"], weights, rtol=0, atol=1e-4, err_msg=info)
-    print(f"elastic data job: {wall:.1f} s, {len(replay)} committed steps, {len(discarded)} discarded plans")
+    return replay, discarded

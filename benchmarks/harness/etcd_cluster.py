@@ -42,7 +42,15 @@ def _free_ports(n: int) -> list[int]:
 class EtcdCluster:
     """``members`` etcd processes forming one cluster on 127.0.0.1."""
 
-    def __init__(self, directory: Path, members: int = 3, *, name: str = "kf"):
+    def __init__(
+        self, directory: Path, members: int = 3, *, name: str = "kf", host: str = "127.0.0.1",
+        exec_prefix: list[str] | None = None,
+    ):
+        """``host``: the address members listen on; ``exec_prefix``: a command prefix
+        they run under (``ip netns exec NS``: members inside an emulated host, which
+        this process cannot dial, so readiness is read from their logs)."""
+        self.host = host
+        self._prefix = list(exec_prefix or [])
         assert Path(ETCD).exists(), "etcd is required (apt-get install etcd-server; make sysdeps does)"
         directory.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(2 * members)
@@ -52,7 +60,8 @@ class EtcdCluster:
         self.dirs = [directory / f"etcd-{n}" for n in self.names]
         self.logs = [directory / f"etcd-{n}.log" for n in self.names]
         self._procs: list[subprocess.Popen | None] = [None] * members
-        self._initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports))
+        self._log_start = [0] * members  # where each member's current run begins in its log
+        self._initial = ",".join(f"{n}=http://{host}:{p}" for n, p in zip(self.names, self.peer_ports))
         self._token = f"kf-test-{directory.name}-{time.monotonic_ns()}"
         for i in range(members):
             self.start(i, wait=False)
@@ -60,7 +69,7 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> list[str]:
-        return [f"127.0.0.1:{p}" for p in self.client_ports]
+        return [f"{self.host}:{p}" for p in self.client_ports]
 
     @property
     def url(self) -> str:
@@ -70,13 +79,14 @@ class EtcdCluster:
     def start(self, i: int, *, wait: bool = True) -> None:
         assert self._procs[i] is None or self._procs[i].poll() is not None
         cmd = [
+            *self._prefix,
             ETCD,
             "--name", self.names[i],
             "--data-dir", str(self.dirs[i]),
-            "--listen-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
-            "--advertise-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
-            "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+            "--listen-client-urls", f"http://{self.host}:{self.client_ports[i]}",
+            "--advertise-client-urls", f"http://{self.host}:{self.client_ports[i]}",
+            "--listen-peer-urls", f"http://{self.host}:{self.peer_ports[i]}",
+            "--initial-advertise-peer-urls", f"http://{self.host}:{self.peer_ports[i]}",
             "--initial-cluster", self._initial,
             "--initial-cluster-token", self._token,
             "--initial-cluster-state", "new",
@@ -85,6 +95,7 @@ class EtcdCluster:
             "--election-timeout", "1000",
         ]
         log = open(self.logs[i], "ab")  # noqa: SIM115 (kept open by the process)
+        self._log_start[i] = log.tell()
         self._procs[i] = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         if wait:
@@ -125,9 +136,16 @@ class EtcdCluster:
                 assert proc is not None and proc.poll() is None, (
                     f"etcd member {self.names[i]} exited: {self.logs[i].read_text()[-3000:]}"
                 )
-                with contextlib.suppress(grpc.RpcError):
-                    if self.status(i).leader:
+                if self._prefix:
+                    with open(self.logs[i], "rb") as f:
+                        f.seek(self._log_start[i])
+                        ready = b"ready to serve client requests" in f.read()
+                    if ready:
                         break
+                else:
+                    with contextlib.suppress(grpc.RpcError):
+                        if self.status(i).leader:
+                            break
                 assert time.monotonic() < deadline, (
                     f"etcd member {self.names[i]} not ready in {START_TIMEOUT} s: {self.logs[i].read_text()[-3000:]}"
                 )

@@ -14,8 +14,10 @@ exactly once.
 The script follows the same schedule on every worker (by committed step and
 cluster size, elastic_data_plan.py): at step 2 with 4 workers, resize to 2
 (ranks 2 and 3 detach); at step 4 with 2 workers, resize to 3 and wait for
-the joiner; at step 6 with 3 workers, rank 1 takes its ids and SIGKILLs
-itself before the step's all-reduce (the step fails on the survivors, who
+the joiner; at step 6 with 3 workers, rank 1 (``ELASTIC_DATA_KILL_RANK``)
+takes its ids and SIGKILLs itself (after its launcher, with
+``ELASTIC_DATA_KILL_LAUNCHER=1``) before the step's all-reduce (the step
+fails on the survivors, who
 recover with 2 workers and run it again); at step 8 with 2 workers, resize to
 3 again: the launcher's replacement for the killed worker joins. Every
 process appends JSON lines to its own file in LOG_DIR:
@@ -53,6 +55,11 @@ from elastic_data_plan import (
 import kungfu_tf
 from kungfu_tf import elastic
 from kungfu_tf.data import ElasticSampler
+
+# test_config_store.py kills a host instead: rank 0 (alone on its host)
+# SIGKILLs its launcher, then itself.
+KILL_RANK = int(os.environ.get("ELASTIC_DATA_KILL_RANK", "1"))
+KILL_LAUNCHER = os.environ.get("ELASTIC_DATA_KILL_LAUNCHER") == "1"
 
 
 def main() -> None:
@@ -110,8 +117,10 @@ def main() -> None:
             ids = sampler.next_indices(rank, size, batch_size=batch_size_at(step))
             where = {"step": step, "epoch": epoch, "offset": offset, "size": size, "rank": rank}
             record("plan", ids=ids.tolist(), **where)
-            if step == KILL_AT and size == 3 and rank == 1:
+            if step == KILL_AT and size == 3 and rank == KILL_RANK:
                 record("kill", **where)
+                if KILL_LAUNCHER:
+                    os.kill(os.getppid(), signal.SIGKILL)  # the host's launcher dies first
                 os.kill(os.getpid(), signal.SIGKILL)
             train_step(tf.constant(ids, tf.int64))
             sampler.commit(size)
