@@ -371,6 +371,50 @@ def test_launcher_killed_with_its_worker_another_takes_over(etcd3):
     assert f"error: job {job} already ran to its end in {etcd3.url} (every member finished)" in again.stderr
 
 
+def test_leader_killed_while_a_joiner_is_admitted(etcd3):
+    """A growth 2 -> 3 on two launchers: the etcd leader is SIGKILLed as the
+    joiner starts, so its JoinerReady and the admission go through an
+    election. The resize completes: both launchers print the same v2 with
+    the same three workers, every worker saw it, both exit 0."""
+    job = f"grow-{uuid.uuid4().hex[:8]}"
+    base = 22000 + (os.getpid() * 29) % 16000
+    common = [
+        "-np", "2", "--max-np", "3", "--elastic", "-H", "127.0.0.1:1,127.0.0.2:2", "--config-store", etcd3.url,
+        "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
+    ]
+    env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
+    out: dict[str, list[str]] = {"a": [], "b": []}
+    err: dict[str, list[str]] = {"a": [], "b": []}
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name, host in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "kungfu_tf.run", *common, "--self", host, sys.executable, FAKE, "grow", "3"],
+                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True,
+            )
+            _reader(procs[name].stdout, out[name])
+            _reader(procs[name].stderr, err[name])
+        _wait_for(err["b"], r"started joiner", 60, "the joiner starts on B", procs["b"])
+        etcd3.stop(etcd3.leader())
+        rcs = {name: p.wait(90) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    info = "\n".join(f"--- {n} ---\n{''.join(err[n])}{''.join(out[n])}" for n in procs)
+    assert rcs == {"a": 0, "b": 0}, info
+    v2 = [[line for line in err[n] if "cluster v2:" in line] for n in ("a", "b")]
+    joiner = f"127.0.0.2:{base + 1}"  # B runs rank 1 at base (ports count per host)
+    for lines in v2:  # each launcher reads why from the store: the same line on both
+        assert lines == [f"[kungfu-run] cluster v2: 2 -> 3 workers (admitted {joiner})\n"], info
+    assert not any("cluster v3" in line for n in ("a", "b") for line in err[n]), info
+    seen = sorted(re.findall(r"^\[(\d)\] saw 3 workers at v2$", "".join(out["a"] + out["b"]), re.MULTILINE))
+    assert seen == ["0", "1"], info
+    assert "[2] admitted at v2 as rank 2 of 3\n" in out["b"], info
+
+
 HOST_A, HOST_B = "10.217.0.1", "10.217.0.2"  # a /24 no other test uses
 
 

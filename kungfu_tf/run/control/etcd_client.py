@@ -32,7 +32,7 @@ import grpc
 from kungfu_tf.proto import etcd_rpc_pb2 as pb
 from kungfu_tf.proto import etcd_rpc_pb2_grpc as pb_grpc
 
-__all__ = ["EtcdClient", "EtcdUnavailableError", "prefix_end"]
+__all__ = ["EtcdClient", "EtcdError", "EtcdUnavailableError", "prefix_end"]
 
 # Bound on one call to one member; a member that takes longer is treated as
 # down and the next is asked (etcd answers within milliseconds when healthy,
@@ -47,7 +47,11 @@ _RETRY_ELSEWHERE = {
 }
 
 
-class EtcdUnavailableError(Exception):
+class EtcdError(Exception):
+    """etcd refused a call (the message names the call, the status and etcd's reason)."""
+
+
+class EtcdUnavailableError(EtcdError):
     """No etcd member could serve a call (down, unreachable, or without quorum)."""
 
 
@@ -101,8 +105,16 @@ class EtcdClient:
 
     # ------------------------------------------------------------ plumbing
 
-    def _call(self, stub_type, method: str, request, timeout: float | None = None):
-        """``method`` on the current member; on a member that cannot serve, the others in turn."""
+    def _call(self, stub_type, method: str, request, timeout: float | None = None, *, streamed: bool = False):
+        """``method`` on the current member; on a member that cannot serve, the others in turn.
+
+        ``streamed``: ``request`` is a request stream; the answer is the first
+        message of the response stream (read here, so its errors are retried too).
+
+        Raises:
+            EtcdUnavailableError: no member could serve.
+            EtcdError: a member refused the call for another reason.
+        """
         problems = []
         with self._lock:
             start = self._current
@@ -110,10 +122,12 @@ class EtcdClient:
             i = (start + k) % len(self._channels)
             stub = stub_type(self._channels[i])
             try:
-                response = getattr(stub, method)(request, timeout=timeout or self._call_seconds)
+                response = getattr(stub, method)(request() if streamed else request, timeout=timeout or self._call_seconds)
+                if streamed:
+                    response = next(iter(response), None)
             except grpc.RpcError as e:
                 if e.code() not in _RETRY_ELSEWHERE:
-                    raise
+                    raise EtcdError(f"etcd refused {method}: {e.code().name} {e.details()}") from None
                 problems.append(f"{self._endpoints[i]}: {e.code().name} {e.details()}")
                 continue
             with self._lock:
@@ -168,11 +182,10 @@ class EtcdClient:
 
     def keep_alive(self, lease: int) -> int:
         """Renews ``lease``; its remaining TTL in seconds (<= 0: it expired, keys under it are gone)."""
-        response = self._call(pb_grpc.LeaseStub, "LeaseKeepAlive", _single(pb.LeaseKeepAliveRequest(ID=lease)))
-        # A stream call answers an iterator: one request, one answer.
-        for answer in response:
-            return answer.TTL
-        return 0
+        answer = self._call(
+            pb_grpc.LeaseStub, "LeaseKeepAlive", lambda: _single(pb.LeaseKeepAliveRequest(ID=lease)), streamed=True
+        )
+        return answer.TTL if answer is not None else 0
 
     def revoke_lease(self, lease: int) -> None:
         """Ends ``lease`` now (its keys are deleted at once)."""

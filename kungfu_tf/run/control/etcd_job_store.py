@@ -32,11 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kungfu_tf.proto import etcd_rpc_pb2 as pb
-from kungfu_tf.run.control.etcd_client import (
-    EtcdClient,
-    EtcdUnavailableError,
-    prefix_end,
-)
+from kungfu_tf.run.control.etcd_client import EtcdClient, EtcdError, prefix_end
 from kungfu_tf.run.control.job_store import StoreUnavailableError
 from kungfu_tf.run.control.signed_record import (
     UnauthenticRecordError,
@@ -93,6 +89,7 @@ class EtcdJobStore:
         self._lease = 0
         self._host = ""
         self._renewer: threading.Thread | None = None
+        self._renew_problem = ""
         self._lock = threading.Lock()
 
     def describe(self) -> str:
@@ -120,7 +117,7 @@ class EtcdJobStore:
     def load(self) -> tuple[dict | None, object]:
         try:
             kvs, revision = self._etcd.range(self._state_prefix, prefix_end(self._state_prefix), descending=True)
-        except EtcdUnavailableError as e:
+        except EtcdError as e:
             raise StoreUnavailableError(str(e)) from None
         next_index = 1
         if kvs:
@@ -152,13 +149,13 @@ class EtcdJobStore:
         )
         try:
             return self._etcd.txn([unchanged], [put, prune]).succeeded
-        except EtcdUnavailableError as e:
+        except EtcdError as e:
             raise StoreUnavailableError(str(e)) from None
 
     def changes(self) -> Iterator[None]:
         try:
             _, revision = self._etcd.range(self._state_prefix, prefix_end(self._state_prefix), limit=1)
-        except EtcdUnavailableError:
+        except EtcdError:
             revision = 0
         watch = self._etcd.watch(self._state_prefix, prefix_end(self._state_prefix), revision + 1)
         with self._lock:
@@ -179,7 +176,7 @@ class EtcdJobStore:
         self._host = host
         try:
             self._grant()
-        except EtcdUnavailableError as e:
+        except EtcdError as e:
             raise StoreUnavailableError(str(e)) from None
         self._renewer = threading.Thread(target=self._renew, name="kungfu-etcd-lease", daemon=True)
         self._renewer.start()
@@ -198,8 +195,13 @@ class EtcdJobStore:
                     # claims are gone; register anew (duties are claimed again).
                     self._log(f"the etcd lease of this launcher expired; registering {self._host} again")
                     self._grant()
-            except EtcdUnavailableError:
-                pass  # the next round retries; the lease outlives several rounds
+            except EtcdError as e:
+                # The next round retries (the lease outlives several); say why once.
+                if not self._renew_problem:
+                    self._renew_problem = str(e)
+                    self._log(f"cannot renew this launcher's etcd lease (retrying every {RENEW_SECONDS:g} s): {e}")
+                continue
+            self._renew_problem = ""
 
     def live_launchers(self) -> set[str]:
         """Hosts whose launcher's lease is alive (records that do not open are ignored).
@@ -210,7 +212,7 @@ class EtcdJobStore:
         prefix = (self._prefix + "launchers/").encode()
         try:
             kvs, _ = self._etcd.range(prefix, prefix_end(prefix))
-        except EtcdUnavailableError as e:
+        except EtcdError as e:
             raise StoreUnavailableError(str(e)) from None
         hosts = set()
         for kv in kvs:
@@ -230,7 +232,7 @@ class EtcdJobStore:
             if self._etcd.put_if_absent(key, self._seal(key, {"host": self._host, "lease": self._lease}), lease=self._lease):
                 return True
             kvs, _ = self._etcd.range(key)
-        except EtcdUnavailableError as e:
+        except EtcdError as e:
             raise StoreUnavailableError(str(e)) from None
         if not kvs:
             return False  # it expired just now: the next call claims it
@@ -240,7 +242,7 @@ class EtcdJobStore:
             # it was put under a lease; delete it so the duty is not blocked.
             try:
                 self._etcd.delete(key)
-            except EtcdUnavailableError:
+            except EtcdError:
                 pass
             return False
         return record.get("lease") == self._lease and kvs[0].lease == self._lease
@@ -257,5 +259,5 @@ class EtcdJobStore:
         if self._lease:
             try:
                 self._etcd.revoke_lease(self._lease)
-            except EtcdUnavailableError:
+            except EtcdError:
                 pass

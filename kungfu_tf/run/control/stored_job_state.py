@@ -51,6 +51,11 @@ __all__ = ["StoreUnavailableJobError", "StoredJobStateMachine"]
 
 # Attempts at one request against concurrent writers (each attempt re-reads).
 CAS_ATTEMPTS = 50
+# How long a change keeps trying a store that cannot commit (etcd electing a
+# leader: about one election timeout, 1 s by default) before it fails with
+# UNAVAILABLE; below the workers' 10 s call timeout, so they get the reason.
+STORE_RETRY_SECONDS = 5.0
+STORE_RETRY_PAUSE = 0.2
 
 
 class StoreUnavailableJobError(JobStateError):
@@ -103,6 +108,17 @@ class StoredJobStateMachine:
             return self._machine
 
     def _apply(self, change: Callable[[JobStateMachine], object]):
+        """``change`` applied to the newest record and committed, retried while etcd elects a leader."""
+        deadline = time.monotonic() + STORE_RETRY_SECONDS
+        while True:
+            try:
+                return self._apply_once(change)
+            except StoreUnavailableJobError:
+                if time.monotonic() + STORE_RETRY_PAUSE >= deadline:
+                    raise
+                time.sleep(STORE_RETRY_PAUSE)
+
+    def _apply_once(self, change: Callable[[JobStateMachine], object]):
         """``change`` applied to the newest record and committed (compare-and-set, retried)."""
         for _ in range(CAS_ATTEMPTS):
             try:

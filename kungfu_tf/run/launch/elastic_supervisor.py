@@ -359,7 +359,13 @@ class ElasticSupervisor:
         self._printed_version = state.cluster.version
         self._printed_workers = cluster_peers(state.cluster)
         self._ever_members.update(self._printed_workers)
+        self._console.event(
+            f"cluster v{state.cluster.version}: {workers_text(len(state.cluster.workers))} "
+            f"(min {state.min_size}, max {state.max_size or 'no limit'}, target {state.target_size})"
+        )
         self._observe(state)
+        # The long poll of this host's config service, which an etcd watch wakes.
+        self._watcher = JobWatcher(self._client, poll_timeout=WATCH_POLL_SECONDS, unreachable_timeout=plan.timeout)
         return initial, 1
 
     def _keep_duties(self) -> None:
