@@ -474,6 +474,9 @@ def test_training_survives_the_host_that_placed_its_workers(request, tmp_path):
     assert kill["peer"].startswith(f"{HOST_A}:") and kill["rank"] == 0, info
     check_trained_exactly_once(worker_plan(), events, info)
     b_err = "".join(err["b"])
-    assert f"{HOST_B} places joiners and answers for lost launchers" in b_err, info  # the takeover
+    # The survivors reported the crash at once (not waiting for A's lease); the lease then gave B the duty.
+    lost = re.search(rf"cluster v\d+: 3 -> 2 workers \(lost {re.escape(HOST_A)}:\d+: all_reduce 'elastic_data/step'", b_err)
+    assert lost, info
+    assert f"{HOST_B} places joiners and answers for lost launchers" in b_err[lost.end():], info  # the takeover
     assert re.search(rf"started joiner \[\d+\] {re.escape(HOST_B)}:\d+", b_err.split("places joiners")[1]), info
     assert all(e["peer"].startswith(f"{HOST_B}:") for e in events if e["event"] == "final"), info
