@@ -143,7 +143,8 @@ install: sysdeps $(INSTALL_STAMP) $(SO)
 # (network namespaces, `ip netns`); Open MPI (mpirun, mpicc) for the mpirun launch tests and the
 # benchmark's MPI_Allreduce anchor and its test; clang (libFuzzer) for
 # `make fuzz` and the fuzz smoke run of `make cpp-test`; clang-format for
-# `make cpp-format` (run by `make test` and `make lint`).
+# `make cpp-format` (run by `make test` and `make lint`); etcd-server (the
+# `etcd` binary) for the --config-store tests, which start real etcd members.
 sysdeps:
 	@if [ ! -f /usr/include/openssl/evp.h ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -169,14 +170,17 @@ sysdeps:
 	if ! command -v $(CLANG_FORMAT) >/dev/null 2>&1; then \
 		missing="$$missing clang-format"; \
 	fi; \
+	if ! command -v etcd >/dev/null 2>&1; then \
+		missing="$$missing etcd-server"; \
+	fi; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "installing$$missing"; \
 			( export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
 			  apt-get install -y -qq $$missing ) || \
-			echo "warning: could not install$$missing; multi-host tests, the MPI benchmark, the fuzzers or the C++ format check may not run"; \
+			echo "warning: could not install$$missing; multi-host tests, the MPI benchmark, the fuzzers, the C++ format check or the etcd tests may not run"; \
 		else \
-			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests, the MPI benchmark, the fuzzers or the C++ format check may not run"; \
+			echo "warning: not installed:$$missing (needs root and apt-get); multi-host tests, the MPI benchmark, the fuzzers, the C++ format check or the etcd tests may not run"; \
 		fi; \
 	fi
 

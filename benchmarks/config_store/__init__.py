@@ -1,0 +1,1 @@
+"""Recovery times of an elastic job whose state is in etcd (``kungfu-run --config-store``)."""
