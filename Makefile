@@ -133,7 +133,7 @@ CLANG_FORMAT ?= clang-format
 CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-autoscaling lint cpp-format format docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-config-store bench-autoscaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -300,6 +300,12 @@ bench-adaptive-topology: install
 # (benchmarks/elastic/run.py; table in benchmarks/results/elastic.md).
 bench-elastic: install
 	$(PY) -m benchmarks.elastic
+
+# Recovery times of an elastic job whose state is in etcd (--config-store):
+# 3 real etcd members on loopback, launchers killed, the etcd leader killed,
+# a majority lost; and a membership change beside the embedded service's.
+bench-config-store: install
+	$(PY) -m benchmarks.config_store --repeats 5
 
 # Autoscaling on a job whose efficient size is known (a CPU quota over the
 # whole job), straggler replacement (one worker in a small quota), utility vs
