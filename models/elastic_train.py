@@ -178,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "ElasticHook, --api v1) resizes after that many steps")
     p.add_argument("--strategy", default=None,
                    help="a strategy builder's name (e.g. PSLoadBalancing) or a strategy file for "
-                        "SynchronousSGDOptimizer(strategy=...); --api function")
+                        "SynchronousSGDOptimizer(strategy=...); --api function and keras")
     p.add_argument("--plain-tf-function", action="store_true",
                    help="trace the step with tf.function instead of kungfu_tf.elastic.function (which traces it "
                         "again after a change re-built the strategy)")
@@ -192,8 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.policy_schedule and args.api == "function":
         p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit) and v1 (a PolicyHook)")
-    if args.strategy is not None and args.api != "function":
-        p.error("--strategy is for --api function")
+    if args.strategy is not None and args.api == "v1":
+        p.error("--strategy is for --api function and keras")
     if args.api == "v1" and args.optimizer != "sgd":
         p.error(f"--optimizer {args.optimizer} is for --api function and keras (v1 trains with GradientDescentOptimizer)")
     if args.epochs < 1 or args.batch_size < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
@@ -395,7 +395,8 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
 
     args = script.args
     model = build_model(args)
-    model.compile(optimizer=SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr)), loss=loss_fn())
+    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr), strategy=args.strategy)
+    model.compile(optimizer=optimizer, loss=loss_fn())
     extra: dict[str, Any] = {}
     policies: list[keras.callbacks.Callback] = []
     if args.policy_schedule:

@@ -63,7 +63,8 @@ def written_strategy(tmp_path, replicas: int = 0) -> str:
     return str(path)
 
 
-def check_trained_like_one_process(tmp_path, rc, out, err, sizes: list[int], optimizer: str) -> None:
+def check_trained_like_one_process(tmp_path, rc, out, err, sizes: list[int], optimizer: str,
+                                   samples: int = SAMPLES) -> None:  # fmt: skip
     report = describe(rc, out, err)
     assert rc == 0, report
     records = load(tmp_path / "records")
@@ -73,7 +74,7 @@ def check_trained_like_one_process(tmp_path, rc, out, err, sizes: list[int], opt
     ends = {stem: lines[-1] for stem, lines in records.items() if lines and lines[-1]["event"] == "end"}
     finals = [stem for stem, end in ends.items() if not end["detached"]]
     assert len(finals) == 2 and len({ends[s]["weights_sha256"] for s in finals}) == 1, report
-    reference = reference_weights(steps, SAMPLES, HIDDEN, LR, optimizer)
+    reference = reference_weights(steps, samples, HIDDEN, LR, optimizer)
     for got, want in zip(final_weights(tmp_path / "records", finals[0]), reference):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -97,6 +98,18 @@ def test_optimizer_slots_move_to_the_new_owners(tmp_path, builder):
     args = train_args(tmp_path, builder, "momentum") + ["--resize-at", "4:2,8:3,12:2", "--resize-wait"]
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
     check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "momentum")
+
+
+def test_keras_fit_traces_its_step_again_after_a_change(tmp_path):
+    # elastic_fit re-enters fit after each change; fit's train_function was traced for the old plan (and a
+    # joiner's by its warm-up, alone): it refused to run (a plan generation behind) until fit traced it again.
+    # One epoch of 160 samples is 16 steps of 4 per worker at these sizes (fit runs whole epochs).
+    samples = 4 * BATCH * (3 + 2 + 3 + 2)
+    args = ["--api", "keras", "--strategy", "PSLoadBalancing", "--optimizer", "momentum", "--samples", samples,
+            "--batch-size", BATCH, "--hidden", HIDDEN, "--lr", LR, "--epochs", 1, "--record-dir", tmp_path / "records",
+            "--policy-resize-at", "4:2,12:2", "--resize-at", "8:3", "--resize-wait"]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "momentum", samples)
 
 
 def test_a_strategy_written_for_3_replicas_refuses_a_shrink_before_it_commits(tmp_path):

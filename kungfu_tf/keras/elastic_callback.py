@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from kungfu_tf.ops import config
+from kungfu_tf.strategy import plan_generation
 
 
 class ElasticCallback(keras.callbacks.Callback):
@@ -215,6 +216,21 @@ def _left_the_job() -> bool:
     return em.is_elastic() and em.self_peer() not in em.current()[1]
 
 
+def forget_stale_train_function(model: keras.Model) -> None:
+    """Makes ``fit`` trace its step again if a strategy was re-built since it was traced (a membership change).
+
+    A strategy's owners and slots are the shape of the traced step
+    (kungfu_tf/strategy/plan_generation.py); Keras keeps ``model.train_function``
+    from one ``fit`` (or ``train_on_batch``: a joiner's warm-up) to the next.
+    """
+    generation = plan_generation.current()
+    if getattr(model, "_kungfu_plan_generation", generation) != generation or (
+        generation and not hasattr(model, "_kungfu_plan_generation")
+    ):
+        model.train_function = None
+    object.__setattr__(model, "_kungfu_plan_generation", generation)
+
+
 def elastic_fit(
     model: keras.Model,
     state: Any,
@@ -248,6 +264,7 @@ def elastic_fit(
     history = None
     while state.epoch < epochs:
         dataset = epoch_rest_dataset(sampler, arrays, config.current_int(config.rank), config.current_int(config.cluster_size))
+        forget_stale_train_function(model)
         history = model.fit(dataset, epochs=epochs, initial_epoch=state.epoch,
                             callbacks=[elastic, *callbacks, elastic.watcher], **fit_args)  # fmt: skip
         if elastic.detached or _left_the_job():
