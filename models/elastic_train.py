@@ -363,6 +363,8 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
         return False
 
     detached = bool(train(state))
+    if hasattr(train_step, "traces"):  # elastic.function: how many times the step was traced (--record-dir)
+        script.record.write(event="traces", traces=train_step.traces)
     return [w.numpy() for w in model.trainable_weights], state, detached
 
 

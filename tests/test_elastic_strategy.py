@@ -91,6 +91,14 @@ def test_a_strategy_survives_a_crashed_owner_a_growth_and_a_shrink(tmp_path, str
     args = train_args(tmp_path, source) + ["--crash-at", 4, "--crash-rank", 2, "--resize-at", "8:3,12:2", "--resize-wait"]
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
     check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "sgd")
+    # The final workers' step traces: an all-reduce strategy the changes left as it was keeps its trace; one
+    # with parameter servers is traced again at each change the worker went through (a joiner's first trace
+    # is its warm-up's, alone).
+    traces = [r["traces"] for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "traces"]
+    if strategy == "AllReduce":
+        assert traces and set(traces) == {1}, traces
+    elif strategy in ("PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "written"):
+        assert traces and min(traces) >= 2, traces
 
 
 @pytest.mark.parametrize("builder", ["PSLoadBalancing", "Parallax"])

@@ -81,3 +81,12 @@ def test_elastic_function_traces_again_once_per_generation():
     for _ in range(3):
         step(tf.constant(1.0))
     assert step.traces == 2 and float(v.numpy()) == 6.0
+
+
+def test_elastic_function_refuses_what_it_cannot_trace_again():
+    with pytest.raises(TypeError, match="decorates a Python function, got int"):
+        function(42)
+    with pytest.raises(TypeError, match="not a tf.function"):
+        function(tf.function(lambda x: x))
+    with pytest.raises(TypeError, match="no_such_option"):
+        function(lambda x: x, no_such_option=True)

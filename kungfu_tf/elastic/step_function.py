@@ -44,6 +44,14 @@ class RetracingFunction:
     """
 
     def __init__(self, fn: Callable[..., Any], tf_function_options: dict[str, Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"kungfu_tf.elastic.function decorates a Python function, got {type(fn).__name__}")
+        if isinstance(fn, (RetracingFunction, tf.types.experimental.PolymorphicFunction)):
+            raise TypeError(
+                "kungfu_tf.elastic.function decorates the Python function itself, not a tf.function or an "
+                "elastic.function (it makes the tf.function, once per strategy change)"
+            )
+        tf.function(fn, **tf_function_options)  # unknown options raise here, where the step is defined
         self.python_function = fn
         self._options = dict(tf_function_options)
         self._traced: Any = None

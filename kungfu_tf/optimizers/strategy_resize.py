@@ -18,8 +18,10 @@ listener (before the elastic state syncs):
    and a warning names them;
 3. a new plan (its consensus checks that every worker holds the same
    strategy bytes, as at the start), the optimizer rebuilt on its targets,
-   and each new target's slots cut from the gathered ones;
-4. the plan generation advances: steps traced for the old plan refuse to run
+   and each new target's slots cut from the gathered ones; an all-reduce
+   plan the change left as it was is kept instead (its collectives read the
+   cluster at run time), with the traced step;
+4. the plan generation advances (not when the plan was kept): steps traced for the old plan refuse to run
    (kungfu_tf/strategy/plan_generation.py), ``kungfu_tf.elastic.function``
    re-traces.
 
@@ -162,6 +164,14 @@ def _gather_slots(
     return full
 
 
+def _nodes_bytes(strategy: strategy_pb2.Strategy) -> bytes:
+    """The strategy's bytes without ``graph_config`` (builders write the cluster size there)."""
+    nodes = strategy_pb2.Strategy()
+    nodes.CopyFrom(strategy)
+    nodes.ClearField("graph_config")
+    return canonical_bytes(nodes)
+
+
 def _lost_slots(old: StrategyPlan, change: em.Change, variables: list[Any]) -> list[str]:
     """Names of the variables (or shards) whose owner left without handing over its slots."""
     lost = set(change.old_peers) - set(change.new_peers)
@@ -182,6 +192,8 @@ def prepare_shrink(opt: Any, old_peers: Sequence[str], new_peers: Sequence[str],
     old: StrategyPlan = opt._kungfu_plan
     if not is_builder(opt._kungfu_strategy):
         remap_owners(old.strategy, old_peers, new_peers)  # raises StrategyError: nothing changed
+    if old.replicated:
+        return  # every member holds every slot: the survivors have them all
     variables = list(opt._kungfu_model_variables)
     prefix = f"kungfu/strategy/handover/v{version}"
     table = slot_table(opt, opt._kungfu_fixed_variable_ids, old.targets)
@@ -212,6 +224,18 @@ def rebuild_for_cluster(
     first = members[0]
     rank = _rank()
     strategy = _strategy_for(opt._kungfu_strategy, old, change, joined, first, variables, prefix)
+    # An all-reduce plan that the change left as it was is kept, and so is the traced step: its
+    # collectives read the cluster at run time, every worker updates (and holds the slots of) every
+    # variable, and the state sync brings them to joiners. Decided together (a joiner's plan was made alone).
+    same = old.replicated and _nodes_bytes(strategy) == _nodes_bytes(old.strategy)
+    if int(collective.all_reduce(tf.constant(int(same), tf.int32), op="min", name=f"{prefix}/same")):
+        old.strategy = strategy  # the same nodes; graph_config says the new size
+        old.verify_identical()  # as at the start, on the new cluster
+        object.__setattr__(opt, "_kungfu_warm_up_plan", False)
+        object.__setattr__(opt, "_kungfu_handover", None)
+        log.info("kungfu strategy: %r unchanged for cluster v%d (all-reduce): plan and traced step kept",
+                 strategy.id, change.new_version)  # fmt: skip
+        return
     handover = opt.__dict__.get("_kungfu_handover")
     object.__setattr__(opt, "_kungfu_handover", None)
     if handover is not None and handover[:2] == (change.new_version, tuple(change.new_peers)):

@@ -206,6 +206,11 @@ class StrategyPlan:
             raise StrategyError(self._mismatch_message())
         return True
 
+    def verify_identical(self) -> None:
+        """Consensus on the strategy's bytes now (eagerly): ``StrategyError`` if the workers hold different ones."""
+        if not self._check_identical_eagerly():
+            raise StrategyError("verify_identical() runs eagerly, outside any tf.function or v1 graph")
+
     def _consensus(self) -> tf.Tensor:
         data = np.frombuffer(canonical_bytes(self.strategy) or b"\0", dtype=np.uint8)
         return ops.consensus(tf.constant(data), name=call_prefix(f"{self.name}/strategy_consensus"))
