@@ -415,6 +415,51 @@ def test_leader_killed_while_a_joiner_is_admitted(etcd3):
     assert "[2] admitted at v2 as rank 2 of 3\n" in out["b"], info
 
 
+def test_without_quorum_the_job_runs_on_and_a_resize_waits_until_it_is_back(etcd3, tmp_path):
+    """A running job (one launcher, two members) loses two of its three etcd
+    members: the members keep running at their size, the resize rank 0 asks
+    for is refused with UNAVAILABLE saying why, and the launcher says that
+    membership changes wait; one member restarted, the same resize commits,
+    the joiner is admitted and the job ends well."""
+    job = f"quorum-job-{uuid.uuid4().hex[:8]}"
+    base = 23000 + (os.getpid() * 31) % 16000
+    env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
+    cmd = [
+        sys.executable, "-m", "kungfu_tf.run", "-np", "2", "--max-np", "3", "--elastic", "-H", "127.0.0.1:3",
+        "--config-store", etcd3.url, "--admit-window", "0", "--port-range", f"{base}-{base + 40}",
+        "--timeout", "60", sys.executable, FAKE, "grow-on-signal", f"{tmp_path}:3",
+    ]
+    out: list[str] = []
+    err: list[str] = []
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _reader(proc.stdout, out)
+    _reader(proc.stderr, err)
+    try:
+        _wait_for(out, r"signature set", 60, "rank 0 started", proc)
+        leader = etcd3.leader()
+        down = [leader, next(i for i in range(3) if i != leader)]
+        for i in down:
+            etcd3.stop(i)
+        (tmp_path / "go").touch()
+        _wait_for(out, r"refused: UNAVAILABLE", 60, "the resize is refused", proc)
+        _wait_for(err, r"membership changes wait until it has quorum again", 60, "the launcher says so", proc)
+        assert proc.poll() is None and len(_children(proc.pid)) == 2, "the members stopped without quorum"
+        etcd3.start(down[1])
+        rc = proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    info = "".join(err) + "".join(out)
+    assert rc == 0, info
+    refused = next(line for line in out if "refused: UNAVAILABLE" in line)
+    assert f"the config store {etcd3.url} cannot commit now, so membership changes wait" in refused, info
+    assert "(training goes on at its size)" in refused, info
+    assert re.search(r"cluster v2: 2 -> 3 workers \(admitted 127\.0\.0\.1:\d+\)", info), info
+    assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v2$", "".join(out), re.MULTILINE)) == ["0", "1"], info
+
+
 HOST_A, HOST_B = "10.217.0.1", "10.217.0.2"  # a /24 no other test uses
 
 

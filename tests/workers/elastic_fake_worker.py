@@ -22,6 +22,11 @@ MODE (what the initial members do):
                sleeps (the test SIGKILLs its launcher; it dies with it);
                the others (and the replacement) exit 0 once the cluster is
                whole again at version 3.
+  grow-on-signal DIR:N
+               rank 0 sets the signature, prints "signature set", and once
+               DIR/go exists asks for N workers, retrying every 0.5 s while
+               refused (printing "refused: CODE: details" once per code);
+               every member exits 0 once the cluster has N.
   die R@V,...  rank R SIGKILLs itself once the cluster reaches version V;
                the others wait (the launcher is expected to stop them).
   shrink N     rank 0 commits the first N members (PutCluster); a member
@@ -62,6 +67,8 @@ from pathlib import Path
 if sys.argv[1:2] == ["stuck-deaf"] and os.environ.get("KUNGFU_JOINER") == "1":
     # Before the slow imports below: the launcher may stop it any time.
     signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
+
+import grpc
 
 from kungfu_tf.run.control.config_server import ConfigClient, cluster_peers, peer_string
 from kungfu_tf.run.worker_env.worker_env import read_worker_env
@@ -185,6 +192,27 @@ elif mode == "hold-replaced":
         time.sleep(60)
         sys.exit(3)
     state = wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) == env.size)
+    print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
+elif mode == "grow-on-signal":
+    # Rank 0 asks for N workers once DIR/go exists, retrying while the config
+    # service refuses (its store without quorum): each new refusal is printed.
+    directory, n = arg.split(":")
+    if env.rank == 0:
+        client.set_signature(SIGNATURE)
+        print("signature set", flush=True)
+        while not os.path.exists(os.path.join(directory, "go")):
+            time.sleep(0.1)
+        said = set()
+        while True:
+            try:
+                client.request_size(int(n))
+                break
+            except grpc.RpcError as e:
+                if e.code().name not in said:
+                    said.add(e.code().name)
+                    print(f"refused: {e.code().name}: {e.details()}", flush=True)
+                time.sleep(0.5)
+    state = wait_until(lambda s: len(members(s)) >= int(n))
     print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
 elif mode == "die":
     plan = dict(item.split("@") for item in arg.split(","))
