@@ -220,7 +220,14 @@ class EtcdWatch:
 
     Each item is the revision of a batch of events; a broken stream is
     reopened (on the next member) from the revision after the last seen, so
-    no change is missed. :meth:`cancel` ends the iteration.
+    no change is missed (a 0 then says "look again"). :meth:`cancel` ends
+    the iteration.
+
+    Example::
+
+        watch = client.watch(b"/kungfu/job/state/", prefix_end(b"/kungfu/job/state/"), revision + 1)
+        for _ in watch:      # in a thread of its own; watch.cancel() from another ends it
+            reload_state()
     """
 
     def __init__(self, client: EtcdClient, key: bytes, range_end: bytes, start_revision: int):

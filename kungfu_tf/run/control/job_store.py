@@ -40,7 +40,16 @@ class StoreUnavailableError(Exception):
 
 
 class JobStore(Protocol):
-    """A job's record with compare-and-set on its version (see the module docstring)."""
+    """A job's record with compare-and-set on its version (see the module docstring).
+
+    Example (a change, as stored_job_state.py makes each one)::
+
+        while True:
+            record, version = store.load()
+            new = apply_request(record)
+            if store.compare_and_set(version, new):
+                break  # else another writer came first: decide again on its record
+    """
 
     def describe(self) -> str:
         """The store as users name it (``etcd://h1:2379,...``), for messages."""

@@ -65,7 +65,7 @@ class StoreUnavailableJobError(JobStateError):
 
 
 class StoredJobStateMachine:
-    """JobStateMachine's interface over a :class:`JobStore` (see the module docstring).
+    """JobStateMachine's interface over a :class:`JobStore` (example: the module docstring).
 
     ``initial`` is written as the job's first record if the store has none
     (the first launcher to start creates the job; the others find it).

@@ -110,6 +110,8 @@ WATCH_POLL_SECONDS = 10.0
 JOB_END_LINGER_SECONDS = 1.0
 # --config-store: how often a launcher looks at the live launchers and duties.
 DUTY_CHECK_SECONDS = 0.5
+# ... and how often while the store cannot serve.
+STORE_DOWN_CHECK_SECONDS = 3.0
 # The job's status when the cluster fell below --min-np.
 BELOW_MIN_STATUS = 1
 
@@ -385,6 +387,8 @@ class ElasticSupervisor:
             live = store.live_launchers()
             holds = store.hold_duty("placer")
         except StoreUnavailableError as e:
+            # Each failed look costs up to an etcd call's deadline: look less often meanwhile.
+            self._duty_check_at = time.monotonic() + STORE_DOWN_CHECK_SECONDS
             if not self._said_store_down:
                 self._said_store_down = True
                 self._console.message(
