@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "auto_topology.h"
 #include "cluster.h"
 #include "mailbox.h"
 #include "op_registry.h"
@@ -40,6 +41,8 @@ class Generation {
   int size() const { return cluster.size(); }
   // Indexed by TopologyKind (kAuto: null, resolved per call).
   std::vector<std::shared_ptr<const Topology>> topologies;
+  // AUTO's measured topology per size class at this membership.
+  AutoChoices auto_choices;
   Mailbox mailbox;
   OpRegistry registry;
 

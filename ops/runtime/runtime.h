@@ -96,6 +96,9 @@ class Runtime {
   uint32_t cluster_version() const { return gen()->cluster.version(); }
   Cluster cluster() const { return gen()->cluster; }
   TopologyKind topology() const { return topology_.load(); }
+  // AUTO's measured choices on the current version, by size class
+  // (auto_topology.h); empty until a probe has finished.
+  std::map<int, TopologyKind> auto_choices() const { return gen()->auto_choices.decided(); }
 
   void all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneCallback done);
   // Same, but on a fixed topology (control messages must not depend on the switchable one).
@@ -209,6 +212,12 @@ class Runtime {
   void all_reduce_in(const GenPtr &g, TopologyKind kind, const std::string &name, Buffer buf, ReduceOp op,
                      DoneCallback done);
   void barrier_in(const GenPtr &g, const std::string &name, DoneCallback done);
+
+  // runtime_auto.cc: AUTO's probe of one size class on generation `g`
+  // (auto_topology.h); `state` is the probe's progress.
+  void probe_auto(const GenPtr &g, int size_class);
+  void probe_step(const GenPtr &g, const std::shared_ptr<void> &state);
+  void probe_decide(const GenPtr &g, const std::shared_ptr<void> &state);
 
   // runtime_consensus.cc
   void consensus_in(const GenPtr &g, const std::string &name, std::vector<char> bytes, ConsensusCallback done);

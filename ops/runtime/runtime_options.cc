@@ -88,6 +88,18 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
   o.frame_auth = authenticate.empty()  ? FrameAuthPolicy::kAcrossHosts
                  : authenticate == "1" ? FrameAuthPolicy::kAlways
                                        : FrameAuthPolicy::kNever;
+  std::string probes = env("KUNGFU_AUTO_PROBES");
+  if (!probes.empty()) {
+    uint32_t v = 0;
+    s = parse_uint32("KUNGFU_AUTO_PROBES", probes, &v);
+    if (!s.ok() || v > kMaxAutoProbes) {
+      return InvalidArgument("KUNGFU_AUTO_PROBES='" + probes +
+                             "': expected the number of timed samples per candidate topology when AUTO measures, "
+                             "from 0 to " +
+                             std::to_string(kMaxAutoProbes) + " (0: AUTO picks by message size without measuring)");
+    }
+    o.auto_probes = static_cast<int>(v);
+  }
   o.job_id = env("KUNGFU_JOB_ID");
   s = check_job_id(o.job_id, o.cluster.size());
   if (!s.ok()) return s;

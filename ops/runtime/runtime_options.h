@@ -13,6 +13,9 @@
 
 namespace kungfu {
 
+// The most timed samples AUTO takes per candidate: more only delays the first step.
+constexpr int kMaxAutoProbes = 100;
+
 struct RuntimeOptions {
   Cluster cluster;
   int self_rank = 0;
@@ -25,10 +28,14 @@ struct RuntimeOptions {
   TopologyKind topology = TopologyKind::kAuto;
   size_t chunk_bytes = 1 << 20;
   bool same_host_unix_sockets = true;
+  // Timed samples per candidate topology when AUTO probes a size class
+  // (KUNGFU_AUTO_PROBES, auto_topology.h); 0: AUTO follows choose_auto's
+  // fixed size rule instead of measuring. Every worker must have the same.
+  int auto_probes = 3;
 
   // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
-  // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET, KUNGFU_JOB_ID and
-  // KUNGFU_AUTHENTICATE_FRAMES. Without KUNGFU_PEERS: a one-worker cluster.
+  // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET, KUNGFU_JOB_ID,
+  // KUNGFU_AUTHENTICATE_FRAMES and KUNGFU_AUTO_PROBES. Without KUNGFU_PEERS: a one-worker cluster.
   static Status from_env(RuntimeOptions *out);
 };
 

@@ -72,7 +72,9 @@ struct Topology {
 // rooted at every rank (reduce-scatter / all-gather bandwidth).
 std::shared_ptr<const Topology> build_topology(TopologyKind kind, const Cluster &cluster);
 
-// AUTO's choice for one all-reduce of `bytes` bytes: small messages go where
+// AUTO's fixed rule, for broadcast, reduce and all-gather, and for
+// all-reduce when measuring is off (KUNGFU_AUTO_PROBES=0; otherwise AUTO
+// all-reduces on the probed best, auto_topology.h): small messages go where
 // latency is lowest (STAR, or BINARY_TREE_STAR / BINARY_TREE on bigger or
 // multi-host clusters); large ones use CLIQUE on one host and RING across
 // hosts, both bandwidth-optimal.

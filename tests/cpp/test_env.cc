@@ -21,6 +21,7 @@ void set_good_env() {
   unsetenv("KUNGFU_CLUSTER_VERSION");
   unsetenv("KUNGFU_TOPOLOGY");
   unsetenv("KUNGFU_AUTHENTICATE_FRAMES");
+  unsetenv("KUNGFU_AUTO_PROBES");
 }
 
 // from_env with `variable` set to `value` fails, naming the variable.
@@ -51,6 +52,14 @@ void test_good_values() {
     CHECK_OK(RuntimeOptions::from_env(&forced));
     CHECK(forced.frame_auth == policy);
   }
+  // AUTO measures by default; 0 turns the probe off.
+  CHECK(o.auto_probes == 3);
+  for (auto [value, probes] : {std::pair{"0", 0}, std::pair{"7", 7}, std::pair{"100", 100}}) {
+    setenv("KUNGFU_AUTO_PROBES", value, 1);
+    RuntimeOptions set;
+    CHECK_OK(RuntimeOptions::from_env(&set));
+    CHECK(set.auto_probes == probes);
+  }
 }
 
 void test_bad_values() {
@@ -71,6 +80,14 @@ void test_bad_values() {
   for (const char *v : {"yes", "true", "2"}) expect_rejected("KUNGFU_AUTHENTICATE_FRAMES", v);
   expect_rejected("KUNGFU_SELF", "127.0.0.1:10009");
   expect_rejected("KUNGFU_SELF", "nonsense");
+  for (const char *v : {"abc", "-1", "101", "1.5", "3 ", "4294967296"}) {
+    expect_rejected("KUNGFU_AUTO_PROBES", v);
+    set_good_env();
+    setenv("KUNGFU_AUTO_PROBES", v, 1);
+    Status rejected = RuntimeOptions::from_env(&o);
+    CHECK(contains(rejected.message(), std::string("KUNGFU_AUTO_PROBES='") + v + "'"));
+    CHECK(contains(rejected.message(), "from 0 to 100"));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,90 @@
+// AUTO's probe (auto_topology.h): times every candidate topology on one size
+// class, agrees on the fastest with one all-reduce of the timings, and hands
+// the choice to the calls that wait for it.
+#include <algorithm>
+#include <chrono>
+
+#include "runtime.h"
+
+namespace kungfu {
+
+namespace {
+
+// One probe's progress. Steps run one after another: sample 0 of every
+// candidate is a warm-up (connections open, buffers are allocated) and is
+// not timed; samples 1..samples are, candidates interleaved so that a change
+// of machine load touches all of them alike.
+struct Probe {
+  int size_class = 0;
+  std::vector<TopologyKind> candidates;
+  int samples = 0;
+  int calls = 0;  // all-reduces per sample
+  std::vector<float> in, out;
+  std::vector<std::vector<double>> seconds;  // per candidate, per timed sample
+  int step = 0;
+  std::chrono::steady_clock::time_point sample_start;
+  std::vector<double> totals;  // per candidate, summed over the workers
+
+  int steps() const { return (samples + 1) * static_cast<int>(candidates.size()) * calls; }
+  int call() const { return step % calls; }
+  int candidate() const { return step / calls % static_cast<int>(candidates.size()); }
+  int sample() const { return step / calls / static_cast<int>(candidates.size()); }
+  // Names never seen by user code ('\x01'), the same on every worker.
+  std::string name(const std::string &what) const {
+    return "\x01"
+           "auto-probe/" +
+           std::to_string(size_class) + "/" + what;
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+void Runtime::probe_auto(const GenPtr &g, int size_class) {
+  auto p = std::make_shared<Probe>();
+  p->size_class = size_class;
+  p->candidates = auto_candidates(g->cluster);
+  p->samples = opt_.auto_probes;
+  p->calls = auto_calls_per_sample(size_class);
+  size_t count = auto_probe_bytes(size_class) / sizeof(float);
+  p->in.assign(count, 1.0f);
+  p->out.assign(count, 0.0f);
+  p->seconds.resize(p->candidates.size());
+  probe_step(g, p);
+}
+
+void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
+  auto p = std::static_pointer_cast<Probe>(state);
+  if (p->step == p->steps()) return probe_decide(g, state);
+  if (p->call() == 0) p->sample_start = std::chrono::steady_clock::now();
+  TopologyKind kind = p->candidates[static_cast<size_t>(p->candidate())];
+  size_t count = p->in.size();
+  Buffer buf{p->in.data(), p->out.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, p};
+  all_reduce_in(g, kind, p->name(std::to_string(p->step)), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
+    if (!s.ok()) return g->auto_choices.decide(p->size_class, s, TopologyKind::kStar);
+    if (p->sample() > 0 && p->call() == p->calls - 1) {
+      std::chrono::duration<double> took = std::chrono::steady_clock::now() - p->sample_start;
+      p->seconds[static_cast<size_t>(p->candidate())].push_back(took.count() / p->calls);
+    }
+    ++p->step;
+    probe_step(g, p);
+  });
+}
+
+void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) {
+  auto p = std::static_pointer_cast<Probe>(state);
+  // Each worker's median per candidate, summed over the workers: every
+  // worker gets the same sums, hence the same choice.
+  for (const std::vector<double> &s : p->seconds) p->totals.push_back(median(s));
+  size_t n = p->totals.size();
+  Buffer buf{p->totals.data(), p->totals.data(), TensorDesc{DType::kFloat64, {static_cast<int64_t>(n)}, n}, p};
+  all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [g, p](const Status &s) {
+    g->auto_choices.decide(p->size_class, s, s.ok() ? fastest(p->candidates, p->totals) : TopologyKind::kStar);
+  });
+}
+
+}  // namespace kungfu

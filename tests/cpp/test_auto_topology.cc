@@ -1,0 +1,157 @@
+// AUTO's measured choice (auto_topology.h, runtime_auto.cc): size classes,
+// candidates, the agreement on the fastest, and the probe over real sockets:
+// every worker decides the same topology per size class even when the
+// workers issue their all-reduces in different orders, every result stays
+// exact, and a probe that cannot finish fails the calls that wait for it
+// with an error naming them.
+#include <algorithm>
+#include <random>
+
+#include "test_util.h"
+
+using namespace kungfu;
+using kftest::contains;
+using kftest::make_cluster;
+using kftest::wait_for;
+
+namespace {
+
+Cluster hosts(const std::vector<std::string> &names) {
+  std::vector<PeerID> peers;
+  for (size_t i = 0; i < names.size(); ++i) peers.push_back(PeerID{names[i], static_cast<uint16_t>(10000 + i)});
+  return Cluster(0, peers);
+}
+
+void test_size_classes() {
+  CHECK(auto_size_class(0) == 0 && auto_size_class(1) == 0);
+  CHECK(auto_size_class(4) == 2 && auto_size_class(5) == 3);
+  CHECK(auto_size_class(1024) == 10 && auto_size_class(1025) == 11);
+  CHECK(auto_size_class(size_t{64} << 20) == 26);
+  CHECK(auto_probe_bytes(0) == 4 && auto_probe_bytes(2) == 4 && auto_probe_bytes(26) == size_t{64} << 20);
+  CHECK(auto_calls_per_sample(2) == 8 && auto_calls_per_sample(18) == 1 && auto_calls_per_sample(26) == 1);
+}
+
+void test_candidates_and_fastest() {
+  std::vector<TopologyKind> one = auto_candidates(hosts({"a", "a", "a"}));
+  CHECK((one == std::vector<TopologyKind>{TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kBinaryTree,
+                                          TopologyKind::kClique}));
+  std::vector<TopologyKind> two = auto_candidates(hosts({"a", "a", "b", "b"}));
+  CHECK(std::find(two.begin(), two.end(), TopologyKind::kBinaryTreeStar) != two.end());
+  CHECK(fastest(one, {3, 1, 2, 1}) == TopologyKind::kRing);  // a tie goes to the earlier candidate
+  CHECK(fastest(one, {0.5, 1, 2, 0.25}) == TopologyKind::kClique);
+}
+
+void test_choices_wait_for_the_decision() {
+  AutoChoices c;
+  std::vector<std::pair<Code, TopologyKind>> got;
+  auto record = [&](const Status &s, TopologyKind k) { got.emplace_back(s.code(), k); };
+  CHECK(c.resolve(5, record));   // the first asks for the probe
+  CHECK(!c.resolve(5, record));  // the second waits with it
+  CHECK(got.empty());
+  c.decide(5, DeadlineExceeded("probe timed out"), TopologyKind::kStar);
+  CHECK(got.size() == 2 && got[0].first == Code::kDeadlineExceeded && got[1].first == Code::kDeadlineExceeded);
+  CHECK(c.decided().empty());
+  CHECK(c.resolve(5, record));  // after a failure a later call probes again
+  c.decide(5, Status::OK(), TopologyKind::kClique);
+  CHECK(got.size() == 3 && got[2].first == Code::kOk && got[2].second == TopologyKind::kClique);
+  CHECK(!c.resolve(5, record));  // decided: answered at once
+  CHECK(got.size() == 4 && got[3].second == TopologyKind::kClique);
+  CHECK(c.decided() == (std::map<int, TopologyKind>{{5, TopologyKind::kClique}}));
+}
+
+// Element counts in four size classes (4 B, 1 KiB, 64 KiB + 4 B, 1 MiB + 4 B).
+const std::vector<size_t> kCounts = {1, 256, 16385, 262145};
+
+// Every rank all-reduces one tensor per count, kRounds times, issuing them
+// from its own thread in its own shuffled order. Inputs are small integers,
+// so the float sums are exact in any order and compared bit for bit.
+void test_every_worker_picks_the_same() {
+  const int n = 3, rounds = 2;
+  auto rts = make_cluster(n, TopologyKind::kAuto, 60);
+  const size_t calls = kCounts.size() * rounds;
+  std::vector<std::vector<std::vector<float>>> bufs(n, std::vector<std::vector<float>>(calls));
+  std::vector<std::vector<Status>> statuses(n, std::vector<Status>(calls));
+  std::vector<std::thread> issuers;
+  for (int r = 0; r < n; ++r) {
+    issuers.emplace_back([&, r] {
+      std::vector<size_t> order(calls);
+      for (size_t k = 0; k < calls; ++k) order[k] = k;
+      std::shuffle(order.begin(), order.end(), std::mt19937(r + 11));
+      std::vector<std::future<Status>> fs(calls);
+      for (size_t k : order) {
+        std::vector<float> &b = bufs[r][k];
+        size_t count = kCounts[k % kCounts.size()];
+        b.resize(count);
+        for (size_t i = 0; i < count; ++i) b[i] = static_cast<float>((r * 7 + i + k) % 101);
+        auto p = std::make_shared<std::promise<Status>>();
+        fs[k] = p->get_future();
+        Buffer buf{b.data(), b.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, nullptr};
+        rts[r]->all_reduce("t" + std::to_string(k), buf, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
+      }
+      for (size_t k = 0; k < calls; ++k) statuses[r][k] = fs[k].get();
+    });
+  }
+  for (auto &t : issuers) t.join();
+  bool exact = true;
+  for (int r = 0; r < n; ++r) {
+    for (size_t k = 0; k < calls; ++k) {
+      CHECK_OK(statuses[r][k]);
+      for (size_t i = 0; i < bufs[r][k].size(); ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += static_cast<float>((q * 7 + i + k) % 101);
+        exact = exact && bufs[r][k][i] == want;
+      }
+    }
+  }
+  CHECK(exact);
+  std::map<int, TopologyKind> first = rts[0]->auto_choices();
+  CHECK(first.size() == kCounts.size());
+  for (size_t count : kCounts) CHECK(first.count(auto_size_class(count * sizeof(float))) == 1);
+  for (int r = 1; r < n; ++r) CHECK(rts[r]->auto_choices() == first);
+  for (auto &rt : rts) CHECK(rt->pending_messages() == 0);
+}
+
+// A probe that cannot finish (rank 1 never all-reduces) fails the call that
+// waits for it at the runtime's timeout, naming the call and the probe.
+void test_probe_failure_names_the_call() {
+  auto rts = make_cluster(2, TopologyKind::kAuto, 1.0);
+  std::vector<float> a(10, 1);
+  Status s = wait_for([&](DoneCallback d) {
+    Buffer b{a.data(), a.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
+    rts[0]->all_reduce("lonely", b, ReduceOp::kSum, d);
+  });
+  CHECK(s.code() == Code::kDeadlineExceeded);
+  CHECK(contains(s.message(), "all_reduce 'lonely'"));
+  CHECK(contains(s.message(), "AUTO's probe of messages up to 64 bytes"));
+  CHECK(contains(s.message(), "rank 1"));
+  CHECK(rts[0]->auto_choices().empty());
+}
+
+// KUNGFU_AUTO_PROBES=0 (auto_probes = 0): AUTO follows the fixed rule, no probe.
+void test_probing_off() {
+  std::vector<kungfu::PeerID> peers = kftest::local_peers(2);
+  std::vector<std::unique_ptr<Runtime>> rts(2);
+  for (int r = 0; r < 2; ++r) {
+    RuntimeOptions o = kftest::options(peers, r);
+    o.auto_probes = 0;
+    CHECK_OK(Runtime::create(o, &rts[r]));
+  }
+  if (!rts[0] || !rts[1]) return;
+  std::vector<std::vector<float>> in{{1, 2}, {3, 4}};
+  for (const Status &s : kftest::all_reduce_everywhere(rts, "plain", in)) CHECK_OK(s);
+  CHECK(in[0] == (std::vector<float>{4, 6}) && in[1] == in[0]);
+  CHECK(rts[0]->auto_choices().empty() && rts[1]->auto_choices().empty());
+}
+
+}  // namespace
+
+int main() {
+  return kftest::run_tests({
+      {"size_classes", test_size_classes},
+      {"candidates_and_fastest", test_candidates_and_fastest},
+      {"choices_wait_for_the_decision", test_choices_wait_for_the_decision},
+      {"every_worker_picks_the_same", test_every_worker_picks_the_same},
+      {"probe_failure_names_the_call", test_probe_failure_names_the_call},
+      {"probing_off", test_probing_off},
+  });
+}
