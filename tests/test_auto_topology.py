@@ -1,0 +1,33 @@
+"""AUTO picks its topology by measuring (ops/runtime/auto_topology.h), np=3.
+
+tests/workers/auto_topology.py all-reduces tensors of eleven sizes (five size
+classes and their boundaries) concurrently in one tf.function, three
+times: every worker must agree on each class's topology (a disagreement
+fails the collective) and every result must equal numpy's bit for bit.
+A malformed KUNGFU_AUTO_PROBES stops the worker with an error naming the
+variable and the value; KUNGFU_AUTO_PROBES=0 (the fixed size rule) gives
+the same exact results.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import assert_job_ok, describe, run_job, worker_env
+
+NP = 3
+SIZES, STEPS = 11, 3  # as in tests/workers/auto_topology.py
+CHECKS = 1 + STEPS * SIZES  # the default topology, then every result of every step
+
+
+@pytest.mark.parametrize("probes", [None, "0"])
+def test_auto_results_are_exact_and_agreed(probes):
+    env = worker_env() if probes is None else worker_env(KUNGFU_AUTO_PROBES=probes)
+    rc, out, err = run_job(NP, "auto_topology.py", timeout=240, env=env)
+    assert_job_ok(rc, out, err, NP, CHECKS)
+
+
+def test_bad_probe_count_is_named():
+    rc, out, err = run_job(NP, "auto_topology.py", timeout=120, env=worker_env(KUNGFU_AUTO_PROBES="lots"))
+    assert rc != 0, describe(rc, out, err)
+    assert "KUNGFU_AUTO_PROBES='lots'" in out + err, describe(rc, out, err)
+    assert "from 0 to 100" in out + err, describe(rc, out, err)

@@ -1,0 +1,61 @@
+"""Worker for tests/test_auto_topology.py: AUTO's measured choice, end to end.
+
+Usage: auto_topology.py
+
+One tf.function all-reduces (AUTO, the launcher's default topology) a
+tensor of every size in SIZES — on both sides of several size-class
+boundaries, from 4 B to 4 MiB — all at once, so each worker's executor
+issues them in its own order and the first ones start AUTO's probes
+concurrently. The step runs three times (probing, then on the decided
+topologies). Inputs are small integers, so the sums are exact in any order:
+every result must equal numpy's bit for bit. A worker that picked another
+topology than its peers for a size class would fail the step with
+FailedPreconditionError naming both topologies. Ends with "checked N results".
+"""
+
+from __future__ import annotations
+
+import _setup
+from _setup import Checker, make_input, ops, reduce_ref, tf
+
+# (elements, dtype): float32 counts straddle the classes of 4 B, 1 KiB,
+# 64 KiB, 1 MiB and 4 MiB; one int32 and one float64 tensor share classes
+# with float32 ones.
+SIZES = (
+    (1, "float32"),
+    (2, "float32"),
+    (256, "float32"),
+    (257, "float32"),
+    (16384, "float32"),
+    (16385, "float32"),
+    (262144, "float32"),
+    (262145, "float32"),
+    (1048577, "float32"),
+    (300, "int32"),
+    (128, "float64"),
+)
+STEPS = 3
+
+
+def main() -> None:
+    rank, size = _setup.env_rank(), _setup.env_size()
+    chk = Checker(rank)
+    chk.equal(ops.topology().numpy().decode(), "AUTO", "the launcher's default topology")
+    inputs, wants = [], []
+    for i, (n, dt) in enumerate(SIZES):
+        xs = [make_input(f"auto/{i}", r, (n,), dt, "small") for r in range(size)]
+        inputs.append(tf.constant(xs[rank]))
+        wants.append(reduce_ref(xs, "sum", dt))
+
+    @tf.function(autograph=False)
+    def step(xs):
+        return [ops.all_reduce(x, op="sum") for x in xs]
+
+    for s in range(STEPS):
+        for (n, dt), got, want in zip(SIZES, step(inputs), wants):
+            chk.equal(got.numpy(), want, f"step {s}: {n} x {dt}")
+    chk.done()
+
+
+if __name__ == "__main__":
+    main()
