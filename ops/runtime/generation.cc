@@ -3,12 +3,17 @@
 namespace kungfu {
 
 Generation::Generation(Cluster c, int rank, double timeout_seconds)
-    : cluster(std::move(c)), self_rank(rank), registry(timeout_seconds) {
-  topologies.resize(static_cast<size_t>(TopologyKind::kAuto) + 1);
-  for (TopologyKind k : {TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kBinaryTree,
-                         TopologyKind::kBinaryTreeStar, TopologyKind::kClique}) {
-    topologies[static_cast<size_t>(k)] = build_topology(k, cluster);
-  }
+    : cluster(std::move(c)),
+      self_rank(rank),
+      registry(timeout_seconds),
+      topologies_(static_cast<size_t>(TopologyKind::kAuto) + 1) {}
+
+std::shared_ptr<const Topology> Generation::topology(TopologyKind kind) {
+  std::lock_guard<std::mutex> lock(topologies_mu_);
+  if (retired_ || kind == TopologyKind::kAuto) return nullptr;
+  std::shared_ptr<const Topology> &t = topologies_[static_cast<size_t>(kind)];
+  if (!t) t = build_topology(kind, cluster);
+  return t;
 }
 
 Generation::~Generation() {
@@ -34,6 +39,10 @@ void Generation::retire(const Status &why, std::chrono::steady_clock::time_point
   }
   mailbox.close(why);
   registry.retire();
+  // A retired generation lives as long as the runtime: its graphs must not.
+  std::lock_guard<std::mutex> lock(topologies_mu_);
+  retired_ = true;
+  for (auto &t : topologies_) t.reset();
 }
 
 }  // namespace kungfu

@@ -39,8 +39,11 @@ class Generation {
   const Cluster cluster;
   const int self_rank;
   int size() const { return cluster.size(); }
-  // Indexed by TopologyKind (kAuto: null, resolved per call).
-  std::vector<std::shared_ptr<const Topology>> topologies;
+  // The graphs of a (non-AUTO) topology at this membership, built on first
+  // use: RING and CLIQUE hold n graph pairs of n ranks each, O(n^2) memory
+  // and time per cluster change, which a job that never uses them should not
+  // pay. Null after retire() (in-flight plans own what they point into).
+  std::shared_ptr<const Topology> topology(TopologyKind kind);
   // AUTO's measured topology per size class at this membership.
   AutoChoices auto_choices;
   Mailbox mailbox;
@@ -72,6 +75,9 @@ class Generation {
  private:
   mutable std::mutex lost_mu_;
   std::set<int> lost_;
+  std::mutex topologies_mu_;
+  bool retired_ = false;                                     // topologies_mu_
+  std::vector<std::shared_ptr<const Topology>> topologies_;  // by TopologyKind; topologies_mu_
 };
 
 }  // namespace kungfu

@@ -65,9 +65,13 @@ void Runtime::all_reduce_in(const GenPtr &g, TopologyKind kind, const std::strin
     if (g->auto_choices.resolve(size_class, std::move(run_on))) probe_auto(g, size_class);
     return;
   }
-  TopologyKind k = resolve(*g, kind, bytes);
-  Plan plan = plan_all_reduce(buf.desc.count, dtype_size(buf.desc.dtype), g->topologies[static_cast<size_t>(k)],
-                              opt_.chunk_bytes);
+  std::shared_ptr<const Topology> graphs = g->topology(resolve(*g, kind, bytes));
+  if (!graphs) {  // retired since the check above
+    refused = g->registry.closed();
+    return done(Status(refused.ok() ? Code::kUnavailable : refused.code(),
+                       "all_reduce '" + name + "': " + (refused.ok() ? "cluster changed" : refused.message())));
+  }
+  Plan plan = plan_all_reduce(buf.desc.count, dtype_size(buf.desc.dtype), std::move(graphs), opt_.chunk_bytes);
   run(*g, "all_reduce", name, buf, op, std::move(plan), false, std::move(done));
 }
 

@@ -4,6 +4,7 @@
 #include <functional>
 #include <set>
 
+#include "generation.h"
 #include "plan.h"
 #include "test_util.h"
 #include "topology.h"
@@ -162,7 +163,24 @@ void test_parse() {
 
 }  // namespace
 
+// A generation builds a topology's graphs on first use only (RING and CLIQUE
+// are O(n^2)), keeps one copy while it is current, and lets go of them when
+// retired: retired generations live as long as the runtime.
+void test_generation_builds_graphs_on_demand() {
+  std::vector<PeerID> peers;
+  for (int i = 0; i < 64; ++i) peers.push_back(PeerID{"127.0.0.1", static_cast<uint16_t>(10000 + i)});
+  Generation g(Cluster(0, peers), 0, 10);
+  std::weak_ptr<const Topology> ring = g.topology(TopologyKind::kRing);
+  CHECK(!ring.expired() && ring.lock() == g.topology(TopologyKind::kRing));
+  CHECK(ring.lock()->pairs.size() == 64);
+  CHECK(g.topology(TopologyKind::kAuto) == nullptr);
+  g.retire(Unavailable("test"), std::chrono::steady_clock::now(), 1);
+  CHECK(ring.expired());
+  CHECK(g.topology(TopologyKind::kStar) == nullptr);
+}
+
 int main() {
+  test_generation_builds_graphs_on_demand();
   test_every_topology_is_a_set_of_spanning_trees();
   test_chain_is_a_ring();
   test_tree_star_crosses_hosts_only_between_leaders();
