@@ -10,6 +10,8 @@
 #   make fuzz      libFuzzer targets (tests/fuzz/fuzz_*.cc), FUZZ_SECONDS each
 #   make demo      4-worker training demo (models/train.py)
 #   make bench     allreduce benchmark: ours, MWMS, Open MPI, raw transport
+#   make bench-scaling  the runtime alone at 32, 64 and 128 simulated workers: resources,
+#                  latency, resize times, and what they predict for 1,024 (~5-10 min)
 #   make bench-frame-auth  cost of per-frame authentication (GMAC, HMAC) vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
 #   make bench-strategies  strategy builders x models, one host and two (root)
@@ -133,7 +135,7 @@ CLANG_FORMAT ?= clang-format
 CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-config-store bench-autoscaling lint cpp-format format docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-config-store bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -267,6 +269,18 @@ $(FRAME_AUTH_BENCH): benchmarks/frame_auth/cost.cc $(FRAME_AUTH_OBJS) Makefile
 
 bench-frame-auth: $(FRAME_AUTH_BENCH)
 	$(FRAME_AUTH_BENCH)
+
+# How the runtime alone scales to 32, 64 and 128 simulated workers (4-byte
+# messages, one process each): resources per worker, all-reduce and consensus
+# latency, resize times, a power-law fit and what it predicts for 1,024
+# (benchmarks/scaling/run.py; ~5-10 min on 2 cores).
+SCALING_BENCH := build/bench/runtime_scaling
+$(SCALING_BENCH): benchmarks/scaling/runtime_scaling.cc $(build/cpp_OBJS) Makefile
+	@mkdir -p $(@D)
+	$(CXX) $(CPP_FLAGS) $< $(build/cpp_OBJS) $(CPP_LIBS) -o $@
+
+bench-scaling: $(SCALING_BENCH)
+	$(PY) -m benchmarks.scaling
 
 bench-training: install
 	$(PY) -m benchmarks.training

@@ -1,0 +1,1 @@
+"""How the communication runtime scales to many simulated workers (issue 23 §6)."""
