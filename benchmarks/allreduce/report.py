@@ -75,6 +75,14 @@ def allreduce_tables(
     return "\n\n".join(parts)
 
 
+def _runtime_cell(point: dict[str, Any] | None) -> str:
+    """A median time; for AUTO also the topology its probe chose."""
+    if point is None:
+        return "–"
+    chose = point.get("auto_choice")
+    return format_time(point["median_s"]) + (f" ({chose})" if chose else "")
+
+
 def runtime_table(
     points: list[dict[str, Any]], nps: list[int], topologies: list[str]
 ) -> str:
@@ -84,12 +92,7 @@ def runtime_table(
     rows = []
     for n in nps:
         for size in sizes:
-            cells = [
-                format_time(by_key[(n, size, t)]["median_s"])
-                if (n, size, t) in by_key
-                else "–"
-                for t in topologies
-            ]
+            cells = [_runtime_cell(by_key.get((n, size, t))) for t in topologies]
             rows.append([str(n), format_size(size), *cells])
     header = ["np", "size", *topologies]
     return _table(header, ["r", "r", *["r"] * len(topologies)], rows)

@@ -11,7 +11,8 @@
 // network namespace) to measure across a link.
 //
 // Prints one line from rank 0:
-//   RESULT {"np": 2, "topology": "STAR", "size": 4, "median_s": ..., "samples": [...]}
+//   RESULT {"np": 2, "topology": "STAR", "auto_choice": "", "size": 4, "median_s": ..., "samples": [...]}
+// (auto_choice: for AUTO, the topology its probe chose for this size.)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,8 +77,14 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
   if (opt.self_rank == 0) {
     std::vector<double> sorted = samples;
     std::sort(sorted.begin(), sorted.end());
-    std::printf("RESULT {\"np\": %d, \"topology\": \"%s\", \"size\": %zu, \"median_s\": %.9f, \"samples\": [",
-                opt.cluster.size(), topo_name, count * 4, sorted[sorted.size() / 2]);
+    // What AUTO measured and chose for this size ("" for a fixed topology).
+    std::map<int, kungfu::TopologyKind> chosen = rt->auto_choices();
+    auto it = chosen.find(kungfu::auto_size_class(count * 4));
+    const char *auto_choice = it == chosen.end() ? "" : kungfu::topology_name(it->second);
+    std::printf(
+        "RESULT {\"np\": %d, \"topology\": \"%s\", \"auto_choice\": \"%s\", \"size\": %zu, \"median_s\": %.9f, "
+        "\"samples\": [",
+        opt.cluster.size(), topo_name, auto_choice, count * 4, sorted[sorted.size() / 2]);
     for (size_t i = 0; i < samples.size(); ++i) std::printf("%s%.9f", i ? ", " : "", samples[i]);
     std::printf("]}\n");
   }
