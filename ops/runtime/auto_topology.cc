@@ -42,30 +42,31 @@ bool AutoChoices::resolve(int size_class, Ready ready) {
   if (c.decided) {
     TopologyKind kind = c.kind;
     lock.unlock();
-    ready(Status::OK(), kind);
+    ready(kind);
     return false;
   }
   c.waiting.push_back(std::move(ready));
   return c.waiting.size() == 1;
 }
 
-void AutoChoices::decide(int size_class, const Status &status, TopologyKind kind) {
+void AutoChoices::decide(int size_class, TopologyKind kind, bool measured) {
   std::vector<Ready> waiting;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Class &c = classes_[size_class];
-    c.decided = status.ok();
+    c.decided = true;
+    c.measured = measured;
     c.kind = kind;
     waiting.swap(c.waiting);
   }
-  for (Ready &r : waiting) r(status, kind);
+  for (Ready &r : waiting) r(kind);
 }
 
-std::map<int, TopologyKind> AutoChoices::decided() const {
+std::map<int, TopologyKind> AutoChoices::measured() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<int, TopologyKind> out;
   for (const auto &[size_class, c] : classes_) {
-    if (c.decided) out[size_class] = c.kind;
+    if (c.measured) out[size_class] = c.kind;
   }
   return out;
 }

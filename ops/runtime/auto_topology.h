@@ -13,6 +13,12 @@
 // them in its own order; serialising them locally could deadlock), so the
 // first step of a job that all-reduces many sizes at once measures under
 // its own load.
+//
+// A probe that fails (a peer died, never came within the timeout, or
+// aborted it) leaves its class on the fixed size rule (choose_auto) for the
+// generation; the calls that waited then run on that rule and fail or
+// succeed on their own, so such a call can take up to twice the timeout to
+// report a peer that never comes.
 #pragma once
 
 #include <cstddef>
@@ -44,22 +50,25 @@ TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vec
 // AUTO's decisions of one generation, by size class.
 class AutoChoices {
  public:
-  using Ready = std::function<void(const Status &, TopologyKind)>;
+  using Ready = std::function<void(TopologyKind)>;
 
   // Calls `ready` (inline, outside the lock) with the class's topology if it
   // is decided; otherwise keeps it for decide(). True iff the caller must
   // start the class's probe (it is the first to ask).
   bool resolve(int size_class, Ready ready);
-  // Ends the class's probe: every waiting `ready` gets (status, kind). On
-  // success the class keeps `kind`; on failure it is undecided again, so a
-  // later call probes anew.
-  void decide(int size_class, const Status &status, TopologyKind kind);
-  // The decided classes and their topologies (for logs and tests).
-  std::map<int, TopologyKind> decided() const;
+  // Ends the class's probe: the class keeps `kind` for this generation and
+  // every waiting `ready` gets it. `measured`: the probe finished; false
+  // when it failed (a peer died, timed out or aborted it) and `kind` is the
+  // fixed rule's (choose_auto). A failed probe is not retried: its names
+  // may hold a peer's abort, which would fail a new attempt at once.
+  void decide(int size_class, TopologyKind kind, bool measured);
+  // The classes whose probe finished, and the topology each measured fastest.
+  std::map<int, TopologyKind> measured() const;
 
  private:
   struct Class {
     bool decided = false;
+    bool measured = false;
     TopologyKind kind = TopologyKind::kStar;
     std::vector<Ready> waiting;
   };

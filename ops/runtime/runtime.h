@@ -98,7 +98,7 @@ class Runtime {
   TopologyKind topology() const { return topology_.load(); }
   // AUTO's measured choices on the current version, by size class
   // (auto_topology.h); empty until a probe has finished.
-  std::map<int, TopologyKind> auto_choices() const { return gen()->auto_choices.decided(); }
+  std::map<int, TopologyKind> auto_choices() const { return gen()->auto_choices.measured(); }
 
   void all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneCallback done);
   // Same, but on a fixed topology (control messages must not depend on the switchable one).
@@ -218,6 +218,7 @@ class Runtime {
   void probe_auto(const GenPtr &g, int size_class);
   void probe_step(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_decide(const GenPtr &g, const std::shared_ptr<void> &state);
+  void probe_failed(const GenPtr &g, int size_class);
 
   // runtime_consensus.cc
   void consensus_in(const GenPtr &g, const std::string &name, std::vector<char> bytes, ConsensusCallback done);

@@ -65,7 +65,7 @@ void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
   size_t count = p->in.size();
   Buffer buf{p->in.data(), p->out.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, p};
   all_reduce_in(g, kind, p->name(std::to_string(p->step)), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
-    if (!s.ok()) return g->auto_choices.decide(p->size_class, s, TopologyKind::kStar);
+    if (!s.ok()) return probe_failed(g, p->size_class);
     if (p->sample() > 0 && p->call() == p->calls - 1) {
       std::chrono::duration<double> took = std::chrono::steady_clock::now() - p->sample_start;
       p->seconds[static_cast<size_t>(p->candidate())].push_back(took.count() / p->calls);
@@ -82,9 +82,16 @@ void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) 
   for (const std::vector<double> &s : p->seconds) p->totals.push_back(median(s));
   size_t n = p->totals.size();
   Buffer buf{p->totals.data(), p->totals.data(), TensorDesc{DType::kFloat64, {static_cast<int64_t>(n)}, n}, p};
-  all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [g, p](const Status &s) {
-    g->auto_choices.decide(p->size_class, s, s.ok() ? fastest(p->candidates, p->totals) : TopologyKind::kStar);
+  all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
+    if (!s.ok()) return probe_failed(g, p->size_class);
+    g->auto_choices.decide(p->size_class, fastest(p->candidates, p->totals), true);
   });
+}
+
+void Runtime::probe_failed(const GenPtr &g, int size_class) {
+  // The calls that waited run on the fixed rule and fail (or not) on their
+  // own, with their own names in the error, as they did before AUTO measured.
+  g->auto_choices.decide(size_class, choose_auto(auto_probe_bytes(size_class), g->cluster), false);
 }
 
 }  // namespace kungfu

@@ -54,12 +54,7 @@ void Runtime::all_reduce_in(const GenPtr &g, TopologyKind kind, const std::strin
     // Measured AUTO: run on the class's decided topology, probing it first
     // if no worker has yet (runtime_auto.cc).
     int size_class = auto_size_class(bytes);
-    auto run_on = [this, g, name, buf, op, done, size_class](const Status &s, TopologyKind decided) {
-      if (!s.ok()) {
-        return done(Status(s.code(), "all_reduce '" + name + "': AUTO's probe of messages up to " +
-                                         std::to_string(auto_probe_bytes(size_class)) +
-                                         " bytes failed: " + s.message()));
-      }
+    auto run_on = [this, g, name, buf, op, done](TopologyKind decided) {
       all_reduce_in(g, decided, name, buf, op, done);
     };
     if (g->auto_choices.resolve(size_class, std::move(run_on))) probe_auto(g, size_class);
