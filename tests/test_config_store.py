@@ -371,6 +371,57 @@ def test_launcher_killed_with_its_worker_another_takes_over(etcd3):
     assert f"error: job {job} already ran to its end in {etcd3.url} (every member finished)" in again.stderr
 
 
+def test_a_dead_launchers_members_and_joiners_are_let_go(etcd3):
+    """Host B (127.0.0.2, rank 0, the placer duty) and host A (127.0.0.1,
+    ranks 1 and 2, and a joiner B placed there that never gets ready). A's
+    launcher is SIGKILLed (its processes die with it, nobody reports them):
+    when its lease expires, B reports A's members lost and withdraws A's
+    joiner, and places no joiner on A again; rank 0 sees the joiner go and
+    the job ends with it. The job's record in etcd lists the joiner as
+    withdrawn."""
+    job = f"claims-{uuid.uuid4().hex[:8]}"
+    base = 25000 + (os.getpid() * 43) % 14000
+    common = [
+        "-np", "3", "--max-np", "4", "--elastic", "-H", "127.0.0.2:1,127.0.0.1:3", "--config-store", etcd3.url,
+        "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
+    ]
+    env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
+    out: dict[str, list[str]] = {"a": [], "b": []}
+    err: dict[str, list[str]] = {"a": [], "b": []}
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name, host in (("b", "127.0.0.2"), ("a", "127.0.0.1")):
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "kungfu_tf.run", *common, "--self", host, sys.executable, FAKE, "stuck", "1"],
+                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True,
+            )
+            _reader(procs[name].stdout, out[name])
+            _reader(procs[name].stderr, err[name])
+            if name == "b":
+                _wait_for(err["b"], r"places joiners and answers for lost launchers", 60, "B holds the duty", procs["b"])
+        _wait_for(err["a"], rf"started joiner \[3\] 127\.0\.0\.1:{base + 2}", 60, "A starts the joiner", procs["a"])
+        os.kill(procs["a"].pid, signal.SIGKILL)
+        rc_b = procs["b"].wait(60)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    info = "\n".join(f"--- {n} ---\n{''.join(err[n])}{''.join(out[n])}" for n in procs)
+    assert rc_b == 0, info
+    b_err = "".join(err["b"])
+    reason = "the launcher of 127.0.0.1 is gone (its etcd lease expired)"
+    assert f"{reason}: reporting 127.0.0.1:{base}, 127.0.0.1:{base + 1} lost" in b_err, info
+    assert f"cluster v2: 3 -> 1 workers (lost 127.0.0.1:{base}, 127.0.0.1:{base + 1}: {reason})" in b_err, info
+    assert "[0] saw 1 joiners come and go; 0 joiners now\n" in out["b"], info
+    assert not re.search(r"placed joiner 127\.0\.0\.1", b_err.split(reason)[-1]), info
+    store = store_for(etcd3, job)
+    record, _ = store.load()
+    store.close()
+    assert record is not None and record["joiners"] == [] and record["removed"] == [f"127.0.0.1:{base + 2}"], record
+
+
 def test_leader_killed_while_a_joiner_is_admitted(etcd3):
     """A growth 2 -> 3 on two launchers: the etcd leader is SIGKILLed as the
     joiner starts, so its JoinerReady and the admission go through an
