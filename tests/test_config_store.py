@@ -183,6 +183,29 @@ def test_records_without_the_job_secret_are_ignored_and_logged(etcd3):
         store.close()
 
 
+def test_a_launcher_with_another_secret_is_refused(etcd3):
+    """A job's record exists in etcd; a launcher with the same job id but
+    another secret cannot open it: it names the ignored record and stops
+    (exit 2) instead of starting a second job beside it."""
+    job = f"secret-{uuid.uuid4().hex[:8]}"
+    store = store_for(etcd3, job)
+    jobs = StoredJobStateMachine(store, initial_machine(2))
+    try:
+        other = worker_env(KUNGFU_JOB_SECRET="f" * 64, KUNGFU_JOB_ID=job)
+        run = subprocess.run(
+            [sys.executable, "-m", "kungfu_tf.run", "-np", "1", "--elastic", "--config-store", etcd3.url,
+             sys.executable, FAKE, "grow", "1"],
+            cwd=REPO_ROOT, env=other, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+        )
+    finally:
+        jobs.close()
+        store.close()
+    assert run.returncode == 2, run.stderr
+    assert re.search(rf"ignoring etcd record /kungfu/{job}/state/0+1 \(revision \d+\): its tag does not match", run.stderr)
+    assert f"error: the job {job} in {etcd3.url} has 1 state record(s), none sealed with this KUNGFU_JOB_SECRET" in run.stderr
+    assert "started" not in run.stdout + run.stderr and "member" not in run.stdout, run.stdout
+
+
 def test_leader_kill_during_resizes_never_splits_the_cluster(etcd3):
     """Two launchers keep committing resizes (PutCluster, a compare-and-set on
     the version) while the etcd leader is SIGKILLed: every attempt either

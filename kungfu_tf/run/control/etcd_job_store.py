@@ -90,6 +90,9 @@ class EtcdJobStore:
         self._host = ""
         self._renewer: threading.Thread | None = None
         self._renew_problem = ""
+        # State records newer than the one the last load() answered that did
+        # not open (all of them when it answered None).
+        self.ignored_records = 0
         self._lock = threading.Lock()
 
     def describe(self) -> str:
@@ -125,10 +128,12 @@ class EtcdJobStore:
                 next_index = int(kvs[0].key[len(self._state_prefix) :]) + 1
             except ValueError:
                 next_index = len(kvs) + 10**9  # a stray key with no number: write well above
-        for kv in kvs:
+        for ignored, kv in enumerate(kvs):
             record = self._open(kv)
             if record is not None:
+                self.ignored_records = ignored
                 return record, _Version(revision, next_index)
+        self.ignored_records = len(kvs)
         return None, _Version(revision, next_index)
 
     def compare_and_set(self, version: object, record: dict) -> bool:

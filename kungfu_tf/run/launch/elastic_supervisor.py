@@ -327,6 +327,14 @@ class ElasticSupervisor:
             admit_window=plan.admit_window,
         )
         try:
+            record, _ = store.load()
+            if record is None and store.ignored_records:
+                # Another secret's job (or a forgery) holds this job id: never start a second job beside it.
+                raise LaunchError(
+                    f"the job {plan.job_id} in {store.describe()} has {store.ignored_records} state record(s), none "
+                    "sealed with this KUNGFU_JOB_SECRET (see the lines above); export the same KUNGFU_JOB_SECRET "
+                    "and KUNGFU_JOB_ID on every host (a new KUNGFU_JOB_ID for every run)"
+                )
             jobs = StoredJobStateMachine(store, initial_machine)
             store.register_launcher(plan.self_host)
         except StoreUnavailableError as e:
