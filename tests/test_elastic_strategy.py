@@ -3,13 +3,15 @@
 ``kungfu-run --elastic -np 3 --max-np 3``, a custom loop (``kungfu_tf.elastic.function``) inside
 ``kungfu_tf.elastic.run`` with ``SynchronousSGDOptimizer(opt, strategy=...)``:
 
-* every builder, and a written strategy (a file naming owners), through three changes in one job:
+* every builder, and a written strategy (a file naming the owners of shards), through three changes in one job:
   the worker of rank 2 (an owner of variables in every strategy with parameter servers) is SIGKILLed as
   step 4 begins; the job grows back to 3 at step 8 (``resize(3, wait=True)``: the launcher's replacement
   joins) and shrinks to 2 at step 12 (the worker of rank 2, an owner again, leaves). Plain SGD: the
   crashed owner's values are on every worker, and it has no slots to lose.
 * SGD with momentum, whose slots live on the owners only, through a shrink (the leaving owner hands its
-  slots over before the change commits), a growth (the joiner's share moves to it) and a shrink again.
+  slots over before the change commits), a growth (the joiner's share moves to it) and a shrink again:
+  the written partitioned strategy (shard slots), Parallax (all-reduced slots), and PSLoadBalancing in
+  Keras ``fit`` (``elastic_fit``).
 
 Before the strategy was re-built at a change, every worker died at the first one (``reduce: root 2
 outside a cluster of 2``: a variable's owner had left) and the launcher ended with 0 workers. Checked:
@@ -41,7 +43,8 @@ LAUNCHER = ["--elastic", "--max-np", "3"]
 
 
 def written_strategy(tmp_path, replicas: int = 0) -> str:
-    """A PSLoadBalancing strategy for 3 workers, as a file (``graph_config.replicas``: ``replicas``)."""
+    """A PartitionedPS strategy for 3 workers (every weight matrix cut into 3 shards, one per owner), as a file
+    (``graph_config.replicas``: ``replicas``)."""
     import sys
 
     import keras
@@ -56,7 +59,9 @@ def written_strategy(tmp_path, replicas: int = 0) -> str:
 
     keras.backend.clear_session()  # the variables' names, as the workers' first model has them
     model = build_digits_mlp(hidden=(HIDDEN,), seed=1)
-    strategy = builders.build("PSLoadBalancing", describe_variables(model.trainable_variables), ClusterSpec(3))
+    variables = describe_variables(model.trainable_variables)
+    strategy = builders.PartitionedPS(min_partition_bytes=64).build(variables, ClusterSpec(3))
+    assert sum(len(n.part_config) for n in strategy.node_config) >= 6, strategy  # both kernels cut
     strategy.graph_config.replicas = replicas
     path = tmp_path / "strategy.pbtxt"
     strategy_format.save(strategy, path)
@@ -101,9 +106,10 @@ def test_a_strategy_survives_a_crashed_owner_a_growth_and_a_shrink(tmp_path, str
         assert traces and min(traces) >= 2, traces
 
 
-@pytest.mark.parametrize("builder", ["PSLoadBalancing", "Parallax"])
-def test_optimizer_slots_move_to_the_new_owners(tmp_path, builder):
-    args = train_args(tmp_path, builder, "momentum") + ["--resize-at", "4:2,8:3,12:2", "--resize-wait"]
+@pytest.mark.parametrize("strategy", ["written", "Parallax"])  # PSLoadBalancing: the Keras test below
+def test_optimizer_slots_move_to_the_new_owners(tmp_path, strategy):
+    source = written_strategy(tmp_path) if strategy == "written" else strategy
+    args = train_args(tmp_path, source, "momentum") + ["--resize-at", "4:2,8:3,12:2", "--resize-wait"]
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
     check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "momentum")
 
