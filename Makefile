@@ -23,6 +23,7 @@
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
 #                  link contention on two emulated hosts (root, ~7 min)
 #   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart (~20-30 min)
+#   make bench-strategy-resize  what a membership change costs a job with a strategy (re-build, re-trace; ~5 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
 #   make lint      ruff, then mypy over the public API ([tool.mypy] in pyproject.toml; ~10 s),
@@ -135,7 +136,7 @@ CLANG_FORMAT ?= clang-format
 CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-config-store bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-config-store bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -314,6 +315,9 @@ bench-adaptive-topology: install
 # (benchmarks/elastic/run.py; table in benchmarks/results/elastic.md).
 bench-elastic: install
 	$(PY) -m benchmarks.elastic
+
+bench-strategy-resize: install
+	$(PY) -m benchmarks.strategy_resize
 
 # Recovery times of an elastic job whose state is in etcd (--config-store):
 # 3 real etcd members on loopback, launchers killed, the etcd leader killed,
