@@ -208,3 +208,90 @@ def gns_update(
     )
     keys = ("ema_noise_trace", "ema_grad_sq_norm", "ema_count", "noise_trace", "grad_sq_norm", "gns", "gns_raw")
     return dict(zip(keys, outputs))
+
+
+def local_statistics(
+    start_ns: tf.Tensor, gradients: Sequence[tf.Tensor], with_norm: bool
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """What a worker measures before the gradient all-reduce, as one kernel: ``(rider, compute_time, size)``.
+
+    ``compute_time`` (float64) is the time from ``start_ns`` (a
+    :func:`step_clock_start`) until every tensor of ``gradients`` was
+    available. ``rider`` (float64 ``[1 + size]``) holds the squared norm of
+    ``gradients`` (0 unless ``with_norm``), then ``compute_time`` at this
+    worker's rank and zeros elsewhere: averaged over the workers it gives the
+    mean squared norm and, times ``size``, every worker's compute time.
+    ``size`` (int32) is the cluster size the rider was laid out for.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> rider, seconds, size = local_statistics(step_clock_start(tf.Variable(0)), [tf.constant([3.0, 4.0])], True)
+        >>> float(rider[0]), int(size), float(rider[1]) == float(seconds)
+        (25.0, 1, True)
+    """
+    return tuple(  # type: ignore[return-value]
+        library().kungfu_monitor_local(
+            start_ns, _float_tensors(gradients, "local_statistics"), with_norm=bool(with_norm)
+        )
+    )
+
+
+def update_monitor(
+    reduced_rider: tf.Tensor,
+    compute_time: tf.Tensor,
+    size: tf.Tensor,
+    averaged: Sequence[tf.Tensor],
+    current: Sequence[tf.Tensor],
+    state: Sequence[tf.Variable],
+    previous: Sequence[tf.Variable],
+    gns: bool,
+    smoothing: float,
+) -> tf.Operation | None:
+    """Everything a gradient monitor updates after the all-reduce, as one kernel writing the variables itself.
+
+    ``state`` are the monitor's variables in the order ``compute_time``,
+    ``worker_compute_times``, ``monitor_step`` and, with ``gns``,
+    ``local_batch_size``, ``ema_noise_trace``, ``ema_grad_sq_norm``,
+    ``ema_count``, ``noise_trace``, ``grad_sq_norm``, ``gns``, ``gns_raw``.
+    ``reduced_rider`` is :func:`local_statistics`' rider averaged over the
+    workers, ``averaged`` the averaged gradients (the squared norm of the
+    big batch). In a cluster of one, ``current`` (this step's gradients)
+    pairs with ``previous`` (their copies from the last step, then the int64
+    batch size they had) as in :func:`pair_squared_norms`, and replaces
+    them; without ``previous`` a one-worker step estimates nothing. The
+    estimate is :func:`gns_update`'s, ``monitor_step`` is incremented last.
+    Returns the op (None eagerly, where it has run).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> f64 = lambda v: tf.Variable(v, dtype=tf.float64)
+        >>> state = [f64(0.0), tf.Variable([0.0], dtype=tf.float64, shape=[None]), tf.Variable(0, dtype=tf.int64)]
+        >>> update_monitor(tf.constant([0.0, 0.5], tf.float64), tf.constant(0.5, tf.float64), tf.constant(1),
+        ...                [], [], state, [], gns=False, smoothing=0.9)
+        >>> float(state[0].numpy()), int(state[2].numpy())
+        (0.5, 1)
+    """
+    state = list(state)
+    previous = list(previous)
+    want = 11 if gns else 3
+    if len(state) != want:
+        raise ValueError(f"update_monitor: state must hold {want} variables {'with' if gns else 'without'} gns, "
+                         f"got {len(state)}")  # fmt: skip
+    current = _float_tensors(current, "update_monitor current")
+    if previous and len(previous) != len(current) + 1:
+        raise ValueError(
+            f"update_monitor: {len(current)} current gradients need {len(current) + 1} previous variables "
+            f"(one copy each, then the batch size), got {len(previous)}"
+        )
+    op = library().kungfu_monitor_update(
+        tf.convert_to_tensor(reduced_rider, tf.float64),
+        tf.convert_to_tensor(compute_time, tf.float64),
+        tf.convert_to_tensor(size, tf.int32),
+        _float_tensors(averaged, "update_monitor averaged"),
+        current,
+        [v.handle for v in state],
+        [v.handle for v in previous],
+        gns=bool(gns),
+        smoothing=float(smoothing),
+    )
+    return None if tf.executing_eagerly() else op

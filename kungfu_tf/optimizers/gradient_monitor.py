@@ -301,21 +301,23 @@ class GradientMonitor(tf.Module):
     # ---------------------------------------------------------------- in the step
 
     def local_statistics(self, grads: Sequence[Gradient]) -> LocalStatistics:
-        """This worker's squared gradient norm and compute time, packed as the all-reduce rider."""
+        """This worker's squared gradient norm and compute time, packed as the all-reduce rider.
+
+        Two ops: the clock's start, and one kernel that stops the clock,
+        takes the norm and lays out the rider (ops.monitor.local_statistics).
+        """
         self._check_graph()
         present = [g for g in grads if g is not None]
         start = monitor_ops.step_clock_start(self._untracked.clock_anchor)
-        ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
-        compute_time = monitor_ops.step_clock_lap(start, ready)
         if self.gns_enabled:
             # Whatever the size at tracing: a step traced alone (a joiner's
             # warm-up) later runs in a cluster, whose mean needs this norm.
-            local_sq = monitor_ops.squared_norm([_norm_operand(g) for g in present])
+            # (For tf.IndexedSlices the clock then stops after their duplicate
+            # rows are summed, a small part of the norm's work.)
+            measured = [_norm_operand(g) for g in present]
         else:
-            local_sq = tf.constant(0.0, tf.float64)
-        size = ops.cluster_size()
-        times = tf.one_hot(ops.rank(), size, on_value=compute_time, off_value=tf.constant(0.0, tf.float64))
-        rider = tf.concat([tf.reshape(local_sq, [1]), times], axis=0)
+            measured = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
+        rider, compute_time, size = monitor_ops.local_statistics(start, measured, with_norm=self.gns_enabled)
         return LocalStatistics(rider=rider, compute_time=compute_time, size=size)
 
     def update(
@@ -330,71 +332,38 @@ class GradientMonitor(tf.Module):
 
         ``reduced_rider`` is ``local.rider`` averaged over the workers (by the
         gradient all-reduce); ``local_grads`` and ``averaged_grads`` pair up
-        position by position.
+        position by position. One kernel writes every variable
+        (ops.monitor.update_monitor); the gradient variance, when due, runs
+        before it in a ``tf.cond`` with its own all-reduce.
         """
         prefix = call_prefix(f"{name}/monitor")
-        size_f = tf.cast(local.size, tf.float64)
-        step = self.tensors["monitor_step"].read_value()
-        updates: list[Any] = [
-            self.tensors["compute_time"].assign(local.compute_time),
-            self.tensors["worker_compute_times"].assign(reduced_rider[1:] * size_f),
-        ]
         pairs = [(g, a) for g, a in zip(local_grads, averaged_grads) if g is not None and a is not None]
-        if self.gns_enabled:
-            updates += self._update_gns(reduced_rider[0], size_f, [a for _, a in pairs], [g for g, _ in pairs])
+        local_present = [g for g, _ in pairs]
+        before: list[Any] = []
         if self.variance_interval > 0:
-            updates.append(self._update_variance(step, [g for g, _ in pairs], [a for _, a in pairs], prefix))
-        with tf.control_dependencies([u for u in updates if u is not None]):
-            finished = self.tensors["monitor_step"].assign_add(1)
-        if tf.executing_eagerly():
-            return None
-        return tf.group(finished)
-
-    def _update_gns(
-        self, mean_local_sq: tf.Tensor, size_f: tf.Tensor, averaged: list[Any], local: list[Any]
-    ) -> list[Any]:
-        batch_size = self.local_batch_size.read_value()
-        b = tf.cast(batch_size, tf.float64)
-        big_sq_many = monitor_ops.squared_norm([_norm_operand(a) for a in averaged])
-
-        def many_workers() -> tuple[tf.Tensor, ...]:
-            return mean_local_sq, big_sq_many, b, b * size_f, tf.constant(True)
-
-        previous = self._previous_gradient(local)
-        if previous is None:  # never one worker: a cluster of one has a single batch size, no estimate
-            small_sq, big_sq, small_b, big_b, _ = many_workers()
-            valid = size_f > 1.0
-        else:
-
-            def one_worker() -> tuple[tf.Tensor, ...]:
-                current = [_dense(g) for g in local]
-                norms = monitor_ops.pair_squared_norms(current, [v.read_value() for v in previous.tensors])
-                # No pair before the first step (0), after steps at several
-                # workers (0), nor across a batch-size change: the previous
-                # gradient's expected norm has another tr(Sigma) / B.
-                previous_batch_size = previous.batch_size.read_value()
-                valid = tf.equal(previous_batch_size, batch_size)
-                with tf.control_dependencies([norms, previous_batch_size]):
-                    keep = [v.assign(g) for v, g in zip(previous.tensors, current)]
-                    keep.append(previous.batch_size.assign(batch_size))
-                with tf.control_dependencies(keep):
-                    return tf.identity(0.5 * (norms[0] + norms[1])), tf.identity(norms[2]), b, 2.0 * b, valid
-
-            def many_workers_forget() -> tuple[tf.Tensor, ...]:
-                with tf.control_dependencies([previous.batch_size.assign(0)]):
-                    return tuple(tf.identity(t) for t in many_workers())
-
-            small_sq, big_sq, small_b, big_b, valid = tf.cond(size_f > 1.0, many_workers_forget, one_worker)
-        out = monitor_ops.gns_update(
-            small_sq, big_sq, small_b, big_b, valid,
-            self.ema_noise_trace, self.ema_grad_sq_norm, self.ema_count, self.smoothing,
-        )  # fmt: skip
-        return [
-            self.ema_noise_trace.assign(out["ema_noise_trace"]),
-            self.ema_grad_sq_norm.assign(out["ema_grad_sq_norm"]),
-            self.ema_count.assign(out["ema_count"]),
-            *(self.tensors[key].assign(out[key]) for key in ("noise_trace", "grad_sq_norm", "gns", "gns_raw")),
-        ]
+            step = self.tensors["monitor_step"].read_value()
+            variance = self._update_variance(step, local_present, [a for _, a in pairs], prefix)
+            if variance is not None:
+                before.append(variance)
+        state = [self.tensors[key] for key in ("compute_time", "worker_compute_times", "monitor_step")]
+        averaged: list[Any] = []
+        current: list[Any] = []
+        previous: list[tf.Variable] = []
+        if self.gns_enabled:
+            state += [self.local_batch_size, self.ema_noise_trace, self.ema_grad_sq_norm, self.ema_count]
+            state += [self.tensors[key] for key in ("noise_trace", "grad_sq_norm", "gns", "gns_raw")]
+            averaged = [_norm_operand(a) for _, a in pairs]
+            copy = self._previous_gradient(local_present)
+            if copy is not None:
+                current = _pair_operands(local_present, local.size)
+                previous = [*copy.tensors, copy.batch_size]
+        # In a v1 graph nothing orders the variance's read of monitor_step
+        # before this kernel's increment but this dependency.
+        with tf.control_dependencies(before):
+            return monitor_ops.update_monitor(
+                reduced_rider, local.compute_time, local.size, averaged, current, state, previous,
+                gns=self.gns_enabled, smoothing=self.smoothing,
+            )  # fmt: skip
 
     def _update_variance(self, step: tf.Tensor, local: list[Any], averaged: list[Any], prefix: str) -> Any:
         variance = self.tensors["grad_variance"]
@@ -468,6 +437,30 @@ def _outermost_graph() -> tf.Graph | None:
     while isinstance(graph, tf.__internal__.FuncGraph) and graph.outer_graph is not None:
         graph = graph.outer_graph
     return graph
+
+
+def _pair_operands(local: Sequence[Any], size: tf.Tensor) -> list[tf.Tensor]:
+    """The gradients the one-worker estimate pairs with the previous ones: dense, as the copies are.
+
+    A dense gradient is passed as it is. A ``tf.IndexedSlices`` is made dense
+    only when the step runs at one worker (a ``tf.cond`` on the size): at
+    several workers the kernel does not read it, and densifying an
+    embedding's gradient every step would cost a whole table's worth.
+    """
+    sparse = [i for i, g in enumerate(local) if isinstance(g, tf.IndexedSlices)]
+    out = [None if isinstance(g, tf.IndexedSlices) else _dense(g) for g in local]
+    if sparse:
+
+        def densified() -> list[tf.Tensor]:
+            return [_dense(local[i]) for i in sparse]
+
+        def unused() -> list[tf.Tensor]:
+            return [tf.zeros([0], local[i].dtype) for i in sparse]
+
+        filled = tf.cond(size > 1, unused, densified)
+        for i, t in zip(sparse, filled if isinstance(filled, (list, tuple)) else [filled]):
+            out[i] = t
+    return out  # type: ignore[return-value]
 
 
 def _dense(g: Any) -> tf.Tensor:

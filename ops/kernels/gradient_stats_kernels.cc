@@ -3,14 +3,13 @@
 // kernel each, so that monitoring adds a handful of ops per step however many
 // variables the model has (no per-variable Python or TF math).
 //
-// Every sum is accumulated in double, whatever the gradients' dtype: a
-// float32 sum over millions of squares loses the digits that the gradient
-// noise scale takes a difference of.
-#include <cmath>
+// The arithmetic lives in gradient_stats.h, shared with the fused per-step
+// monitor kernels (monitor_step_kernels.cc).
 #include <cstdint>
 #include <limits>
 #include <string>
 
+#include "gradient_stats.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -29,65 +28,6 @@ using tensorflow::shape_inference::InferenceContext;
 #define KUNGFU_FLOAT_LIST "T: list({half, bfloat16, float, double}) >= 0"
 
 namespace {
-
-// Calls fn(const T *data, int64 n) with the tensor's elements as their own type.
-template <typename Fn>
-absl::Status visit_floats(const Tensor &t, Fn fn) {
-  switch (t.dtype()) {
-    case tensorflow::DT_HALF: fn(t.flat<Eigen::half>().data(), t.NumElements()); return absl::OkStatus();
-    case tensorflow::DT_BFLOAT16: fn(t.flat<tensorflow::bfloat16>().data(), t.NumElements()); return absl::OkStatus();
-    case tensorflow::DT_FLOAT: fn(t.flat<float>().data(), t.NumElements()); return absl::OkStatus();
-    case tensorflow::DT_DOUBLE: fn(t.flat<double>().data(), t.NumElements()); return absl::OkStatus();
-    default: return absl::InvalidArgumentError("unsupported dtype " + tensorflow::DataTypeString(t.dtype()));
-  }
-}
-
-// float and double go through Eigen's vectorised reduction (a pass over a
-// large model's gradients is then memory-bound, not bound by one scalar
-// add chain); half and bfloat16 are rare for gradients and take the loop.
-double sum_of_squares(const Tensor &t, absl::Status *status) {
-  *status = absl::OkStatus();
-  if (t.dtype() == tensorflow::DT_FLOAT) {
-    Eigen::Tensor<double, 0, Eigen::RowMajor> sum = t.flat<float>().template cast<double>().square().sum();
-    return sum();
-  }
-  if (t.dtype() == tensorflow::DT_DOUBLE) {
-    Eigen::Tensor<double, 0, Eigen::RowMajor> sum = t.flat<double>().square().sum();
-    return sum();
-  }
-  double sum = 0.0;
-  *status = visit_floats(t, [&sum](const auto *p, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      double x = static_cast<double>(p[i]);
-      sum += x * x;
-    }
-  });
-  return sum;
-}
-
-// Calls fn(const T *a, const T *b, int64 n) with two tensors of the same
-// dtype and size as their own element type: one dtype dispatch per tensor
-// pair, then a plain loop the compiler vectorises (reading element by element
-// through Tensor::flat<T>() re-checks the dtype on every element and made
-// the one-worker gradient noise scale cost more than the step it monitors).
-template <typename Fn>
-absl::Status visit_float_pair(const Tensor &a, const Tensor &b, Fn fn) {
-  switch (a.dtype()) {
-    case tensorflow::DT_HALF:
-      fn(a.flat<Eigen::half>().data(), b.flat<Eigen::half>().data(), a.NumElements());
-      return absl::OkStatus();
-    case tensorflow::DT_BFLOAT16:
-      fn(a.flat<tensorflow::bfloat16>().data(), b.flat<tensorflow::bfloat16>().data(), a.NumElements());
-      return absl::OkStatus();
-    case tensorflow::DT_FLOAT:
-      fn(a.flat<float>().data(), b.flat<float>().data(), a.NumElements());
-      return absl::OkStatus();
-    case tensorflow::DT_DOUBLE:
-      fn(a.flat<double>().data(), b.flat<double>().data(), a.NumElements());
-      return absl::OkStatus();
-    default: return absl::InvalidArgumentError("unsupported dtype " + tensorflow::DataTypeString(a.dtype()));
-  }
-}
 
 // Two input lists must pair up tensor by tensor: same count (by the op
 // definition), same shapes. `what` names the op and the lists for the error.
@@ -155,19 +95,6 @@ class PairSquaredNormsOp : public OpKernel {
  public:
   explicit PairSquaredNormsOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
 
-  // Adds |a|^2, |b|^2 and a.b, accumulated in double.
-  template <typename T>
-  static void add_pair_sums(const Tensor &a, const Tensor &b, double *cur, double *prev, double *dot) {
-    auto x = a.flat<T>().template cast<double>();
-    auto y = b.flat<T>().template cast<double>();
-    Eigen::Tensor<double, 0, Eigen::RowMajor> sum = x.square().sum();
-    *cur += sum();
-    sum = y.square().sum();
-    *prev += sum();
-    sum = (x * y).sum();
-    *dot += sum();
-  }
-
   void Compute(OpKernelContext *ctx) override {
     OpInputList current, previous;
     OP_REQUIRES_OK(ctx, ctx->input_list("current", &current));
@@ -177,24 +104,9 @@ class PairSquaredNormsOp : public OpKernel {
     // vectorised Eigen reduction for float and double.
     double cur = 0.0, prev = 0.0, dot = 0.0;
     for (int i = 0; i < current.size(); ++i) {
-      const Tensor &a = current[i];
-      const Tensor &b = previous[i];
-      if (a.dtype() == tensorflow::DT_FLOAT) {
-        add_pair_sums<float>(a, b, &cur, &prev, &dot);
-      } else if (a.dtype() == tensorflow::DT_DOUBLE) {
-        add_pair_sums<double>(a, b, &cur, &prev, &dot);
-      } else {
-        OP_REQUIRES_OK(ctx, visit_float_pair(a, b, [&](const auto *x, const auto *y, int64_t n) {
-                         for (int64_t j = 0; j < n; ++j) {
-                           const double u = static_cast<double>(x[j]), v = static_cast<double>(y[j]);
-                           cur += u * u;
-                           prev += v * v;
-                           dot += u * v;
-                         }
-                       }));
-      }
+      OP_REQUIRES_OK(ctx, add_pair_sums(current[i], previous[i], &cur, &prev, &dot));
     }
-    const double mean = 0.25 * (cur + prev + 2.0 * dot);
+    const double mean = squared_norm_of_mean(cur, prev, dot);
     Tensor *out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({3}), &out));
     auto v = out->vec<double>();
@@ -348,27 +260,14 @@ class GnsUpdateOp : public OpKernel {
     }
     double in[4];
     for (int i = 0; i < 4; ++i) in[i] = ctx->input(i).scalar<double>()();
-    const double small = in[0], big = in[1], bs = in[2], bb = in[3];
-    const double s = smoothing_;
-    double ema_trace = ctx->input(5).scalar<double>()();
-    double ema_grad = ctx->input(6).scalar<double>()();
-    int64_t count = ctx->input(7).scalar<int64_t>()();
-    const double grad_sq = (bb * big - bs * small) / (bb - bs);
-    const double trace = (small - big) / (1.0 / bs - 1.0 / bb);
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    // A non-finite estimate (a loss-scale overflow, or bb == bs) would poison the averages for good.
-    const bool use = ctx->input(4).scalar<bool>()() && std::isfinite(grad_sq) && std::isfinite(trace);
-    if (use) {
-      ema_trace = s * ema_trace + (1.0 - s) * trace;
-      ema_grad = s * ema_grad + (1.0 - s) * grad_sq;
-      ++count;
-    }
-    // Adam's bias correction; 0 / 0 = NaN before the first estimate.
-    const double correction = 1.0 - std::pow(s, static_cast<double>(count));
-    const double noise_trace = count > 0 ? ema_trace / correction : nan;
-    const double grad_sq_norm = count > 0 ? ema_grad / correction : nan;
+    GnsState state;
+    state.ema_noise_trace = ctx->input(5).scalar<double>()();
+    state.ema_grad_sq_norm = ctx->input(6).scalar<double>()();
+    state.count = ctx->input(7).scalar<int64_t>()();
+    const GnsReport r = gns_step(in[0], in[1], in[2], in[3], ctx->input(4).scalar<bool>()(), smoothing_, &state);
     const double outputs[] = {
-        ema_trace, ema_grad, 0.0, noise_trace, grad_sq_norm, noise_trace / grad_sq_norm, use ? trace / grad_sq : nan};
+        state.ema_noise_trace, state.ema_grad_sq_norm, 0.0, r.noise_trace, r.grad_sq_norm, r.gns, r.gns_raw};
+    const int64_t count = state.count;
     for (int i = 0; i < 7; ++i) {
       Tensor *out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));

@@ -1,0 +1,189 @@
+"""The gradient monitor's two fused kernels per step (ops/kernels/monitor_step_kernels.cc, issue 23 §4).
+
+Before, monitoring a step added ~50 executed ops (variable reads and assigns, slices,
+casts, a one-hot; ~95 with the one-worker cond): a fixed ~0.09 ms per step. Now the
+work before the all-reduce is one kernel (KungfuMonitorLocal) and everything after it
+one kernel that writes the monitor's variables (KungfuMonitorUpdate). Checked here:
+the op count of a traced step (fails before: 50 and 96 extra ops), the kernels'
+values against the per-statistic ops and numpy (bit for bit: same arithmetic), the
+copy-on-write of the variables they write, and the errors for bad input. The whole
+monitor against a numpy replay at np 1, 2 and 4 is tests/test_gradient_monitor.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+with contextlib.suppress(RuntimeError):  # already set if another test ran TF first
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+
+import keras
+
+import kungfu_tf
+from kungfu_tf.ops import monitor as monitor_ops
+from kungfu_tf.optimizers import GradientMonitor, SynchronousSGDOptimizer
+
+
+def _executed_ops(graph: tf.Graph) -> list[str]:
+    """Op types of a traced function and of the functions it calls (cond branches), without its inputs."""
+    types = [op.type for op in graph.get_operations() if op.type != "Placeholder"]
+    for f in graph._functions.values():
+        if hasattr(f, "graph"):
+            types += _executed_ops(f.graph)
+    return types
+
+
+def _traced_step_ops(monitor: GradientMonitor | None) -> list[str]:
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)])
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), monitor=monitor)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    return _executed_ops(step.get_concrete_function(tf.TensorSpec([2, 8])).graph)
+
+
+@pytest.mark.parametrize("traced_size", [1, 2])
+def test_monitoring_adds_a_handful_of_ops_per_step(traced_size, monkeypatch):
+    """GNS + compute times: the clock, two kernels, the rider's casts and barrier; not ~50-95 small ops.
+
+    traced_size 1 is a step traced at one worker (the previous-gradient pairing), 2 one
+    traced for a cluster (no copy). Counts graph ops, not time: the speed is
+    `make bench-monitoring`'s.
+    """
+    monkeypatch.setattr(kungfu_tf, "size", lambda: traced_size)
+    plain = _traced_step_ops(None)
+    monitored = _traced_step_ops(GradientMonitor(batch_size=2))
+    extra = len(monitored) - len(plain)
+    assert extra <= 6, (extra, sorted(monitored))
+    assert monitored.count("KungfuMonitorLocal") == 1 and monitored.count("KungfuMonitorUpdate") == 1
+    for op_type in ("AssignVariableOp", "ReadVariableOp", "If", "StatelessIf"):
+        assert monitored.count(op_type) == plain.count(op_type), op_type
+
+
+def _state(gns: bool, batch_size: int = 8) -> list[tf.Variable]:
+    f64 = lambda v: tf.Variable(v, dtype=tf.float64)  # noqa: E731
+    state = [f64(np.nan), tf.Variable([np.nan], dtype=tf.float64, shape=[None]), tf.Variable(0, dtype=tf.int64)]
+    if gns:
+        state += [tf.Variable(batch_size, dtype=tf.int64), f64(0.0), f64(0.0), tf.Variable(0, dtype=tf.int64)]
+        state += [f64(np.nan) for _ in range(4)]
+    return state
+
+
+def test_local_statistics_lays_out_the_rider_like_the_separate_ops():
+    rng = np.random.default_rng(0)
+    grads = [tf.constant(rng.standard_normal((5, 3)), tf.float32), tf.constant(rng.standard_normal(7), tf.float64)]
+    start = monitor_ops.step_clock_start(tf.Variable(0))
+    rider, seconds, size = monitor_ops.local_statistics(start, grads, with_norm=True)
+    assert int(size) == 1 and rider.shape == [2]
+    assert float(rider[0]) == float(monitor_ops.squared_norm(grads))  # same arithmetic, same bits
+    assert float(rider[1]) == float(seconds) >= 0.0
+    rider, _, _ = monitor_ops.local_statistics(start, grads, with_norm=False)
+    assert float(rider[0]) == 0.0
+
+
+def test_update_writes_what_gns_update_computes():
+    """Several workers' arithmetic (size 3 in the rider): the EMA state and estimates equal KungfuGnsUpdate's bits."""
+    rng = np.random.default_rng(1)
+    averaged = [tf.constant(rng.standard_normal((4, 4)), tf.float32), tf.constant(rng.standard_normal(4), tf.float32)]
+    state = _state(gns=True, batch_size=8)
+    ema = (tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(0, tf.int64))
+    size = 3
+    for step in range(4):
+        mean_local_sq = float(monitor_ops.squared_norm(averaged)) * (1.5 + step)
+        rider = tf.constant([mean_local_sq, 0.1, 0.2, 0.3 + step], tf.float64)
+        monitor_ops.update_monitor(rider, tf.constant(0.25, tf.float64), tf.constant(size), averaged, [], state, [],
+                                   gns=True, smoothing=0.9)  # fmt: skip
+        f64 = [tf.constant(v, tf.float64) for v in (mean_local_sq, 8.0, 8.0 * size)]
+        want = monitor_ops.gns_update(f64[0], monitor_ops.squared_norm(averaged), f64[1], f64[2], True, *ema,
+                                      smoothing=0.9)  # fmt: skip
+        ema = (want["ema_noise_trace"], want["ema_grad_sq_norm"], want["ema_count"])
+        got = dict(zip(("ema_noise_trace", "ema_grad_sq_norm", "ema_count"), (v.numpy() for v in state[4:7])))
+        got.update(zip(("noise_trace", "grad_sq_norm", "gns", "gns_raw"), (v.numpy() for v in state[7:])))
+        for key, value in got.items():
+            assert value == want[key].numpy(), (step, key, value, want[key].numpy())
+        assert float(state[0].numpy()) == 0.25
+        np.testing.assert_array_equal(state[1].numpy(), rider.numpy()[1:] * size)
+        assert int(state[2].numpy()) == step + 1
+
+
+def test_update_pairs_one_worker_gradients_and_keeps_a_copy():
+    """A cluster of one: pairs with the previous copies (pair_squared_norms' bits), then holds this step's copy."""
+    rng = np.random.default_rng(2)
+    state = _state(gns=True, batch_size=4)
+    previous = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([5])), tf.Variable(0, dtype=tf.int64)]
+    steps = [[tf.constant(rng.standard_normal(s), tf.float32) for s in ((3, 2), (5,))] for _ in range(3)]
+    rider = tf.constant([0.0, 0.0], tf.float64)
+    for i, current in enumerate(steps):
+        held = [v.read_value() for v in previous[:2]]
+        monitor_ops.update_monitor(rider, tf.constant(0.0, tf.float64), tf.constant(1), current, current, state,
+                                   previous, gns=True, smoothing=0.0)  # fmt: skip
+        for v, g in zip(previous[:2], current):
+            np.testing.assert_array_equal(v.numpy(), g.numpy())  # the copy is this step's gradient
+        assert int(previous[2].numpy()) == 4
+        if i == 0:  # no pair yet (batch size 0 held)
+            assert np.isnan(state[10].numpy()) and int(state[6].numpy()) == 0
+            continue
+        norms = monitor_ops.pair_squared_norms(current, held).numpy()
+        grad_sq, trace = monitor_ops.gns_estimates(0.5 * (norms[0] + norms[1]), norms[2], 4.0, 8.0)
+        assert float(state[8].numpy()) == float(grad_sq) and float(state[7].numpy()) == float(trace)
+        assert int(state[6].numpy()) == i
+
+
+def test_several_workers_forget_the_one_worker_copy():
+    state = _state(gns=True, batch_size=4)
+    previous = [tf.Variable(tf.ones([2])), tf.Variable(4, dtype=tf.int64)]
+    g = [tf.constant([1.0, 2.0])]
+    monitor_ops.update_monitor(tf.constant([5.0, 0.0, 0.0], tf.float64), tf.constant(0.0, tf.float64), tf.constant(2),
+                               g, g, state, previous, gns=True, smoothing=0.0)  # fmt: skip
+    assert int(previous[1].numpy()) == 0  # the next one-worker step has no pair
+    # small = 5 (B = 4), big = |g|^2 = 5 (B = 8): tr(Sigma) = 0.
+    assert float(state[7].numpy()) == 0.0 and float(state[8].numpy()) == 5.0
+
+
+def test_a_value_read_before_the_update_does_not_change():
+    """Copy-on-write, as AssignVariableOp: a tensor that still holds the old value keeps it."""
+    state = _state(gns=False)
+    state[0].assign(1.5)
+    before = state[0].value()  # shares the variable's buffer
+    monitor_ops.update_monitor(tf.constant([0.0, 2.0], tf.float64), tf.constant(2.0, tf.float64), tf.constant(1), [],
+                               [], state, [], gns=False, smoothing=0.9)  # fmt: skip
+    assert float(before) == 1.5 and float(state[0].numpy()) == 2.0
+    monitor_ops.update_monitor(tf.constant([0.0, 3.0], tf.float64), tf.constant(3.0, tf.float64), tf.constant(1), [],
+                               [], state, [], gns=False, smoothing=0.9)  # fmt: skip
+    assert float(state[0].numpy()) == 3.0 and int(state[2].numpy()) == 2
+
+
+def test_bad_input_is_refused_with_the_cause_named():
+    rider, seconds = tf.constant([0.0, 1.0], tf.float64), tf.constant(1.0, tf.float64)
+    with pytest.raises(ValueError, match="state must hold 11 variables with gns, got 3"):
+        monitor_ops.update_monitor(rider, seconds, tf.constant(1), [], [], _state(gns=False), [], True, 0.9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'reduced_rider' must be a vector of 1 \+ size = 3"):
+        monitor_ops.update_monitor(rider, seconds, tf.constant(2), [], [], _state(gns=False), [], False, 0.9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 'size' must be >= 1, got 0"):
+        monitor_ops.update_monitor(rider[:1], seconds, tf.constant(0), [], [], _state(gns=False), [], False, 0.9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"attr 'smoothing' must be in \[0, 1\)"):
+        monitor_ops.update_monitor(rider, seconds, tf.constant(1), [], [], _state(gns=False), [], False, 1.5)
+    with pytest.raises(ValueError, match="1 current gradients need 2 previous variables"):
+        monitor_ops.update_monitor(rider, seconds, tf.constant(1), [], [tf.ones([2])], _state(gns=True),
+                                   [tf.Variable(tf.ones([2]))], True, 0.9)  # fmt: skip
+    wrong_shape = [tf.Variable(tf.ones([3])), tf.Variable(0, dtype=tf.int64)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"current gradient 0 is float\[2\] but its previous"):
+        monitor_ops.update_monitor(rider, seconds, tf.constant(1), [], [tf.ones([2])], _state(gns=True), wrong_shape,
+                                   True, 0.9)  # fmt: skip
+    bad_state = _state(gns=True)
+    bad_state[3] = tf.Variable(8.0, dtype=tf.float64)  # local_batch_size must be int64
+    with pytest.raises(tf.errors.InvalidArgumentError, match="variable 'local_batch_size': must be a int64 scalar"):
+        monitor_ops.update_monitor(rider, seconds, tf.constant(1), [], [], bad_state, [], True, 0.9)
+    with pytest.raises(TypeError, match="local_statistics: tensor 0 must be float16, bfloat16, float32 or float64"):
+        monitor_ops.local_statistics(tf.constant(0, tf.int64), [tf.ones([2], tf.int32)], True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'start_ns' must be a scalar"):
+        monitor_ops.local_statistics(tf.constant([0, 1], tf.int64), [], True)
