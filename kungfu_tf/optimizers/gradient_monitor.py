@@ -62,6 +62,14 @@ all (a straggler stands out although all workers see the same step time).
 Eagerly (no ``tf.function``) the clock starts only when the optimizer is
 called.
 
+**Cost per step.** The bookkeeping is three ops whatever the model: the
+clock's start, one kernel before the all-reduce (clock, norm, rider, made in
+the dtype it travels in) and one after it that updates the estimate and
+writes every variable above itself (ops.monitor.local_statistics and
+update_monitor); the gradient variance adds its ``tf.cond`` when enabled.
+Built from single-purpose ops it took ~50-95, a fixed ~0.09 ms per step
+(docs/guide/benchmarks.md, "Monitoring overhead").
+
 Example:
     >>> import keras
     >>> import tensorflow as tf
@@ -96,7 +104,7 @@ FLOAT_KEYS = ("gns", "gns_raw", "noise_trace", "grad_sq_norm", "grad_variance", 
 class LocalStatistics:
     """What a worker measures before the all-reduce; ``rider`` travels with the gradients.
 
-    ``rider`` is float64 ``[1 + np]``: this worker's squared gradient norm,
+    ``rider`` is ``[1 + np]``, float32 or float64 (see ``_rider_dtype``): this worker's squared gradient norm,
     then its compute time at its own rank's position (zeros elsewhere), so
     that the *mean* over workers yields the mean squared norm and, times np,
     every worker's compute time.
@@ -317,7 +325,9 @@ class GradientMonitor(tf.Module):
             measured = [_norm_operand(g) for g in present]
         else:
             measured = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
-        rider, compute_time, size = monitor_ops.local_statistics(start, measured, with_norm=self.gns_enabled)
+        rider, compute_time, size = monitor_ops.local_statistics(
+            start, measured, with_norm=self.gns_enabled, rider_dtype=_rider_dtype(present)
+        )
         return LocalStatistics(rider=rider, compute_time=compute_time, size=size)
 
     def update(
@@ -437,6 +447,20 @@ def _outermost_graph() -> tf.Graph | None:
     while isinstance(graph, tf.__internal__.FuncGraph) and graph.outer_graph is not None:
         graph = graph.outer_graph
     return graph
+
+
+def _rider_dtype(grads: Sequence[Any]) -> tf.DType:
+    """The dtype the rider is made in: the one the gradient all-reduce would cast it to, so it needs no cast.
+
+    The all-reduce carries the rider in a dense gradient's float32 collective
+    unless that gradient is float64, or alone as float64 without a dense
+    gradient (optimizers.gradient_sync, strategy.compiler). float32 is safe
+    only where every such choice is float32: no float64 gradient and a dense
+    one. Elsewhere float64, which the all-reduce casts as it did before.
+    """
+    if any(g.dtype == tf.float64 for g in grads) or not any(isinstance(g, tf.Tensor) for g in grads):
+        return tf.float64
+    return tf.float32
 
 
 def _pair_operands(local: Sequence[Any], size: tf.Tensor) -> list[tf.Tensor]:

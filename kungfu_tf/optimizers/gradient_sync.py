@@ -125,8 +125,9 @@ def average_gradients_with_rider(
     large gradient. Only if there is no dense gradient does it travel alone.
 
     Returns:
-        ``(averaged gradients, rider averaged over workers as float64)``;
-        the second is None if ``rider`` is None.
+        ``(averaged gradients, rider averaged over workers)``, the rider
+        float64 or, where it travelled as float32, float32; the second is
+        None if ``rider`` is None.
 
     Example:
         >>> import tensorflow as tf
@@ -165,7 +166,7 @@ def average_gradients_with_rider(
             *averaged, reduced = ops.group_all_reduce(
                 tensors + [tf.cast(rider, _rider_dtype(tensors))], op="mean", name=names[b]
             )
-            reduced_rider = tf.cast(reduced, tf.float64)
+            reduced_rider = reduced  # in its wire dtype: the monitor reads float32 as a Cast would
         elif len(bucket) == 1:
             # Nothing to fuse: the plain all-reduce works in place, with no
             # copy into and out of a fused buffer (64 MiB each way for the

@@ -414,7 +414,7 @@ class StrategyPlan:
                 grouped.add(rider_key, tf.cast(rider, wire), node.group, node.topology, "mean")
         reduced = grouped.run()
         if rider_key in reduced:
-            reduced_rider = tf.cast(reduced.pop(rider_key), tf.float64)
+            reduced_rider = reduced.pop(rider_key)  # float32 or float64, as it travelled
         for key, avg in reduced.items():
             synced[key] = self._plans[key[0]].units[key[1]].compressor.decode(avg, dtypes[key])
         for vi, plan in enumerate(self._plans):

@@ -50,10 +50,11 @@ int64_t steady_now_ns() {
 REGISTER_OP("KungfuMonitorLocal")
     .Input("start_ns: int64")
     .Input("gradients: T")
-    .Output("rider: double")
+    .Output("rider: R")
     .Output("compute_time: double")
     .Output("size: int32")
     .Attr("T: list({half, bfloat16, float, double}) >= 0")
+    .Attr("R: {float, double}")
     .Attr("with_norm: bool")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext *c) {
@@ -65,8 +66,9 @@ REGISTER_OP("KungfuMonitorLocal")
     .Doc(
         "What a worker measures before the gradient all-reduce, in one kernel: its compute time (seconds from "
         "`start_ns`, a KungfuStepClockStart, until every gradient was available), its squared gradient norm "
-        "(0 unless `with_norm`), and the rider that carries both through the all-reduce: float64 [1 + size], "
-        "the norm, then the compute time at this worker's rank (zeros elsewhere), so that the mean over "
+        "(0 unless `with_norm`), and the rider that carries both through the all-reduce: [1 + size] of R (the "
+        "dtype it travels in, so that it needs no cast), the norm, then the compute time at this worker's rank (zeros "
+        "elsewhere), so that the mean over "
         "workers gives the mean norm and, times size, every worker's compute time. `size` is the cluster size "
         "the rider was laid out for.");
 
@@ -97,17 +99,29 @@ class MonitorLocalOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({1 + size}), &rider));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &time));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &size_out));
-    auto r = rider->vec<double>();
-    r.setZero();
-    r(0) = local_sq;
     // A resize between the two reads can leave rank >= size: then, as a
     // one-hot would, this worker's time is left out rather than misplaced.
-    if (rank >= 0 && rank < size) r(1 + rank) = compute_time;
+    const int at = rank >= 0 && rank < size ? 1 + rank : -1;
+    if (rider->dtype() == tensorflow::DT_FLOAT) {
+      lay_out_rider<float>(rider, local_sq, at, compute_time);
+    } else {
+      lay_out_rider<double>(rider, local_sq, at, compute_time);
+    }
     time->scalar<double>()() = compute_time;
     size_out->scalar<int32_t>()() = size;
   }
 
  private:
+  // Rounded as a Cast op rounds (static_cast): the same bits as the
+  // float64 rider cast to the all-reduce's float32 used to be.
+  template <typename R>
+  static void lay_out_rider(Tensor *rider, double local_sq, int at, double compute_time) {
+    auto r = rider->vec<R>();
+    r.setZero();
+    r(0) = static_cast<R>(local_sq);
+    if (at > 0) r(at) = static_cast<R>(compute_time);
+  }
+
   bool with_norm_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuMonitorLocal").Device(tensorflow::DEVICE_CPU), MonitorLocalOp);
@@ -138,13 +152,14 @@ constexpr const char *kStateNames[kStateVariables] = {"compute_time",    "worker
                                                       "gns_raw"};
 
 REGISTER_OP("KungfuMonitorUpdate")
-    .Input("reduced_rider: double")
+    .Input("reduced_rider: R")
     .Input("compute_time: double")
     .Input("size: int32")
     .Input("averaged: TA")
     .Input("current: TC")
     .Input("state: num_state * resource")
     .Input("previous: num_previous * resource")
+    .Attr("R: {float, double}")
     .Attr("TA: list({half, bfloat16, float, double}) >= 0")
     .Attr("TC: list({half, bfloat16, float, double}) >= 0")
     .Attr("num_state: int >= 3")
@@ -277,15 +292,23 @@ class MonitorUpdateOp : public OpKernel {
     MonitorVariable state[kStateVariables];
     for (int i = 0; i < num_state; ++i) OP_REQUIRES_OK(ctx, state[i].open(ctx, state_start_ + i, kStateNames[i]));
     const double size_f = static_cast<double>(size);
-    const auto reduced = rider.vec<double>();
+    // The rider as float64 (a float32 one widened exactly, as a Cast would).
+    std::vector<double> reduced(1 + size);
+    if (rider.dtype() == tensorflow::DT_FLOAT) {
+      const auto r = rider.vec<float>();
+      for (int i = 0; i <= size; ++i) reduced[i] = static_cast<double>(r(i));
+    } else {
+      const auto r = rider.vec<double>();
+      for (int i = 0; i <= size; ++i) reduced[i] = r(i);
+    }
 
     OP_REQUIRES_OK(ctx, state[kComputeTime].write_scalar(ctx, compute_time));
     Tensor times;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_DOUBLE, TensorShape({size}), &times));
     auto t = times.vec<double>();
-    for (int r = 0; r < size; ++r) t(r) = reduced(1 + r) * size_f;
+    for (int r = 0; r < size; ++r) t(r) = reduced[1 + r] * size_f;
     OP_REQUIRES_OK(ctx, state[kWorkerComputeTimes].write(times));
-    if (gns_) OP_REQUIRES_OK(ctx, update_gns(ctx, state, reduced(0), size_f));
+    if (gns_) OP_REQUIRES_OK(ctx, update_gns(ctx, state, reduced[0], size_f));
 
     int64_t step = 0;
     OP_REQUIRES_OK(ctx, state[kMonitorStep].read_scalar(&step));
