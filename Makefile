@@ -305,6 +305,7 @@ bench-listing-one: install
 
 bench-monitoring: install
 	$(PY) -m benchmarks.monitoring_overhead
+	$(PY) -m benchmarks.monitoring_overhead --model digits-mlp --steps 64 --rounds 64
 
 # Static topology vs AdaptiveTopologyPolicy under link contention, two emulated hosts (root).
 bench-adaptive-topology: install

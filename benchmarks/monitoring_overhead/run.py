@@ -9,11 +9,12 @@ to no monitoring, the overhead (also as the median over rounds of each
 round's own ratio, which cancels slow phases of a shared machine), the
 per-round spread, the overhead in CPU time (process time of all workers,
 which other users' load disturbs far less than wall time), and the targets
-(judged on wall-time throughput):
-GNS at interval 1 <= 2 % overhead, variance at interval 8 <= 3 %.
+(issue 23 §4; judged on the wall-time overhead, in total and as the median of
+the per-round ratios): GNS at interval 1 <= 3 % on the digits MLP's ~0.7 ms
+steps, <= 2 % on resnet20; variance at interval 8 <= 3 %.
 
     .venv/bin/python -m benchmarks.monitoring_overhead                     # resnet20, np 2
-    .venv/bin/python -m benchmarks.monitoring_overhead --model digits-mlp --steps 64
+    .venv/bin/python -m benchmarks.monitoring_overhead --model digits-mlp --steps 64 --rounds 64
 """
 
 from __future__ import annotations
@@ -32,7 +33,23 @@ from benchmarks.harness.timing import parse_results
 EXP_DIR = Path(__file__).resolve().parent
 BENCH_DIR = EXP_DIR.parent
 REPO = BENCH_DIR.parent
-TARGETS = {"gns@1": 0.02, "variance@8": 0.03}  # the issue's overhead targets
+# The issues' overhead targets (issue 23 §4 for the GNS), by setting and model ("*": any other).
+TARGETS = {"gns@1": {"digits-mlp": 0.03, "*": 0.02}, "variance@8": {"*": 0.03}}
+
+
+def target_for(setting: str, model: str) -> float | None:
+    """The overhead target of ``setting`` on ``model``, None if it has none."""
+    by_model = TARGETS.get(setting)
+    return None if by_model is None else by_model.get(model, by_model["*"])
+
+
+def verdict(overhead: float, paired: float, target: float | None) -> str:
+    """Met or missed, by the total and by the median of the per-round ratios."""
+    if target is None:
+        return ""
+    judged = ", ".join(f"{what} {'met' if value <= target else 'missed'}" for what, value in
+                       (("total", overhead), ("paired", paired)))  # fmt: skip
+    return f"{judged} (<= {target:.0%})"
 SETTINGS = ("none", "gns@1", "variance@1", "variance@8")  # as in benchmarks/monitoring_overhead/worker.py
 
 
@@ -55,6 +72,7 @@ def main() -> int:
         "--model", args.model, "--batch-size", str(args.batch_size),
         "--steps", str(args.steps), "--rounds", str(args.rounds),
     ]  # fmt: skip
+    load_before = f"{os.getloadavg()[0]:.1f}"
     (res,) = run_group([argv], [env], timeout_s=args.timeout, cwd=str(REPO))
     records = [r for r in parse_results(res.lines) if r.get("impl") == "monitoring"]
     if not res.ok or not records:
@@ -63,6 +81,7 @@ def main() -> int:
     rec = records[0]
     samples = rec["steps"] * rec["batch_size"] * rec["np"]
     base = sum(rec["seconds"]["none"])
+    print(f"\nload average before / after: {load_before} / {os.getloadavg()[0]:.1f} (1 min)")
     print(f"\nMonitoring overhead: {rec['model']}, np={rec['np']}, per-worker batch {rec['batch_size']}, "
           f"{rec['rounds']} rounds x {rec['steps']} steps per setting, rotating order\n")
     print("| setting | samples/s | ratio to none | overhead (wall) | paired overhead (wall, median of rounds) | "
@@ -77,12 +96,11 @@ def main() -> int:
         # Each round runs every setting back to back: the ratio within a round
         # cancels the slow and fast phases of a shared machine.
         paired = statistics.median(t / b - 1 for t, b in zip(rounds, rec["seconds"]["none"]))
-        target = TARGETS.get(setting)
-        verdict = "" if target is None else ("met" if overhead <= target else "missed") + f" (<= {target:.0%})"
+        judged = verdict(overhead, paired, target_for(setting, rec["model"]))
         cpu_overhead = sum(rec["cpu_seconds"][setting]) / base_cpu - 1
         print(f"| {setting} | {samples * len(rounds) / total:.1f} | {ratio:.3f} | {overhead:+.1%} | {paired:+.1%} | "
               f"{cpu_overhead:+.1%} | "
-              f"{statistics.median(rounds):.3f} ({min(rounds):.3f}-{max(rounds):.3f}) | {verdict} |")
+              f"{statistics.median(rounds):.3f} ({min(rounds):.3f}-{max(rounds):.3f}) | {judged} |")
     print(f"\nlast GNS {rec['gns']:.4g}, last gradient variance {rec['variance']:.4g}, "
           f"worker compute times {[round(t, 4) for t in rec['worker_compute_times']]} s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
