@@ -13,6 +13,7 @@ monitor against a numpy replay at np 1, 2 and 4 is tests/test_gradient_monitor.p
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import numpy as np
 import pytest
@@ -204,3 +205,46 @@ def test_bad_input_is_refused_with_the_cause_named():
         monitor_ops.local_statistics(tf.constant(0, tf.int64), [tf.ones([2], tf.int32)], True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="'start_ns' must be a scalar"):
         monitor_ops.local_statistics(tf.constant([0, 1], tf.int64), [], True)
+
+
+def test_sparse_gradients_are_monitored_as_their_dense_sum():
+    """tf.IndexedSlices (an embedding's gradient, a row twice) at one worker: the pairing densifies them inside
+    the step (a tf.cond on the size), the norm sums duplicate rows first; the values equal those of the same
+    gradients given dense, up to the order of the float64 sums."""
+    rows = [([0, 2, 0], [[1.0, 2.0], [0.5, -1.0], [3.0, 0.0]]), ([1, 1, 3], [[2.0, 1.0], [-1.0, 1.0], [0.0, 4.0]]),
+            ([3, 0, 2], [[1.0, 1.0], [2.0, -2.0], [0.5, 0.5]])]  # fmt: skip
+
+    def monitored(sparse: bool) -> dict:
+        monitor = GradientMonitor(batch_size=2, smoothing=0.5)
+        opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.0), monitor=monitor)
+        table = keras.Variable(tf.zeros([4, 2]))
+        opt.build([table])
+
+        @tf.function
+        def step(indices, values):
+            g = tf.IndexedSlices(values, indices, tf.constant([4, 2]))
+            opt.apply_gradients([(g if sparse else tf.convert_to_tensor(g), table)])
+
+        for indices, values in rows:
+            step(tf.constant(indices), tf.constant(values))
+        return monitor.values()
+
+    results = [monitored(sparse=True), monitored(sparse=False)]
+    sparse_values, dense_values = results
+    assert sparse_values["monitor_step"] == dense_values["monitor_step"] == 3
+    dense_rows = []
+    for indices, values in rows:
+        d = np.zeros([4, 2])
+        np.add.at(d, indices, values)
+        dense_rows.append(d.ravel())
+    # Two pairs (steps 2 and 3) of batches of 2, smoothing 0.5, against numpy.
+    ema_trace = ema_grad = 0.0
+    for previous, g in itertools.pairwise(dense_rows):
+        mean = 0.5 * (g + previous)
+        small, big = 0.5 * (g @ g + previous @ previous), mean @ mean
+        ema_grad = 0.5 * ema_grad + 0.5 * (4 * big - 2 * small) / 2
+        ema_trace = 0.5 * ema_trace + 0.5 * (small - big) / (1 / 2 - 1 / 4)
+    correction = 1 - 0.5**2
+    for values in (sparse_values, dense_values):
+        assert values["noise_trace"] == pytest.approx(ema_trace / correction, rel=1e-12)
+        assert values["grad_sq_norm"] == pytest.approx(ema_grad / correction, rel=1e-12)
