@@ -67,7 +67,7 @@ def store_for(cluster: EtcdCluster, job_id: str, secret: str = SECRET, log=None)
 @pytest.mark.parametrize(
     "value, message",
     [
-        ("h1:2379", "expected etcd://HOST:PORT[,HOST:PORT...] (only etcd is supported), got no scheme"),
+        ("h1:2379", "or etcds://... for TLS (only etcd is supported), got no scheme"),
         ("consul://h1:8500", "(only etcd is supported), got consul://"),
         ("etcd://", "endpoint 1 is empty"),
         ("etcd://h1:2379,,h2:2379", "endpoint 2 is empty"),

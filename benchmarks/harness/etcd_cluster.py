@@ -6,6 +6,8 @@ loopback ports, each with its own data directory, and waits until the
 cluster answers. ``stop(i)`` SIGKILLs member ``i`` (a crashed host; its data
 stays), ``start(i)`` brings it back with the same data, ``leader()`` says
 which member leads (Maintenance.Status), ``close()`` kills them all.
+With ``tls=EtcdServerTls(...)`` the members serve their clients over TLS
+(``https://`` client URLs; with a client CA, etcd's ``--client-cert-auth``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -39,18 +42,37 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+@dataclass(frozen=True)
+class EtcdServerTls:
+    """The members' certificate and key; ``client_ca``: require client certificates signed by it."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def flags(self) -> list[str]:
+        flags = ["--cert-file", str(self.cert), "--key-file", str(self.key)]
+        if self.client_ca is not None:
+            flags += ["--client-cert-auth", "--trusted-ca-file", str(self.client_ca)]
+        return flags
+
+
 class EtcdCluster:
     """``members`` etcd processes forming one cluster on 127.0.0.1."""
 
     def __init__(
         self, directory: Path, members: int = 3, *, name: str = "kf", host: str = "127.0.0.1",
-        exec_prefix: list[str] | None = None,
+        exec_prefix: list[str] | None = None, tls: EtcdServerTls | None = None, flags: list[str] | None = None,
     ):
         """``host``: the address members listen on; ``exec_prefix``: a command prefix
         they run under (``ip netns exec NS``: members inside an emulated host, which
-        this process cannot dial, so readiness is read from their logs)."""
+        this process cannot dial, so readiness is read from their logs); ``tls``: serve
+        clients over TLS; ``flags``: more etcd flags for every member."""
         self.host = host
         self._prefix = list(exec_prefix or [])
+        self._tls = tls
+        self._flags = list(flags or [])  # more etcd flags for every member
+        self._scheme = "https" if tls is not None else "http"
         assert Path(ETCD).exists(), "etcd is required (apt-get install etcd-server; make sysdeps does)"
         directory.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(2 * members)
@@ -74,7 +96,7 @@ class EtcdCluster:
     @property
     def url(self) -> str:
         """The ``--config-store`` value that names every member."""
-        return "etcd://" + ",".join(self.endpoints)
+        return ("etcds://" if self._tls is not None else "etcd://") + ",".join(self.endpoints)
 
     def start(self, i: int, *, wait: bool = True) -> None:
         assert self._procs[i] is None or self._procs[i].poll() is not None
@@ -83,8 +105,9 @@ class EtcdCluster:
             ETCD,
             "--name", self.names[i],
             "--data-dir", str(self.dirs[i]),
-            "--listen-client-urls", f"http://{self.host}:{self.client_ports[i]}",
-            "--advertise-client-urls", f"http://{self.host}:{self.client_ports[i]}",
+            "--listen-client-urls", f"{self._scheme}://{self.host}:{self.client_ports[i]}",
+            "--advertise-client-urls", f"{self._scheme}://{self.host}:{self.client_ports[i]}",
+            *(self._tls.flags() if self._tls is not None else []),
             "--listen-peer-urls", f"http://{self.host}:{self.peer_ports[i]}",
             "--initial-advertise-peer-urls", f"http://{self.host}:{self.peer_ports[i]}",
             "--initial-cluster", self._initial,
@@ -93,6 +116,7 @@ class EtcdCluster:
             # Short raft timers: elections after a leader's death take ~1 s, not ~5 s.
             "--heartbeat-interval", "100",
             "--election-timeout", "1000",
+            *self._flags,
         ]
         log = open(self.logs[i], "ab")  # noqa: SIM115 (kept open by the process)
         self._log_start[i] = log.tell()
@@ -136,7 +160,7 @@ class EtcdCluster:
                 assert proc is not None and proc.poll() is None, (
                     f"etcd member {self.names[i]} exited: {self.logs[i].read_text()[-3000:]}"
                 )
-                if self._prefix:
+                if self._prefix or self._tls is not None:  # not dialled from here: its log says
                     with open(self.logs[i], "rb") as f:
                         f.seek(self._log_start[i])
                         ready = b"ready to serve client requests" in f.read()

@@ -14,6 +14,16 @@ the cluster through the loss of any minority of members. A cluster without
 quorum answers nobody: the call fails with :class:`EtcdUnavailableError`,
 naming each endpoint and what it said.
 
+TLS and authentication (:class:`EtcdSecurity`) are etcd's own: channels are
+gRPC secure channels when ``tls`` is set, and with a user every call
+carries the ``token`` metadata that Auth.Authenticate returned. Tokens are
+per member (etcd's default "simple" tokens are not replicated), so each
+channel authenticates on first use and again when its member says the
+token is no longer valid (expired, or the member restarted). A failed TLS
+handshake and a refused password raise errors of their own
+(:class:`EtcdTlsError`, :class:`EtcdAuthError`) instead of looking like a
+cluster that is down.
+
 Example::
 
     client = EtcdClient(["h1:2379", "h2:2379", "h3:2379"])
@@ -31,8 +41,9 @@ import grpc
 
 from kungfu_tf.proto import etcd_rpc_pb2 as pb
 from kungfu_tf.proto import etcd_rpc_pb2_grpc as pb_grpc
+from kungfu_tf.run.control.etcd_security import EtcdSecurity
 
-__all__ = ["EtcdClient", "EtcdError", "EtcdUnavailableError", "prefix_end"]
+__all__ = ["EtcdAuthError", "EtcdClient", "EtcdError", "EtcdTlsError", "EtcdUnavailableError", "prefix_end"]
 
 # Bound on one call to one member; a member that takes longer is treated as
 # down and the next is asked (etcd answers within milliseconds when healthy,
@@ -53,6 +64,24 @@ class EtcdError(Exception):
 
 class EtcdUnavailableError(EtcdError):
     """No etcd member could serve a call (down, unreachable, or without quorum)."""
+
+
+class EtcdTlsError(EtcdUnavailableError):
+    """No member could be reached because the TLS handshake failed (wrong CA, no or wrong
+    client certificate, or TLS on one side only)."""
+
+
+class EtcdAuthError(EtcdError):
+    """etcd refused the user and password, or needs them and none were given."""
+
+
+# What a gRPC status detail says when the TLS handshake, not the member, failed.
+_HANDSHAKE_SIGNS = ("handshake", "ssl_error", "certificate", "tsi_")  # TSI: gRPC's transport security layer
+# etcd's answers that concern credentials (api/v3rpc/rpctypes: ErrGRPCAuthFailed,
+# ErrGRPCUserEmpty, ErrGRPCInvalidAuthToken).
+_AUTH_FAILED = "authentication failed"
+_USER_EMPTY = "user name is empty"
+_INVALID_TOKEN = "invalid auth token"
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -80,12 +109,20 @@ class EtcdClient:
             etcd.put(b"/x", b"y", lease=lease)
     """
 
-    def __init__(self, endpoints: Sequence[str], *, call_seconds: float = CALL_SECONDS):
+    def __init__(
+        self, endpoints: Sequence[str], *, call_seconds: float = CALL_SECONDS, security: EtcdSecurity | None = None
+    ):
         if not endpoints:
             raise ValueError("no etcd endpoint given")
         self._endpoints = list(endpoints)
         self._call_seconds = call_seconds
-        self._channels = [grpc.insecure_channel(e) for e in self._endpoints]
+        self._security = security or EtcdSecurity()
+        if self._security.tls:
+            credentials = grpc.ssl_channel_credentials(self._security.ca, self._security.key, self._security.cert)
+            self._channels = [grpc.secure_channel(e, credentials) for e in self._endpoints]
+        else:
+            self._channels = [grpc.insecure_channel(e) for e in self._endpoints]
+        self._tokens: list[str | None] = [None] * len(self._channels)  # per member: see the module's docstring
         self._current = 0
         self._lock = threading.Lock()
 
@@ -121,20 +158,90 @@ class EtcdClient:
         for k in range(len(self._channels)):
             i = (start + k) % len(self._channels)
             stub = stub_type(self._channels[i])
-            try:
-                response = getattr(stub, method)(request() if streamed else request, timeout=timeout or self._call_seconds)
-                if streamed:
-                    response = next(iter(response), None)
-            except grpc.RpcError as e:
-                if e.code() not in _RETRY_ELSEWHERE:
-                    raise EtcdError(f"etcd refused {method}: {e.code().name} {e.details()}") from None
-                problems.append(f"{self._endpoints[i]}: {e.code().name} {e.details()}")
-                continue
-            with self._lock:
-                self._current = i
-            return response
-        raise EtcdUnavailableError(
-            f"no etcd member served {method} ({'; '.join(problems)}); the cluster is down or has no quorum"
+            for attempt in range(2):  # a second time only after a fresh token
+                try:
+                    response = getattr(stub, method)(
+                        request() if streamed else request, timeout=timeout or self._call_seconds, metadata=self._metadata(i)
+                    )
+                    if streamed:
+                        response = next(iter(response), None)
+                except grpc.RpcError as e:
+                    if attempt == 0 and self._token_expired(i, e):
+                        continue
+                    if e.code() not in _RETRY_ELSEWHERE:
+                        raise self._refusal(method, e) from None
+                    problems.append(f"{self._endpoints[i]}: {e.code().name} {e.details()}")
+                    break
+                with self._lock:
+                    self._current = i
+                return response
+        raise self._unavailable(method, problems)
+
+    def _metadata(self, i: int) -> tuple[tuple[str, str], ...]:
+        """The ``token`` metadata for member ``i`` (authenticating there first if needed)."""
+        if not self._security.authenticates:
+            return ()
+        token = self._tokens[i]
+        if token is None:
+            token = self._authenticate(i)
+        return (("token", token),)
+
+    def _authenticate(self, i: int) -> str:
+        """A token from member ``i`` for the configured user.
+
+        Raises:
+            grpc.RpcError: the member cannot serve (the caller tries another).
+            EtcdAuthError: etcd refused the user or password.
+        """
+        security = self._security
+        request = pb.AuthenticateRequest(name=security.user or "", password=security.password or "")
+        try:
+            token = pb_grpc.AuthStub(self._channels[i]).Authenticate(request, timeout=self._call_seconds).token
+        except grpc.RpcError as e:
+            if e.code() in _RETRY_ELSEWHERE:
+                raise
+            raise EtcdAuthError(
+                f"etcd authentication failed for user {security.user!r} with {security.password_source} "
+                f"({self._endpoints[i]}: {e.code().name} {e.details()})"
+            ) from None
+        self._tokens[i] = token
+        return token
+
+    def _token_expired(self, i: int, error: grpc.RpcError) -> bool:
+        """Whether member ``i`` refused the call only because its token is stale (then it is dropped)."""
+        if self._security.authenticates and _INVALID_TOKEN in (error.details() or ""):
+            self._tokens[i] = None
+            return True
+        return False
+
+    def _refusal(self, method: str, error: grpc.RpcError) -> EtcdError:
+        details = error.details() or ""
+        if _USER_EMPTY in details or _AUTH_FAILED in details:
+            return EtcdAuthError(
+                f"etcd refused {method}: {error.code().name} {details} (authentication is enabled on this "
+                "cluster: give a user and password, --config-store-user and KUNGFU_CONFIG_STORE_PASSWORD "
+                "or --config-store-password-file)"
+            )
+        return EtcdError(f"etcd refused {method}: {error.code().name} {details}")
+
+    def _unavailable(self, method: str, problems: list[str]) -> EtcdUnavailableError:
+        said = "; ".join(problems)
+        if any(sign in problem.lower() for problem in problems for sign in _HANDSHAKE_SIGNS):
+            if self._security.tls:
+                cause = (
+                    f"check that {self._security.ca_source} signed the members' certificates (and that they "
+                    "name the host dialled), and, if etcd runs with --client-cert-auth, that the client "
+                    "certificate and key are given and signed by a CA it trusts"
+                )
+            else:
+                cause = "the members serve TLS: name them as etcds://... (with --config-store-ca)"
+            return EtcdTlsError(f"TLS handshake with etcd failed for {method} ({said}): {cause}")
+        hint = ""
+        if not self._security.tls and any("socket closed" in problem.lower() for problem in problems):
+            # A TLS member drops a plaintext client without a word gRPC could show.
+            hint = " (a member that closes the connection at once may serve TLS only: name it etcds://...)"
+        return EtcdUnavailableError(
+            f"no etcd member served {method} ({said}); the cluster is down or has no quorum{hint}"
         )
 
     # ------------------------------------------------------------------ KV
@@ -206,7 +313,12 @@ class EtcdClient:
         create = pb.WatchRequest(
             create_request=pb.WatchCreateRequest(key=key, range_end=range_end, start_revision=start_revision)
         )
-        return pb_grpc.WatchStub(self._channels[i]).Watch(_single(create, until=closed))
+        self._tokens[i] = None if self._security.authenticates else self._tokens[i]  # a fresh token per stream
+        try:
+            metadata = self._metadata(i)
+        except grpc.RpcError:
+            metadata = ()  # the member is down: the stream fails at once and is reopened on the next one
+        return pb_grpc.WatchStub(self._channels[i]).Watch(_single(create, until=closed), metadata=metadata)
 
     # ------------------------------------------------------------- cluster
 

@@ -315,7 +315,7 @@ class ElasticSupervisor:
         from kungfu_tf.run.control.etcd_job_store import EtcdJobStore
 
         plan = self._plan
-        self._etcd = EtcdClient(plan.config_store)
+        self._etcd = EtcdClient(plan.config_store, security=plan.config_store_security)
         store = EtcdJobStore(self._etcd, job_id=plan.job_id, secret=plan.secret, log=self._console.message)
         self._store = store
         initial_machine = JobStateMachine(
@@ -338,7 +338,7 @@ class ElasticSupervisor:
             jobs = StoredJobStateMachine(store, initial_machine)
             store.register_launcher(plan.self_host)
         except StoreUnavailableError as e:
-            raise LaunchError(f"cannot reach the config store {store.describe()}: {e}") from None
+            raise LaunchError(f"cannot use the config store {store.describe()}: {e}") from None
         self._stored_jobs = jobs
         if job_finished(jobs.job_state()):
             raise LaunchError(

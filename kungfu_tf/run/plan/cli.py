@@ -4,10 +4,11 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.plan.config_store_security import STORE_SECURITY_ENV
 from kungfu_tf.run.plan.ports import DEFAULT_PORT_RANGE, PortRange, parse_port_range
 from kungfu_tf.run.plan.topology import DEFAULT_TOPOLOGY, TOPOLOGIES, normalize_topology
 from kungfu_tf.run.worker_env.placement import HostSlots, parse_hosts
@@ -43,7 +44,8 @@ class LaunchOptions:
     is ``--elastic`` (crashed workers are replaced by joiners);
     ``config_server`` is the ``--config-server`` ``host:port``;
     ``config_store`` the ``--config-store`` value (checked with the plan,
-    which also reads ``KUNGFU_CONFIG_STORE``);
+    which also reads ``KUNGFU_CONFIG_STORE``); ``config_store_security``
+    its TLS and user options, by option name (config_store_security.py);
     ``discovery_script`` the ``--host-discovery-script``; ``join_timeout``
     the ``--join-timeout`` seconds a joiner may stay STARTING;
     ``admit_window`` the ``--admit-window`` seconds READY joiners wait for
@@ -66,6 +68,7 @@ class LaunchOptions:
     max_np: int | None = None
     config_server: str | None = None
     config_store: str | None = None
+    config_store_security: dict[str, str | Path | None] = field(default_factory=dict)
     discovery_script: Path | None = None
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     admit_window: float = DEFAULT_ADMIT_WINDOW
@@ -198,8 +201,18 @@ def _build_parser() -> argparse.ArgumentParser:
         help="keep the job's state in this etcd cluster instead of one launcher's "
         "config service (default: $KUNGFU_CONFIG_STORE, else none): every launcher "
         "serves its own host's workers, and the job survives the loss of any "
-        "launcher's host; give the same value to every launcher",
+        "launcher's host; give the same value to every launcher; etcds://... for TLS",
     )
+    for option, metavar, text in (
+        ("--config-store-ca", "FILE", "PEM CA certificate(s) that verify the etcd members (etcds://)"),
+        ("--config-store-cert", "FILE", "this launcher's PEM certificate, for etcd's --client-cert-auth"),
+        ("--config-store-key", "FILE", "the PEM private key of --config-store-cert"),
+        ("--config-store-user", "NAME", "etcd user; password: $KUNGFU_CONFIG_STORE_PASSWORD or the next option"),
+        ("--config-store-password-file", "FILE", "a file whose first line is the etcd user's password"),
+    ):
+        elastic.add_argument(
+            option, metavar=metavar, help=f"{text} (default: ${STORE_SECURITY_ENV[option]})"
+        )
     elastic.add_argument(
         "--host-discovery-script",
         type=Path,
@@ -323,6 +336,7 @@ def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
             else None
         ),
         config_store=ns.config_store,
+        config_store_security={o: getattr(ns, o[2:].replace("-", "_")) for o in STORE_SECURITY_ENV},
         discovery_script=ns.host_discovery_script,
         join_timeout=(
             ns.join_timeout
@@ -386,6 +400,10 @@ def _check_elastic_options(ns: argparse.Namespace) -> None:
             f"--config-server {ns.config_server} is only used by elastic jobs "
             "(--elastic or --min-np)"
         )
+    for option in STORE_SECURITY_ENV:
+        value = getattr(ns, option[2:].replace("-", "_"))
+        if value is not None and not elastic:
+            raise LaunchError(f"{option} {value} is only used by elastic jobs with --config-store")
     if ns.config_store is not None:
         if not elastic:
             raise LaunchError(f"--config-store {ns.config_store} is only used by elastic jobs (--elastic or --min-np)")

@@ -2,8 +2,10 @@
 
 Only etcd is supported: ``etcd://HOST:PORT[,HOST:PORT...]`` names the
 client endpoints of one etcd cluster (any member serves; name them all so
-that the loss of any minority is survived). Without it the job's state
-lives in the config service embedded in one launcher (the default).
+that the loss of any minority is survived); ``etcds://`` the same over TLS
+(members whose client URLs are ``https://``; see config_store_security.py).
+Without it the job's state lives in the config service embedded in one
+launcher (the default).
 
 Example:
     >>> parse_config_store("etcd://h1:2379,h2:2379,h3:2379")
@@ -16,6 +18,17 @@ from kungfu_tf.run.errors import LaunchError
 
 CONFIG_STORE_ENV = "KUNGFU_CONFIG_STORE"
 SCHEME = "etcd://"
+TLS_SCHEME = "etcds://"
+
+
+def uses_tls(text: str) -> bool:
+    """Whether a (valid) ``--config-store`` value asks for TLS.
+
+    Example:
+        >>> uses_tls("etcds://h1:2379")
+        True
+    """
+    return text.strip().startswith(TLS_SCHEME)
 
 
 def parse_config_store(text: str, source: str = "--config-store") -> tuple[str, ...]:
@@ -28,12 +41,14 @@ def parse_config_store(text: str, source: str = "--config-store") -> tuple[str, 
     """
     value = text.strip()
     bad = f"bad {source} {text!r}"
-    if not value.startswith(SCHEME):
-        scheme = value.split("://", 1)[0] + "://" if "://" in value else "no scheme"
+    scheme = next((s for s in (SCHEME, TLS_SCHEME) if value.startswith(s)), None)
+    if scheme is None:
+        got = value.split("://", 1)[0] + "://" if "://" in value else "no scheme"
         raise LaunchError(
-            f"{bad}: expected etcd://HOST:PORT[,HOST:PORT...] (only etcd is supported), got {scheme}"
+            f"{bad}: expected etcd://HOST:PORT[,HOST:PORT...] or etcds://... for TLS (only etcd is supported), "
+            f"got {got}"
         )
-    rest = value[len(SCHEME) :]
+    rest = value[len(scheme) :]
     if "/" in rest:
         raise LaunchError(f"{bad}: no path may follow the endpoints (keys go under /kungfu/<job id>/)")
     endpoints: list[str] = []

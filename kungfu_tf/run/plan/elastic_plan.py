@@ -15,9 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kungfu_tf.run.control.etcd_security import EtcdSecurity
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.plan.cli import LaunchOptions
-from kungfu_tf.run.plan.config_store import CONFIG_STORE_ENV, parse_config_store
+from kungfu_tf.run.plan.config_store import (
+    CONFIG_STORE_ENV,
+    parse_config_store,
+    uses_tls,
+)
+from kungfu_tf.run.plan.config_store_security import resolve_store_security
 from kungfu_tf.run.plan.host_discovery import run_discovery_script
 from kungfu_tf.run.plan.local_host import choose_self_host
 from kungfu_tf.run.plan.ports import (
@@ -73,6 +79,8 @@ class ElasticPlan:
     # state; every launcher then serves its own host's workers (serves is
     # True everywhere, config_host is this host).
     config_store: tuple[str, ...] = ()
+    # its TLS material and etcd credentials (None: plain, no authentication)
+    config_store_security: EtcdSecurity | None = field(default=None, repr=False)
 
     @property
     def config_address(self) -> str:
@@ -106,7 +114,11 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
             )
         if options.discovery_script is not None:
             raise LaunchError(f"--host-discovery-script is not supported with {store_source} (give -H)")
-        return _store_plan(options, environ, parse_config_store(store_text, store_source))
+        store = parse_config_store(store_text, store_source)
+        security = resolve_store_security(
+            tls=uses_tls(store_text), options=options.config_store_security, environ=environ
+        )
+        return replace(_store_plan(options, environ, store), config_store_security=security)
     min_np = options.min_np if options.min_np is not None else 1
     max_np = options.max_np if options.max_np is not None else options.np
     config_host = options.config_server.rpartition(":")[0] if options.config_server is not None else None
