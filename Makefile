@@ -136,7 +136,7 @@ CLANG_FORMAT ?= clang-format
 CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-config-store bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-config-store bench-etcd-security bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -325,6 +325,11 @@ bench-strategy-resize: install
 # a majority lost; and a membership change beside the embedded service's.
 bench-config-store: install
 	$(PY) -m benchmarks.config_store --repeats 5
+
+# What etcd's TLS and user/password cost a --config-store client (one put, a
+# new client's first put), four single-member etcd clusters side by side.
+bench-etcd-security: install
+	$(PY) -m benchmarks.etcd_security --rounds 9
 
 # Autoscaling on a job whose efficient size is known (a CPU quota over the
 # whole job), straggler replacement (one worker in a small quota), utility vs

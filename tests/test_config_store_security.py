@@ -1,7 +1,8 @@
 """``--config-store`` over etcd's own TLS and authentication, against real etcd members.
 
-Certificates are made here with the ``openssl`` CLI (a CA, the member's
-certificate for 127.0.0.1, a client certificate, and a second, unrelated CA);
+Certificates are made for the test with the ``openssl`` CLI
+(benchmarks/harness/etcd_certificates.py: a CA, the member's certificate for
+127.0.0.1, a client certificate, and a second, unrelated CA);
 a single etcd member serves TLS with ``--client-cert-auth``, another has
 authentication enabled through the Auth API (no etcdctl needed). What is
 checked: the store works over TLS and with a user, and each misconfiguration
@@ -22,6 +23,7 @@ import grpc
 import pytest
 from conftest import REPO_ROOT, worker_env, worker_path
 
+from benchmarks.harness.etcd_certificates import make_certificates
 from benchmarks.harness.etcd_cluster import EtcdCluster, EtcdServerTls
 from kungfu_tf.proto import etcd_rpc_pb2 as pb
 from kungfu_tf.proto import etcd_rpc_pb2_grpc as pb_grpc
@@ -41,27 +43,6 @@ SECRET = "0123456789abcdef" * 4
 PASSWORD = "correct horse battery staple"
 TOKEN_TTL = 3  # seconds an unused token lives (etcd's default is 300)
 CALL_SECONDS = 2.0  # a refused handshake fails at once; this bounds the worst case
-
-
-def _openssl(*args: str | Path, cwd: Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], cwd=cwd, check=True, capture_output=True)
-
-
-def make_certificates(d: Path) -> Path:
-    """ca.crt signs server.crt (for IP 127.0.0.1) and client.crt; wrongca.crt signs nothing here."""
-    d.mkdir()
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
-    for ca in ("ca", "wrongca"):
-        _openssl("req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.crt", "-days", "2", "-subj", f"/CN={ca}", cwd=d)
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for name in ("server", "client"):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        _openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d,
-        )  # fmt: skip
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +111,13 @@ def test_bad_security_options_are_named(tmp_path, certs):
             plan_for(store, extra, environ)
     plain = plan_for(url, [], {})
     assert plain.config_store_security is None
+
+
+def test_security_options_need_an_elastic_job(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["-np", "1", "--config-store-user", "root", "true"])
+    assert exit_.value.code == 2
+    assert "--config-store-user root is only used by elastic jobs with --config-store" in capsys.readouterr().err
 
 
 def test_password_option_does_not_exist(capsys):

@@ -1,0 +1,1 @@
+"""What etcd's TLS and authentication cost a ``--config-store`` client (see run.py)."""
