@@ -9,8 +9,8 @@ all alike), for each setup:
   etcd commits through raft, as every membership change is);
 * **first call**: the median seconds from a new client to its first answered
   ``put``: the connection, the TLS handshake, and Auth.Authenticate (etcd
-  checks the password with bcrypt) — paid once per launcher and member, and
-  again when a token expires.
+  checks the password with bcrypt) — paid once per launcher, and again
+  when a token expires.
 
 Usage: ``python -m benchmarks.etcd_security [--calls N] [--rounds R]``;
 prints the table for docs/guide/benchmarks.md with the machine's load.

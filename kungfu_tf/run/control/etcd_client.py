@@ -16,10 +16,10 @@ naming each endpoint and what it said.
 
 TLS and authentication (:class:`EtcdSecurity`) are etcd's own: channels are
 gRPC secure channels when ``tls`` is set, and with a user every call
-carries the ``token`` metadata that Auth.Authenticate returned. Tokens are
-per member (etcd's default "simple" tokens are not replicated), so each
-channel authenticates on first use and again when its member says the
-token is no longer valid (expired, or the member restarted). A failed TLS
+carries the ``token`` metadata that Auth.Authenticate returned (any member
+accepts it: etcd assigns tokens through raft). The client authenticates on
+its first call and again when etcd says the token is no longer valid (an
+unused token expires, after 5 minutes by default). A failed TLS
 handshake and a refused password raise errors of their own
 (:class:`EtcdTlsError`, :class:`EtcdAuthError`) instead of looking like a
 cluster that is down.
@@ -122,7 +122,7 @@ class EtcdClient:
             self._channels = [grpc.secure_channel(e, credentials) for e in self._endpoints]
         else:
             self._channels = [grpc.insecure_channel(e) for e in self._endpoints]
-        self._tokens: list[str | None] = [None] * len(self._channels)  # per member: see the module's docstring
+        self._token: str | None = None  # from Auth.Authenticate, when a user is given
         self._current = 0
         self._lock = threading.Lock()
 
@@ -166,7 +166,7 @@ class EtcdClient:
                     if streamed:
                         response = next(iter(response), None)
                 except grpc.RpcError as e:
-                    if attempt == 0 and self._token_expired(i, e):
+                    if attempt == 0 and self._token_expired(e):
                         continue
                     if e.code() not in _RETRY_ELSEWHERE:
                         raise self._refusal(method, e) from None
@@ -178,10 +178,10 @@ class EtcdClient:
         raise self._unavailable(method, problems)
 
     def _metadata(self, i: int) -> tuple[tuple[str, str], ...]:
-        """The ``token`` metadata for member ``i`` (authenticating there first if needed)."""
+        """The ``token`` metadata for a call (authenticating with member ``i`` first if needed)."""
         if not self._security.authenticates:
             return ()
-        token = self._tokens[i]
+        token = self._token
         if token is None:
             token = self._authenticate(i)
         return (("token", token),)
@@ -204,13 +204,13 @@ class EtcdClient:
                 f"etcd authentication failed for user {security.user!r} with {security.password_source} "
                 f"({self._endpoints[i]}: {e.code().name} {e.details()})"
             ) from None
-        self._tokens[i] = token
+        self._token = token
         return token
 
-    def _token_expired(self, i: int, error: grpc.RpcError) -> bool:
-        """Whether member ``i`` refused the call only because its token is stale (then it is dropped)."""
+    def _token_expired(self, error: grpc.RpcError) -> bool:
+        """Whether etcd refused a call only because the token is stale (then it is dropped)."""
         if self._security.authenticates and _INVALID_TOKEN in (error.details() or ""):
-            self._tokens[i] = None
+            self._token = None
             return True
         return False
 
@@ -313,7 +313,6 @@ class EtcdClient:
         create = pb.WatchRequest(
             create_request=pb.WatchCreateRequest(key=key, range_end=range_end, start_revision=start_revision)
         )
-        self._tokens[i] = None if self._security.authenticates else self._tokens[i]  # a fresh token per stream
         try:
             metadata = self._metadata(i)
         except grpc.RpcError:
@@ -372,8 +371,9 @@ class EtcdWatch:
                     if response.events:
                         self._next = response.events[-1].kv.mod_revision + 1
                         yield response.header.revision
-            except grpc.RpcError:
-                pass  # the member went away: reopen on another
+            except grpc.RpcError as e:
+                self._client._token_expired(e)  # then the reopened stream gets a fresh token
+                # else the member went away: reopen on another
             finally:
                 closed.set()
             if not self._cancelled.is_set():
