@@ -30,6 +30,10 @@ enum class FrameType : uint8_t {
   // this one is complete and it sends nothing after (no key, no payload).
   // seq: the cluster version the sender moves on to, 0 if it leaves the job.
   kGoodbye = 9,
+  // Only as the first frame of a same-host connection, with the descriptors
+  // of a shared-memory ring attached (SCM_RIGHTS; no key, no payload): every
+  // later frame of the connection travels through that ring (shm_ring.h).
+  kShmRing = 10,
 };
 
 enum FrameFlags : uint8_t {

@@ -65,6 +65,7 @@ Status Runtime::start_transport(Generation &g, Listeners listeners, const Genera
   t.frame_auth = opt_.frame_auth;
   t.timeout_seconds = opt_.timeout_seconds;
   t.same_host_unix_sockets = opt_.same_host_unix_sockets;
+  t.same_host_shm = opt_.same_host_shm;
   g.transport = std::make_unique<Transport>(t, g.handler.get());
   Status s = g.transport->start(std::move(listeners));
   if (!s.ok()) g.transport.reset();
@@ -150,6 +151,11 @@ uint64_t Runtime::evicted_handshakes() const {
 uint64_t Runtime::authenticated_connections() const {
   GenPtr g = gen();
   return g->transport ? g->transport->authenticated_connections() : 0;
+}
+
+uint64_t Runtime::shm_connections() const {
+  GenPtr g = gen();
+  return g->transport ? g->transport->shm_connections() : 0;
 }
 
 bool Runtime::on_frame(Generation &g, int src, const FrameHeader &header, std::string key, const PartialReader &read) {

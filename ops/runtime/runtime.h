@@ -176,6 +176,9 @@ class Runtime {
   size_t handshakes_in_progress() const;
   uint64_t evicted_handshakes() const;
   uint64_t authenticated_connections() const;
+  // Connections of the current version, in either direction, whose frames
+  // travel through shared memory.
+  uint64_t shm_connections() const;
   size_t pending_messages() const { return gen()->mailbox.pending_messages(); }
   // request_at_least()s (ours or peers') waiting here for a save (for tests and leak checks).
   size_t parked_requests() const { return store_.waiting() + rows_.waiting(); }

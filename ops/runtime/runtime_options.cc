@@ -100,6 +100,13 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
     }
     o.auto_probes = static_cast<int>(v);
   }
+  std::string shm = env("KUNGFU_SHM");
+  if (!shm.empty() && shm != "0" && shm != "1") {
+    return InvalidArgument("KUNGFU_SHM='" + shm +
+                           "': expected 0 (same-host peers talk through Unix sockets) or 1 (through shared memory, "
+                           "the default)");
+  }
+  o.same_host_shm = shm != "0";
   o.job_id = env("KUNGFU_JOB_ID");
   s = check_job_id(o.job_id, o.cluster.size());
   if (!s.ok()) return s;

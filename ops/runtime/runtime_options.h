@@ -32,10 +32,14 @@ struct RuntimeOptions {
   // (KUNGFU_AUTO_PROBES, auto_topology.h); 0: AUTO follows choose_auto's
   // fixed size rule instead of measuring. Every worker must have the same.
   int auto_probes = 3;
+  // Same-host peers exchange frames through shared-memory rings
+  // (KUNGFU_SHM: unset or 1 = yes, 0 = Unix sockets only); see TransportOptions.
+  bool same_host_shm = true;
 
   // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
   // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET, KUNGFU_JOB_ID,
-  // KUNGFU_AUTHENTICATE_FRAMES and KUNGFU_AUTO_PROBES. Without KUNGFU_PEERS: a one-worker cluster.
+  // KUNGFU_AUTHENTICATE_FRAMES, KUNGFU_AUTO_PROBES and KUNGFU_SHM. Without
+  // KUNGFU_PEERS: a one-worker cluster.
   static Status from_env(RuntimeOptions *out);
 };
 

@@ -2,8 +2,9 @@
 // handed from one cluster version's transport to the next), start and stop,
 // and who it says it is in the handshakes of both directions. The rest:
 // transport_accept.cc (accepting connections), transport_receive.cc (serving
-// one accepted connection), transport_connect.cc (dialing a peer) and
-// transport_send.cc (links and writing frames).
+// one accepted connection), transport_connect.cc (dialing a peer),
+// transport_send.cc (links and writing frames) and transport_shm.cc (a
+// same-host link's shared-memory ring).
 #include "transport.h"
 
 #include <arpa/inet.h>
@@ -137,6 +138,7 @@ void Transport::stop(const Status &why) {
     std::lock_guard<std::mutex> lock(link->mu);
     link->fd.reset();  // a retired generation's transport lives on: release its sockets now
     link->auth.reset();
+    link->ring.reset();
   }
   tcp_listener_.reset();
   unix_listener_.reset();

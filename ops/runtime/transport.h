@@ -3,7 +3,10 @@
 // Every ordered pair of peers has one outgoing connection (opened lazily by the
 // sender, retried until the timeout while the other side starts up) over which
 // frames travel in FIFO order. Same-host peers use a Unix domain socket, which
-// is faster than loopback TCP. A connection is accepted only after the client
+// is faster than loopback TCP, and, once its handshake is done, move its
+// frames into a shared-memory ring (shm_ring.h) that the dialer hands over
+// on that socket; the socket stays open so that either side's end is seen
+// at once. A connection is accepted only after the client
 // proves it holds the job secret (handshake.h); anything else is dropped
 // without disturbing the job.
 #pragma once
@@ -26,6 +29,7 @@
 #include "mailbox.h"
 #include "rate_limited_log.h"
 #include "secret.h"
+#include "shm_ring.h"
 #include "socket_io.h"
 #include "status.h"
 #include "traffic_counters.h"
@@ -64,6 +68,10 @@ struct TransportOptions {
   FrameAuthPolicy frame_auth = FrameAuthPolicy::kAcrossHosts;
   double timeout_seconds = 120;  // connect retries and handshakes give up after this
   bool same_host_unix_sockets = true;
+  // Same-host connections carry their frames through a shared-memory ring
+  // (KUNGFU_SHM, default on; needs same_host_unix_sockets). Not for a
+  // connection that authenticates its frames: those stay on the socket.
+  bool same_host_shm = true;
   // By rank: peers whose port is known to be bound (members of the previous
   // cluster version; a port stays bound across changes). A refused
   // connection to one is a dead process, reported at once instead of
@@ -127,6 +135,9 @@ class Transport {
   uint64_t rejected_connections() const { return rejected_.load(); }
   // Connections, in either direction, whose frames are authenticated.
   uint64_t authenticated_connections() const { return authenticated_.load(); }
+  // Connections, in either direction, whose frames travel through a
+  // shared-memory ring.
+  uint64_t shm_connections() const { return shm_.load(); }
 
   // At most this many accepted connections may be in their handshake at
   // once; more are closed at once. A cluster's own peers connect once each
@@ -174,6 +185,7 @@ class Transport {
     std::deque<SendItem> queue;
     Fd fd;
     std::unique_ptr<FrameAuthenticator> auth;  // with fd, when its frames are authenticated
+    std::unique_ptr<ShmRing> ring;             // with fd, when its frames go through shared memory
     bool busy = false;                         // a frame is being written right now
     Status broken;                             // once set, every send fails with it
     bool closing = false;                      // we are leaving: our goodbye is queued, nothing may follow it
@@ -228,7 +240,12 @@ class Transport {
   // Opens our connection to `dst`. A peer still at an older cluster version
   // (it has not switched yet) is retried until the timeout; *moved_on is set
   // when the peer is at a newer version: it will never again talk at ours.
-  Status connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth, bool *moved_on);
+  Status connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth, std::unique_ptr<ShmRing> *ring,
+                    bool *moved_on);
+  // After the handshake of a same-host connection: a ring for its frames,
+  // handed to the peer (null, and the socket carries the frames, when
+  // shared memory is off or cannot be had here).
+  Status offer_shm_ring(int dst, int fd, std::unique_ptr<ShmRing> *ring);
 
   // transport_send.cc
   void sender_loop(int dst);
@@ -236,6 +253,9 @@ class Transport {
   // send timeout passes with no progress); otherwise only what fits in the
   // socket now, never blocking.
   Status write_frame(int dst, int fd, FrameAuthenticator *auth, SendItem &item, bool wait);
+  // The same into a link's shared-memory ring (transport_shm.cc); `fd` is
+  // the socket beside it, watched for the peer's end.
+  Status write_frame_to_ring(int dst, int fd, ShmRing &ring, SendItem &item, bool wait);
   // Writes `item` with the link marked busy; `lock` (held on entry) is
   // released. An item not written whole (only when !wait) goes back to the
   // front of the queue.
@@ -263,6 +283,8 @@ class Transport {
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> evicted_{0};
   std::atomic<uint64_t> authenticated_{0};
+  std::atomic<uint64_t> shm_{0};
+  std::atomic<bool> shm_unavailable_logged_{false};
 };
 
 }  // namespace kungfu

@@ -14,7 +14,8 @@
 
 namespace kungfu {
 
-Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth, bool *moved_on) {
+Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticator> *auth,
+                             std::unique_ptr<ShmRing> *ring, bool *moved_on) {
   *moved_on = false;
   const PeerID &peer = opt_.cluster.peer(dst);
   const PeerID &self = opt_.cluster.peer(opt_.self_rank);
@@ -83,6 +84,9 @@ Status Transport::connect_to(int dst, Fd *out, std::unique_ptr<FrameAuthenticato
         if (us.authenticate_frames) {
           *auth = std::make_unique<FrameAuthenticator>(key, FrameDirection::kClientToServer);
           note_authenticated_connection();
+        } else if (use_unix && opt_.same_host_shm) {
+          Status s = offer_shm_ring(dst, fd.get(), ring);
+          if (!s.ok()) return s;
         }
         *out = std::move(fd);
         return Status::OK();

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "shm_handover.h"
 #include "socket_order.h"
 #include "verified_payload.h"
 
@@ -70,17 +71,49 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
       if (!stopping_ && !leaving_) handler_->on_peer_lost(src, lost());
     });
   }
+  // Set by the connection's first frame when the dialer moves its frames
+  // into shared memory; the socket then only tells us when the peer ends.
+  std::unique_ptr<ShmRing> ring;
+  auto recv_bytes = [&](void *dst, size_t len) {
+    return ring ? ring->read_exact(dst, len, fd.get(), stopping_, &why) : recv_all(fd.get(), dst, len, &why);
+  };
+  bool first_frame = true;
   while (true) {
     FrameHeader h;
-    if (!recv_all(fd.get(), &h, sizeof(h), &why)) break;
+    if (first_frame && !auth) {
+      // Only a same-host dialer's first frame may bring descriptors.
+      ShmRing::Descriptors fds;
+      if (!recv_first_header(fd.get(), &h, &fds, &why)) break;
+      if (h.type == static_cast<uint8_t>(FrameType::kShmRing)) {
+        Status s = accept_shm_ring(h, std::move(fds), &ring);
+        if (!s.ok()) {
+          why = s.message();
+          break;
+        }
+        ++shm_;
+        first_frame = false;
+        continue;
+      }
+      if (fds.memory.valid()) {
+        why = "descriptors came with a frame of type " + std::to_string(h.type);
+        break;
+      }
+    } else if (!recv_bytes(&h, sizeof(h))) {
+      break;
+    }
+    first_frame = false;
     socket_order_after_header(order);
     Status header_ok = check_frame_header(h);
     if (!header_ok.ok()) {
       why = header_ok.message();
       break;
     }
+    if (h.type == static_cast<uint8_t>(FrameType::kShmRing)) {
+      why = "a shared-memory ring frame that is not the connection's first";
+      break;
+    }
     std::string key(h.key_len, '\0');
-    if (!recv_all(fd.get(), key.data(), key.size(), &why)) break;
+    if (!recv_bytes(key.data(), key.size())) break;
     const uint64_t tags = auth ? FrameAuthenticator::segments(h.payload_len) : 0;
     counters_.add_received(src, sizeof(h) + h.key_len + h.payload_len + tags * FrameAuthenticator::kTagLen);
     // Nothing may act on a header, key or payload byte before its tag matched.
@@ -94,7 +127,7 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
         read_ok = false;
         return false;
       }
-      read_ok = verified ? verified->read(dst, len) : recv_all(fd.get(), dst, len, &why);
+      read_ok = verified ? verified->read(dst, len) : recv_bytes(dst, len);
       consumed += len;
       return read_ok;
     };
@@ -121,7 +154,7 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
     while (read_ok && consumed < h.payload_len) {
       scratch.resize(std::min<uint64_t>(h.payload_len - consumed, 1 << 20));
       size_t n = scratch.size();
-      read_ok = recv_all(fd.get(), scratch.data(), n, &why);
+      read_ok = recv_bytes(scratch.data(), n);
       consumed += n;
     }
     if (!read_ok) break;

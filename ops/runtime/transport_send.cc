@@ -110,8 +110,9 @@ void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mut
   link.busy = true;
   int fd = link.fd.get();
   FrameAuthenticator *auth = link.auth.get();
+  ShmRing *ring = link.ring.get();
   lock.unlock();
-  Status s = write_frame(dst, fd, auth, item, wait);
+  Status s = ring ? write_frame_to_ring(dst, fd, *ring, item, wait) : write_frame(dst, fd, auth, item, wait);
   lock.lock();
   link.busy = false;
   if (s.ok() && item.written < frame_bytes(item)) {
@@ -169,12 +170,14 @@ void Transport::sender_loop(int dst) {
       lock.unlock();
       Fd fd;
       std::unique_ptr<FrameAuthenticator> auth;
+      std::unique_ptr<ShmRing> ring;
       bool moved_on = false;
-      Status s = connect_to(dst, &fd, &auth, &moved_on);
+      Status s = connect_to(dst, &fd, &auth, &ring, &moved_on);
       lock.lock();
       if (s.ok()) {
         link.fd = std::move(fd);
         link.auth = std::move(auth);
+        link.ring = std::move(ring);
       } else {
         lock.unlock();
         if (moved_on) {
