@@ -1,8 +1,9 @@
 """Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/<target>/).
 
 One valid input per frame kind for fuzz_frame (a FrameHeader, key, payload
-as ops/runtime/frame.h lays them out) and client hellos for fuzz_handshake
-(handshake.h's wire protocol, with a MAC the fuzzer cannot know). Run from
+as ops/runtime/frame.h lays them out), client hellos for fuzz_handshake
+(handshake.h's wire protocol, with a MAC the fuzzer cannot know) and
+hostile-writer scripts for fuzz_shm_ring (its header comment has the format). Run from
 anywhere: ``python3 tests/fuzz/make_seeds.py``.
 """
 
@@ -66,6 +67,28 @@ HANDSHAKES = {
 }
 
 
+def ring_write(data):
+    """fuzz_shm_ring step: the writer puts `data` into the ring honestly."""
+    return bytes([0]) + struct.pack("<Q", len(data)) + data
+
+
+def ring_store(op, value):
+    """fuzz_shm_ring step: scribble `value` over a control word (1 tail, 2 head, 3 magic/capacity)."""
+    return bytes([op]) + struct.pack("<Q", value)
+
+
+RING_SCRIPTS = {
+    "frames": ring_write(FRAMES["collective_piece"] + FRAMES["push"]) + ring_write(FRAMES["goodbye"]),
+    # A frame larger than the ring (4 KiB), written in two steps.
+    "wrapping_frame": ring_write(frame(PUSH, b"acc", bytes(3000), FLOAT32))
+    + ring_write(frame(PUSH, b"acc", bytes(3000), FLOAT32)),
+    "tail_past_capacity": ring_write(FRAMES["ping"]) + ring_store(1, 2**20),
+    "tail_behind_reader": ring_write(FRAMES["ping"]) + ring_store(1, 0) + ring_write(FRAMES["ping"]),
+    "head_ahead_of_writer": ring_store(2, 5000) + ring_write(FRAMES["ping"]),
+    "capacity_scribbled": ring_store(3, 2**40 + 1) + ring_write(FRAMES["ping"]),
+}
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -77,3 +100,4 @@ def write(target, seeds):
 if __name__ == "__main__":
     write("fuzz_frame", FRAMES)
     write("fuzz_handshake", HANDSHAKES)
+    write("fuzz_shm_ring", RING_SCRIPTS)
