@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.allreduce.report import raw_table, targets_table
-from benchmarks.allreduce.targets import MIB, evaluate
+from benchmarks.allreduce.report import raw_table, runtime_table, shm_targets_table, targets_table
+from benchmarks.allreduce.targets import MIB, evaluate, evaluate_shm
 
 GB = 1e9
 RAW = {
@@ -52,3 +52,50 @@ def test_targets_fall_back_to_tcp_without_a_unix_figure():
 def test_latency_floor_is_given_against_both_transports():
     text = raw_table({**RAW, "tf_function_floor": {"median_s": 451e-6}})
     assert "4.0× the cross-CPU TCP RTT and 5.3× the cross-CPU Unix-socket RTT" in text
+
+
+SHM = {"exchange": {"bytes_per_s_each_way": 4.0 * GB}, "pingpong": {"rtt_median_s": 1e-6, "placement": "split"}}
+
+
+def test_targets_use_the_shared_memory_ring_when_measured():
+    evals = evaluate(POINTS, {**RAW, "shm": SHM})
+    bandwidth = record(evals, 2, 64 * MIB)
+    assert bandwidth["ratio"] == pytest.approx(1.54 / 4.0)
+    assert bandwidth["yardstick"] == "shared-memory ring"
+    text = raw_table({**RAW, "shm": {**SHM, "memcpy": {"bytes_per_s": 9 * GB}}})
+    assert "shared-memory ring" in text and "memcpy" in text
+
+
+def shm_record(evals: list[dict], start: str) -> dict:
+    return next(e for e in evals if e["target"].startswith(start))
+
+
+def test_shm_targets_compare_within_the_run():
+    points = [
+        {"impl": "kungfu", "topology": "AUTO", "np": 2, "size": 4, "median_s": 500e-6},
+        {"impl": "mpi", "topology": "MPI", "np": 2, "size": 4, "median_s": 1e-6},
+        {"impl": "kungfu", "topology": "AUTO", "np": 2, "size": 64 * MIB, "median_s": 0.03, "busbw": 2.2 * GB},
+        {"impl": "kungfu_unix", "topology": "AUTO", "np": 2, "size": 64 * MIB, "median_s": 0.06, "busbw": 1.1 * GB},
+        {"impl": "mpi", "topology": "MPI", "np": 2, "size": 64 * MIB, "median_s": 0.02, "busbw": 3.3 * GB},
+    ]
+    runtime = [
+        {"np": 2, "topology": "AUTO", "transport": "shm", "size": 4, "median_s": 4e-6},
+        {"np": 2, "topology": "AUTO", "transport": "unix", "size": 4, "median_s": 40e-6},
+        {"np": 2, "topology": "AUTO", "transport": "shm", "size": 64 * MIB, "median_s": 0.05},
+        {"np": 2, "topology": "AUTO", "transport": "unix", "size": 64 * MIB, "median_s": 0.06},
+    ]
+    raw = {"tf_function_floor": {"median_s": 490e-6}, "runtime": runtime}
+    evals = evaluate_shm(points, raw)
+    alone = shm_record(evals, "4 B, np=2, runtime alone")
+    assert alone["met"] is True and alone["value"] == "4.0×"  # 4 µs vs MPI's 1 µs
+    assert shm_record(evals, "4 B, np=2, tf.function (AUTO): ≤ 5× MPI")["met"] is False  # 500×
+    floor = shm_record(evals, "4 B, np=2, tf.function (AUTO): ≤ TF dispatch floor")
+    assert floor["met"] is True  # 490 + 10 µs
+    gain = shm_record(evals, "64 MiB, np=2, tf.function (AUTO): bus bandwidth ≥ 1.5×")
+    assert gain["met"] is True and gain["value"] == "2.00×"
+    assert shm_record(evals, "64 MiB, np=2, runtime alone")["met"] is False  # 1.2× only
+    assert shm_record(evals, "64 MiB, np=2, tf.function (AUTO): bus bandwidth ≥ Open MPI")["met"] is False
+    table = shm_targets_table(evals)
+    assert "NOT MET: 500.0×" in table and "MET: 2.00×" in table
+    rt = runtime_table(runtime, [2], ["AUTO"])
+    assert "| 2 | 4 B | shm |" in rt and "| 2 | 4 B | unix |" in rt

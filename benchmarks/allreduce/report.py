@@ -10,6 +10,8 @@ MWMS_COLUMN = "MWMS (TF gRPC ring)"
 MPI_COLUMN = "Open MPI (MPI_Allreduce)"
 # Our AUTO time over Open MPI's at the same point: how far from the anchor.
 MPI_RATIO_COLUMN = "AUTO ÷ MPI (time)"
+# AUTO once more with same-host peers on Unix sockets (KUNGFU_SHM=0).
+UNIX_COLUMN = "AUTO over Unix sockets (KUNGFU_SHM=0)"
 
 
 def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
@@ -50,6 +52,8 @@ def allreduce_tables(
     """
     index = {(p["impl"], p["topology"], p["np"], p["size"]): p for p in points}
     columns = [("kungfu", t, t) for t in topologies]
+    if any(p["impl"] == "kungfu_unix" for p in points):
+        columns.append(("kungfu_unix", "AUTO", UNIX_COLUMN))
     if with_mwms:
         columns.append(("mwms", "RING", MWMS_COLUMN))
     with_ratio = with_mpi and "AUTO" in topologies
@@ -86,21 +90,36 @@ def _runtime_cell(point: dict[str, Any] | None) -> str:
 def runtime_table(
     points: list[dict[str, Any]], nps: list[int], topologies: list[str]
 ) -> str:
-    """Median all-reduce time through the runtime alone, per np, size and topology."""
-    by_key = {(p["np"], p["size"], p["topology"]): p for p in points}
+    """Median all-reduce time through the runtime alone, per np, size, transport and topology.
+
+    Points without a ``transport`` are from before the shared-memory
+    transport: Unix sockets.
+    """
+    by_key = {
+        (p["np"], p["size"], p.get("transport", "unix"), p["topology"]): p
+        for p in points
+    }
     sizes = sorted({p["size"] for p in points})
+    transports = [
+        t for t in ("shm", "unix") if any(k[2] == t for k in by_key)
+    ]
     rows = []
     for n in nps:
         for size in sizes:
-            cells = [_runtime_cell(by_key.get((n, size, t))) for t in topologies]
-            rows.append([str(n), format_size(size), *cells])
-    header = ["np", "size", *topologies]
-    return _table(header, ["r", "r", *["r"] * len(topologies)], rows)
+            for tr in transports:
+                cells = [_runtime_cell(by_key.get((n, size, tr, t))) for t in topologies]
+                rows.append([str(n), format_size(size), tr, *cells])
+    header = ["np", "size", "transport", *topologies]
+    return _table(header, ["r", "r", "l", *["r"] * len(topologies)], rows)
 
 
 def raw_table(raw: dict[str, Any]) -> str:
     """Raw transport limits: exchange rate each way and ping-pong RTTs."""
-    names = {"tcp": "TCP loopback", "unix": "Unix socket"}
+    names = {
+        "tcp": "TCP loopback",
+        "unix": "Unix socket",
+        "shm": "shared-memory ring (ours, shm_ring.h)",
+    }
 
     def rtt(rec: dict[str, Any] | None) -> str:
         return format_time(rec["rtt_median_s"]) if rec else "–"
@@ -130,6 +149,11 @@ def raw_table(raw: dict[str, Any]) -> str:
         "4 B ping-pong RTT, cross-CPU (median)",
         "same CPU (median)",
     ]
+    memcpy = raw.get("shm", {}).get("memcpy")
+    if memcpy:
+        rows.append(
+            ["memcpy, one thread (memory bandwidth)", format_rate(memcpy["bytes_per_s"]), "–", "–"]
+        )
     text = _table(header, ["l", "r", "r", "r"], rows)
     floor = raw.get("tf_function_floor")
     if floor:
@@ -142,7 +166,7 @@ def raw_table(raw: dict[str, Any]) -> str:
             f"{floor['median_s'] / rtt:.1f}× the cross-CPU {name} RTT"
             for name, rtt in (
                 (title, raw.get(key, {}).get("pingpong", {}).get("rtt_median_s"))
-                for key, title in (("tcp", "TCP"), ("unix", "Unix-socket"))
+                for key, title in (("tcp", "TCP"), ("unix", "Unix-socket"), ("shm", "ring"))
             )
             if rtt
         ]
@@ -179,3 +203,16 @@ def targets_table(evals: list[dict[str, Any]]) -> str:
         for target, cs in by_target.items()
     ]
     return _table(header, ["l"] * len(header), rows)
+
+
+def shm_targets_table(evals: list[dict[str, Any]]) -> str:
+    """One row per target of the shared-memory transport: both sides and the verdict."""
+    rows = []
+    for e in evals:
+        if e["ours"] is None or e["reference"] is None:
+            verdict = "n/a (not measured)"
+        else:
+            verdict = f"{'MET' if e['met'] else 'NOT MET'}: {e['value']}"
+        rows.append([e["target"], e["ours_text"], e["reference_text"], verdict])
+    header = ["target", "ours", "reference (same run)", "verdict"]
+    return _table(header, ["l", "r", "r", "l"], rows)

@@ -7,10 +7,15 @@ One run measures, on loopback only:
     gRPC) at the same np and sizes (benchmarks/allreduce/worker_mwms.py);
   * Open MPI's MPI_Allreduce at the same np and sizes, a second anchor
     (benchmarks/allreduce/mpi_allreduce.c, compiled here with mpicc, see benchmarks/allreduce/mpi.py);
-  * the raw TCP and Unix socket limits (benchmarks/allreduce/raw_transport.c, compiled here);
+  * the raw TCP and Unix socket limits (benchmarks/allreduce/raw_transport.c, compiled here)
+    and the raw shared-memory limit: memcpy bandwidth, streaming and ping-pong
+    through the runtime's ring (benchmarks/allreduce/raw_shm.cc, compiled here);
   * the same all-reduce through the C++ runtime alone, without TensorFlow
     (benchmarks/allreduce/runtime_allreduce.cc, compiled here), to separate runtime cost from TF
-    op dispatch;
+    op dispatch, over shared memory and over Unix sockets (KUNGFU_SHM=0);
+  * with part "socket", AUTO in a tf.function once more over Unix sockets
+    (KUNGFU_SHM=0), so the shared-memory transport's gain is a ratio within
+    the run;
 then prints markdown tables plus the issue's targets check and writes the
 raw results as JSON.
 
@@ -38,9 +43,10 @@ from benchmarks.allreduce.report import (
     allreduce_tables,
     raw_table,
     runtime_table,
+    shm_targets_table,
     targets_table,
 )
-from benchmarks.allreduce.targets import evaluate
+from benchmarks.allreduce.targets import evaluate, evaluate_shm
 from benchmarks.harness.load import CpuMeter
 from benchmarks.harness.meta import machine_metadata
 from benchmarks.harness.proc import LOOPBACK, free_ports, log, run_group, worker_env
@@ -53,7 +59,10 @@ REPO = BENCH_DIR.parent
 BUILD_DIR = REPO / "build" / "bench"
 
 TOPOLOGIES = ("STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE", "AUTO")
-PARTS = ("raw", "runtime", "kungfu", "mwms", "mpi")
+PARTS = ("raw", "runtime", "kungfu", "socket", "mwms", "mpi")
+# Same-host transports of the runtime: shared-memory rings (the default)
+# and Unix sockets, forced by KUNGFU_SHM=0.
+RUNTIME_TRANSPORTS = {"shm": "1", "unix": "0"}
 RUNTIME_SIZES = (4, 64 << 20)  # the sizes the targets talk about
 DEFAULT_SIZES = "4,1K,64K,1M,16M,64M"
 QUICK_SIZES = "4,64K,1M"
@@ -219,39 +228,88 @@ def run_raw(args: argparse.Namespace, errors: list[str]) -> dict[str, Any]:
             else:
                 rtt = format_time(rec["rtt_median_s"])
                 log(f"raw {transport} ping-pong RTT ({rec['placement']}): {rtt}")
+    shm = run_raw_shm(args, placements, errors)
+    if shm:
+        raw["shm"] = shm
     return raw
 
 
-def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, Any]]:
-    """Compiles benchmarks/allreduce/runtime_allreduce.cc with the runtime sources and times it."""
+def compile_with_runtime(name: str, errors: list[str]) -> str | None:
+    """Compiles benchmarks/allreduce/<name>.cc with the runtime's sources; the program's path."""
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    exe = str(BUILD_DIR / "runtime_allreduce")
+    exe = str(BUILD_DIR / name)
     sources = sorted(str(p) for p in (REPO / "ops" / "runtime").glob("*.cc"))
     cmd = ["g++", "-std=c++17", "-O2", "-pthread", "-I", str(REPO / "ops" / "runtime")]
-    cmd += ["-o", exe, str(EXP_DIR / "runtime_allreduce.cc"), *sources, "-lcrypto"]
-    log("compiling benchmarks/allreduce/runtime_allreduce.cc")
+    cmd += ["-o", exe, str(EXP_DIR / f"{name}.cc"), *sources, "-lcrypto"]
+    log(f"compiling benchmarks/allreduce/{name}.cc")
     try:
         subprocess.run(cmd, check=True, timeout=300)
     except (subprocess.SubprocessError, OSError) as e:
-        errors.append(f"runtime: compile failed: {e}")
+        errors.append(f"{name}: compile failed: {e}")
+        return None
+    return exe
+
+
+def run_raw_shm(
+    args: argparse.Namespace, placements: dict[str, str], errors: list[str]
+) -> dict[str, Any]:
+    """The raw shared-memory limit: memcpy, and the ring alone (raw_shm.cc)."""
+    exe = compile_with_runtime("raw_shm", errors)
+    if exe is None:
+        return {}
+    secs = str(args.raw_seconds)
+    runs = {
+        "memcpy": [exe, "memcpy", str(RAW_MESSAGE), secs],
+        "exchange": [exe, "exchange", str(RAW_MESSAGE), secs],
+    }
+    for mode, placement in placements.items():
+        runs[mode] = [exe, "pingpong", str(args.pingpong_iters), placement]
+    shm: dict[str, Any] = {}
+    for mode, argv in runs.items():
+        (res,) = run_group([argv], [worker_env()], timeout_s=60 + 4 * args.raw_seconds)
+        found = parse_results(res.lines)
+        if not res.ok or not found:
+            errors.append(f"raw shm {mode} failed:\n{res.tail()}")
+            continue
+        rec = shm[mode] = found[0]
+        if mode == "memcpy":
+            log(f"raw memcpy: {format_rate(rec['bytes_per_s'])}")
+        elif mode == "exchange":
+            log(f"raw shm exchange: {format_rate(rec['bytes_per_s_each_way'])} each way")
+        else:
+            log(f"raw shm ping-pong RTT ({rec['placement']}): {format_time(rec['rtt_median_s'])}")
+    return shm
+
+
+def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, Any]]:
+    """Compiles benchmarks/allreduce/runtime_allreduce.cc with the runtime sources and times it.
+
+    Every point twice, shared memory then Unix sockets (KUNGFU_SHM=0), one
+    right after the other so that the ratio sees the same machine load.
+    """
+    exe = compile_with_runtime("runtime_allreduce", errors)
+    if exe is None:
         return []
     points: list[dict[str, Any]] = []
     for n in args.np:
         for topology in args.topologies:
             for size in RUNTIME_SIZES:
-                iters = "1000" if size <= 1024 else "5"
-                argv = [exe, str(n), topology, str(size), iters, str(args.repeats)]
-                (res,) = run_group([argv], [worker_env()], timeout_s=300)
-                found = parse_results(res.lines)
-                if not res.ok or not found:
-                    errors.append(
-                        f"runtime np={n} {topology} {size} B failed:\n{res.tail()}"
+                for transport, shm in RUNTIME_TRANSPORTS.items():
+                    iters = "1000" if size <= 1024 else "5"
+                    argv = [exe, str(n), topology, str(size), iters, str(args.repeats)]
+                    env = worker_env({"KUNGFU_SHM": shm})
+                    (res,) = run_group([argv], [env], timeout_s=300)
+                    found = parse_results(res.lines)
+                    if not res.ok or not found:
+                        errors.append(
+                            f"runtime np={n} {topology} {size} B {transport} failed:\n{res.tail()}"
+                        )
+                        continue
+                    points.append(found[0])
+                    log(
+                        f"  runtime {topology} np={n} {format_size(size)} {transport}: "
+                        f"{format_time(found[0]['median_s'])}"
                     )
-                    continue
-                points.append(found[0])
-                progress(
-                    f"runtime {topology} np={n} {format_size(size)}: {format_time(found[0]['median_s'])}"
-                )
     return points
 
 
@@ -289,9 +347,18 @@ def kungfu_importable(errors: list[str]) -> bool:
 
 
 def run_kungfu(
-    n: int, args: argparse.Namespace, errors: list[str]
+    n: int,
+    args: argparse.Namespace,
+    errors: list[str],
+    topologies: list[str] | None = None,
+    over_sockets: bool = False,
 ) -> list[dict[str, Any]]:
-    """One kungfu-run launch measuring every topology and size at np=n."""
+    """One kungfu-run launch measuring every topology and size at np=n.
+
+    ``over_sockets``: with KUNGFU_SHM=0 (same-host peers talk through Unix
+    sockets); its points are labelled impl "kungfu_unix".
+    """
+    topologies = topologies or args.topologies
     argv = [
         sys.executable,
         "-m",
@@ -302,19 +369,24 @@ def run_kungfu(
         str(EXP_DIR / "worker_kungfu.py"),
         *worker_args(args),
         "--topologies",
-        ",".join(args.topologies),
+        ",".join(topologies),
     ]
-    log(f"kungfu np={n}: {' '.join(argv[2:5])} ...")
+    log(f"kungfu np={n}{' over Unix sockets' if over_sockets else ''}: {' '.join(argv[2:5])} ...")
+    env = worker_env({"KUNGFU_SHM": "0"} if over_sockets else None)
     (res,) = run_group(
         [argv],
-        [worker_env()],
+        [env],
         timeout_s=args.launch_timeout,
         on_line=lambda _i, line: progress(line),
         cwd=str(REPO),
     )
     if not res.ok:
         errors.append(f"kungfu np={n}: exit status {res.returncode}:\n{res.tail()}")
-    return parse_results(res.lines)
+    points = parse_results(res.lines)
+    if over_sockets:
+        for p in points:
+            p["impl"] = "kungfu_unix"
+    return points
 
 
 # ----------------------------------------------------------------- MWMS
@@ -467,13 +539,20 @@ def measure_all(
             raw["tf_function_floor"] = floor
     if "runtime" in args.only:
         raw["runtime"] = phases.run("runtime", lambda: run_runtime(args, errors))
-    have_kungfu = "kungfu" in args.only and kungfu_importable(errors)
+    have_kungfu = (
+        "kungfu" in args.only or "socket" in args.only
+    ) and kungfu_importable(errors)
     mpi_exe, mpi_note = build_mpi(errors) if "mpi" in args.only else (None, None)
     points: list[dict[str, Any]] = []
     for n in args.np:
-        if have_kungfu:
+        if have_kungfu and "kungfu" in args.only:
             points += phases.run(
                 f"kungfu np={n}", lambda n=n: run_kungfu(n, args, errors)
+            )
+        if have_kungfu and "socket" in args.only and "AUTO" in args.topologies:
+            points += phases.run(
+                f"kungfu np={n} over Unix sockets",
+                lambda n=n: run_kungfu(n, args, errors, ["AUTO"], over_sockets=True),
             )
         if "mwms" in args.only:
             points += phases.run(f"mwms np={n}", lambda n=n: run_mwms(n, args, errors))
@@ -522,11 +601,20 @@ def print_report(
     if raw.get("runtime"):
         print("### The runtime alone (C++, no TensorFlow)\n")
         print(runtime_table(raw["runtime"], args.np, args.topologies) + "\n")
-    if raw.get("tcp") or raw.get("unix"):
+        print(
+            "shm: same-host peers exchange frames through shared-memory rings "
+            "(the default); unix: through Unix sockets (KUNGFU_SHM=0). Each "
+            "pair of rows ran back to back.\n"
+        )
+    if raw.get("tcp") or raw.get("unix") or raw.get("shm"):
         print("### Raw transport limit (this machine, loopback)\n")
         print(raw_table(raw) + "\n")
     print("### Targets\n")
     print(targets_table(evals) + "\n")
+    shm_evals = evaluate_shm(measured.points, raw)
+    if shm_evals:
+        print("### Targets of the shared-memory transport (issue 23 §1)\n")
+        print(shm_targets_table(shm_evals) + "\n")
     foreign = [v for v in meta["foreign_cpu_cores"].values() if v is not None]
     noise = f"; other processes used ≤ {max(foreign):.2f} cores" if foreign else ""
     print(
@@ -559,6 +647,7 @@ def main() -> int:
         "raw": measured.raw,
         "points": measured.points,
         "targets": evals,
+        "shm_targets": evaluate_shm(measured.points, measured.raw),
         "mpi_not_run": measured.mpi_note,
         "errors": errors,
     }

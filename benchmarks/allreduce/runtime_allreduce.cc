@@ -4,14 +4,16 @@
 //
 //   runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [PEERS RANK]
 //   (KUNGFU_AUTHENTICATE_FRAMES=1 tags and verifies every frame, =0 none;
-//   unset: only frames between hosts)
+//   unset: only frames between hosts; KUNGFU_SHM=0: same-host peers talk
+//   through Unix sockets instead of shared-memory rings)
 //
 // With PEERS (host:port,... of all NP ranks) and RANK, runs that one rank in
 // this process instead of forking NP on loopback: start one per host (or
 // network namespace) to measure across a link.
 //
 // Prints one line from rank 0:
-//   RESULT {"np": 2, "topology": "STAR", "auto_choice": "", "size": 4, "median_s": ..., "samples": [...]}
+//   RESULT {"np": 2, "topology": "STAR", "auto_choice": "", "transport": "shm", "size": 4, "median_s": ...,
+//           "samples": [...]}
 // (auto_choice: for AUTO, the topology its probe chose for this size.)
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,9 +84,10 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
     auto it = chosen.find(kungfu::auto_size_class(count * 4));
     const char *auto_choice = it == chosen.end() ? "" : kungfu::topology_name(it->second);
     std::printf(
-        "RESULT {\"np\": %d, \"topology\": \"%s\", \"auto_choice\": \"%s\", \"size\": %zu, \"median_s\": %.9f, "
-        "\"samples\": [",
-        opt.cluster.size(), topo_name, auto_choice, count * 4, sorted[sorted.size() / 2]);
+        "RESULT {\"np\": %d, \"topology\": \"%s\", \"auto_choice\": \"%s\", \"transport\": \"%s\", \"size\": %zu, "
+        "\"median_s\": %.9f, \"samples\": [",
+        opt.cluster.size(), topo_name, auto_choice, opt.same_host_shm ? "shm" : "unix", count * 4,
+        sorted[sorted.size() / 2]);
     for (size_t i = 0; i < samples.size(); ++i) std::printf("%s%.9f", i ? ", " : "", samples[i]);
     std::printf("]}\n");
   }
@@ -139,6 +142,12 @@ int main(int argc, char **argv) {
       opt.frame_auth = auth == nullptr || *auth == '\0' ? kungfu::FrameAuthPolicy::kAcrossHosts
                        : std::string(auth) == "1"       ? kungfu::FrameAuthPolicy::kAlways
                                                         : kungfu::FrameAuthPolicy::kNever;
+      const char *shm = std::getenv("KUNGFU_SHM");
+      if (shm != nullptr && *shm != '\0' && std::string(shm) != "0" && std::string(shm) != "1") {
+        std::fprintf(stderr, "KUNGFU_SHM='%s': expected 0 or 1\n", shm);
+        std::_Exit(2);
+      }
+      opt.same_host_shm = shm == nullptr || std::string(shm) != "0";
       int rc = run_worker(opt, bytes / 4, iters, repeats, argv[2]);
       if (only_rank >= 0) return rc;
       std::_Exit(rc);

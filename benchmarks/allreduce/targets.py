@@ -42,19 +42,27 @@ class Target:
         )
 
 
-# Transports of benchmarks/allreduce/raw_transport.c, in order of preference as the yardstick.
-YARDSTICKS: tuple[tuple[str, str], ...] = (("unix", "Unix socket"), ("tcp", "TCP loopback"))
+# Raw transports (benchmarks/allreduce/raw_shm.cc, raw_transport.c), in order
+# of preference as the yardstick: same-host workers use the shared-memory
+# ring, or Unix sockets with KUNGFU_SHM=0.
+YARDSTICKS: tuple[tuple[str, str], ...] = (
+    ("shm", "shared-memory ring"),
+    ("unix", "Unix socket"),
+    ("tcp", "TCP loopback"),
+)
 
 
 def yardstick(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(name, measurements) of the raw transport to compare with.
 
-    The Unix socket if it was measured (same-host peers use one), else TCP
-    loopback; ("none", {}) if neither was.
+    The shared-memory ring if it was measured (same-host peers use one),
+    else the Unix socket, else TCP loopback; ("none", {}) if none was.
 
     Example:
         >>> yardstick({"tcp": {"exchange": {}}, "unix": {"exchange": {}}})[0]
         'Unix socket'
+        >>> yardstick({"shm": {"exchange": {}}, "unix": {"exchange": {}}})[0]
+        'shared-memory ring'
         >>> yardstick({"tcp": {"exchange": {}}})[0]
         'TCP loopback'
     """
@@ -138,4 +146,115 @@ def evaluate(points: list[dict[str, Any]], raw: dict[str, Any]) -> list[dict[str
                     "met": met,
                 }
             )
+    return out
+
+
+# ------------------------------------------------- issue 23 §1 (shared memory)
+
+# The small-message targets are multiples of Open MPI's time, the tf.function
+# one an allowance over TF's dispatch floor, the large-message ones ratios of
+# bus bandwidth, all within one run.
+SHM_LATENCY_VS_MPI = 5.0
+SHM_FLOOR_ALLOWANCE_S = 20e-6
+SHM_GAIN_OVER_SOCKETS = 1.5
+
+
+def _find(points: list[dict[str, Any]], **want: Any) -> dict[str, Any] | None:
+    """The first point whose fields equal ``want``."""
+    for p in points:
+        if all(p.get(k) == v for k, v in want.items()):
+            return p
+    return None
+
+
+def _runtime_point(raw: dict[str, Any], np: int, size: int, transport: str) -> dict[str, Any] | None:
+    """The runtime-alone AUTO point (C++, no TensorFlow) of ``transport``."""
+    for p in raw.get("runtime") or []:
+        if (p["np"], p["size"], p["topology"], p.get("transport", "unix")) == (np, size, "AUTO", transport):
+            return p
+    return None
+
+
+def evaluate_shm(points: list[dict[str, Any]], raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets of the shared-memory transport, each with both sides.
+
+    One record per target: ``ours`` and ``reference`` (seconds, or bytes/s
+    for bandwidth), their texts, ``value`` (the ratio or the excess, as
+    text) and ``met``. A side not measured leaves ``ours`` or ``reference``
+    None. Nothing when neither TF nor runtime points were taken.
+
+    Example:
+        >>> pts = [{"impl": "kungfu", "topology": "AUTO", "np": 2, "size": 4, "median_s": 60e-6},
+        ...        {"impl": "mpi", "topology": "MPI", "np": 2, "size": 4, "median_s": 1e-6}]
+        >>> [e["met"] for e in evaluate_shm(pts, {}) if e["ours"] is not None and e["reference"]]
+        [False]
+    """
+    from benchmarks.harness.units import format_rate, format_time
+
+    out: list[dict[str, Any]] = []
+
+    def add(target: str, ours: float | None, ref: float | None, kind: str, limit: float) -> None:
+        rec: dict[str, Any] = {"target": target, "ours": ours, "reference": ref, "met": None, "value": ""}
+        if kind == "time_ratio":
+            rec["ours_text"] = format_time(ours) if ours is not None else "–"
+            rec["reference_text"] = format_time(ref) if ref is not None else "–"
+            if ours is not None and ref:
+                rec["value"] = f"{ours / ref:.1f}×"
+                rec["met"] = ours / ref <= limit
+        elif kind == "rate_ratio":
+            rec["ours_text"] = format_rate(ours) if ours is not None else "–"
+            rec["reference_text"] = format_rate(ref) if ref is not None else "–"
+            if ours is not None and ref:
+                rec["value"] = f"{ours / ref:.2f}×"
+                rec["met"] = ours / ref >= limit
+        else:  # excess over a floor, in seconds
+            rec["ours_text"] = format_time(ours) if ours is not None else "–"
+            rec["reference_text"] = ("floor " + format_time(ref)) if ref is not None else "–"
+            if ours is not None and ref is not None:
+                rec["value"] = f"floor + {format_time(ours - ref)}"
+                rec["met"] = ours - ref <= limit
+        out.append(rec)
+
+    floor = (raw.get("tf_function_floor") or {}).get("median_s")
+    nps = sorted({p["np"] for p in points} | {p["np"] for p in raw.get("runtime") or []})
+    for n in nps:
+        mpi4 = _find(points, impl="mpi", np=n, size=4)
+        mpi_t = mpi4["median_s"] if mpi4 else None
+        rt4 = _runtime_point(raw, n, 4, "shm")
+        add(
+            f"4 B, np={n}, runtime alone (AUTO): ≤ {SHM_LATENCY_VS_MPI:g}× MPI_Allreduce",
+            rt4["median_s"] if rt4 else None, mpi_t, "time_ratio", SHM_LATENCY_VS_MPI,
+        )
+        tf4 = _find(points, impl="kungfu", topology="AUTO", np=n, size=4)
+        add(
+            f"4 B, np={n}, tf.function (AUTO): ≤ {SHM_LATENCY_VS_MPI:g}× MPI_Allreduce",
+            tf4["median_s"] if tf4 else None, mpi_t, "time_ratio", SHM_LATENCY_VS_MPI,
+        )
+        add(
+            f"4 B, np={n}, tf.function (AUTO): ≤ TF dispatch floor + {SHM_FLOOR_ALLOWANCE_S * 1e6:g} µs",
+            tf4["median_s"] if tf4 else None, floor, "excess", SHM_FLOOR_ALLOWANCE_S,
+        )
+        big = 64 * MIB
+        tf64 = _find(points, impl="kungfu", topology="AUTO", np=n, size=big)
+        tf64_unix = _find(points, impl="kungfu_unix", topology="AUTO", np=n, size=big)
+        add(
+            f"64 MiB, np={n}, tf.function (AUTO): bus bandwidth ≥ {SHM_GAIN_OVER_SOCKETS:g}× over Unix sockets",
+            tf64["busbw"] if tf64 and "busbw" in tf64 else None,
+            tf64_unix["busbw"] if tf64_unix and "busbw" in tf64_unix else None,
+            "rate_ratio", SHM_GAIN_OVER_SOCKETS,
+        )
+        rt64, rt64_unix = _runtime_point(raw, n, big, "shm"), _runtime_point(raw, n, big, "unix")
+        add(
+            f"64 MiB, np={n}, runtime alone (AUTO): ≥ {SHM_GAIN_OVER_SOCKETS:g}× faster than over Unix sockets",
+            big / rt64["median_s"] if rt64 else None,
+            big / rt64_unix["median_s"] if rt64_unix else None,
+            "rate_ratio", SHM_GAIN_OVER_SOCKETS,
+        )
+        mpi64 = _find(points, impl="mpi", np=n, size=big)
+        add(
+            f"64 MiB, np={n}, tf.function (AUTO): bus bandwidth ≥ Open MPI's",
+            tf64["busbw"] if tf64 and "busbw" in tf64 else None,
+            mpi64["busbw"] if mpi64 and "busbw" in mpi64 else None,
+            "rate_ratio", 1.0,
+        )
     return out
