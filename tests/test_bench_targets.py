@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.allreduce.report import raw_table, runtime_table, shm_targets_table, targets_table
+from benchmarks.allreduce.report import (
+    raw_table,
+    runtime_table,
+    shm_targets_table,
+    targets_table,
+)
 from benchmarks.allreduce.targets import MIB, evaluate, evaluate_shm
 
 GB = 1e9
