@@ -135,7 +135,11 @@ void Transport::stop(const Status &why) {
       left.swap(link->queue);
     }
     for (SendItem &item : left) item.on_sent(why);
-    std::lock_guard<std::mutex> lock(link->mu);
+    std::unique_lock<std::mutex> lock(link->mu);
+    // An inline write (a caller's thread) may still be copying into the
+    // ring: it never blocks, so this wait is short, and the ring must
+    // outlive it.
+    link->cv.wait(lock, [&] { return !link->busy; });
     link->fd.reset();  // a retired generation's transport lives on: release its sockets now
     link->auth.reset();
     link->ring.reset();
