@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime.h"
@@ -37,11 +39,22 @@ using kungfu::DoneCallback;
 using kungfu::Runtime;
 using kungfu::Status;
 
+// Waits for an op by polling a flag, yielding the core between looks, as
+// the caller of MPI_Allreduce polls: a futex wake-up of a sleeping caller
+// costs tens of microseconds on a VM, more than the op itself. Both
+// transports' rows are timed this way.
 Status wait_op(const std::function<void(DoneCallback)> &start) {
-  auto p = std::make_shared<std::promise<Status>>();
-  auto f = p->get_future();
-  start([p](const Status &s) { p->set_value(s); });
-  return f.get();
+  struct Result {
+    std::atomic<bool> done{false};
+    Status status;
+  };
+  auto r = std::make_shared<Result>();
+  start([r](const Status &s) {
+    r->status = s;
+    r->done.store(true, std::memory_order_release);
+  });
+  while (!r->done.load(std::memory_order_acquire)) std::this_thread::yield();
+  return r->status;
 }
 
 int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int repeats, const char *topo_name) {
