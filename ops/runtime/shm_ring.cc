@@ -23,13 +23,31 @@ namespace {
 constexpr uint64_t kRingMagic = 0x474e49524d48534bULL;  // "KSHMRING"
 // The control block takes one page; the data starts page-aligned after it.
 constexpr size_t kControlBytes = 4096;
-// How long a waiting side spins before it sleeps in poll(): long enough to
-// catch the answer of a peer that is running on another core (a few
-// microseconds), short enough that on an oversubscribed host the spinning
-// core is soon handed to the process that has to produce the bytes. Past
-// the first microsecond the spin yields the core at every turn.
-constexpr auto kSpinFor = std::chrono::microseconds(50);
-constexpr int kPauseTurns = 64;
+// How long a waiting side spins before it sleeps in poll(), at most: long
+// enough to catch the answer of a peer running on another core (a small
+// all-reduce answers within microseconds). A pure spin, not sched_yield():
+// on an oversubscribed host a yielding thread queues behind every runnable
+// process for a whole slice, while one woken by the eventfd runs at once.
+constexpr auto kSpinFor = std::chrono::microseconds(20);
+constexpr int kPauseTurns = 64;  // between looks at the clock
+
+// Spinning pays only when the wait is short. Each waiting thread (a ring has
+// one reader thread, and its writer waits only on its link's sender thread)
+// keeps its own budget: a wait that ended within kSpinFor (spinning or not)
+// restores it, a longer one halves it, down to no spin at all. On an idle
+// host the budget stays whole; on a host with more runnable threads than
+// cores, where a spin only takes the core from the peer that has to answer,
+// it falls to zero and waits sleep at once.
+thread_local std::chrono::nanoseconds spin_budget = kSpinFor;
+
+void learn_from_wait(std::chrono::nanoseconds waited) {
+  if (waited <= kSpinFor) {
+    spin_budget = kSpinFor;
+  } else {
+    spin_budget /= 2;
+    if (spin_budget < std::chrono::microseconds(1)) spin_budget = std::chrono::nanoseconds(0);
+  }
+}
 
 std::string errno_text(const char *what) { return std::string(what) + ": " + strerror(errno); }
 
@@ -39,21 +57,21 @@ void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #else
-  std::this_thread::yield();
+  std::atomic_signal_fence(std::memory_order_seq_cst);
 #endif
 }
 
-// Spins (bounded, see kSpinFor) until `ready`; false if it never was.
+// Spins for at most the thread's spin budget until `ready`; false if it never was.
 bool spin_until(const std::function<bool()> &ready) {
-  for (int i = 0; i < kPauseTurns; ++i) {
-    if (ready()) return true;
-    cpu_relax();
-  }
-  auto until = std::chrono::steady_clock::now() + kSpinFor;
-  while (std::chrono::steady_clock::now() < until) {
-    if (ready()) return true;
-    std::this_thread::yield();
-  }
+  if (ready()) return true;
+  if (spin_budget.count() == 0) return false;
+  auto until = std::chrono::steady_clock::now() + spin_budget;
+  do {
+    for (int i = 0; i < kPauseTurns; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+  } while (std::chrono::steady_clock::now() < until);
   return ready();
 }
 
@@ -285,8 +303,12 @@ Status ShmRing::wait_for_space(int socket, double timeout_seconds) {
     const uint64_t used = own_pos_ - ctl_->head.load(std::memory_order_seq_cst);
     return used != capacity_;  // a corrupt position counts as space: write_some reports it
   };
-  if (spin_until(has_space)) return Status::OK();
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  const auto began = std::chrono::steady_clock::now();
+  if (spin_until(has_space)) {
+    learn_from_wait(std::chrono::steady_clock::now() - began);
+    return Status::OK();
+  }
+  auto deadline = began + std::chrono::duration<double>(timeout_seconds);
   while (true) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
@@ -296,7 +318,10 @@ Status ShmRing::wait_for_space(int socket, double timeout_seconds) {
     bool ended = false;
     bool woke = sleep_on(fds_.space_ready.get(), socket, ctl_->writer_sleeping, has_space,
                          static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)), &ended);
-    if (has_space()) return Status::OK();
+    if (has_space()) {
+      learn_from_wait(std::chrono::steady_clock::now() - began);
+      return Status::OK();
+    }
     if (ended) return Unavailable("connection closed while waiting for space in the shared-memory ring");
     (void)woke;
   }
@@ -315,9 +340,14 @@ bool ShmRing::read_exact(void *dst, size_t len, int socket, const std::atomic<bo
     out += n;
     len -= n;
     if (len == 0) break;
-    if (spin_until(has_data)) continue;
+    const auto began = std::chrono::steady_clock::now();
+    if (spin_until(has_data)) {
+      learn_from_wait(std::chrono::steady_clock::now() - began);
+      continue;
+    }
     bool ended = false;
     sleep_on(fds_.data_ready.get(), socket, ctl_->reader_sleeping, has_data, -1, &ended);
+    learn_from_wait(std::chrono::steady_clock::now() - began);
     if (stopping.load()) {
       *err = "transport stopping";
       return false;
