@@ -120,10 +120,11 @@ void exchange_peer(Ends &e, size_t size, double start, double seconds, FILE *out
   std::thread sender([&] {
     std::vector<char> buf(size, 0x5a);
     uint64_t len = size;
-    while (now_s() < start + seconds) {
+    // At least one message, however late this process got the core.
+    do {
       write_all(*e.out, e.socket, reinterpret_cast<const char *>(&len), sizeof(len));
       write_all(*e.out, e.socket, buf.data(), size);
-    }
+    } while (now_s() < start + seconds);
     uint64_t end = 0;
     write_all(*e.out, e.socket, reinterpret_cast<const char *>(&end), sizeof(end));
   });

@@ -21,11 +21,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,21 +41,29 @@ using kungfu::DoneCallback;
 using kungfu::Runtime;
 using kungfu::Status;
 
-// Waits for an op by polling a flag, yielding the core between looks, as
-// the caller of MPI_Allreduce polls: a futex wake-up of a sleeping caller
-// costs tens of microseconds on a VM, more than the op itself. Both
+// Waits for an op the way the runtime's own receivers wait for a peer: a
+// short spin on a flag (a futex wake-up of a sleeping caller costs tens of
+// microseconds on a VM, more than a small all-reduce), then sleeping. Both
 // transports' rows are timed this way.
 Status wait_op(const std::function<void(DoneCallback)> &start) {
   struct Result {
     std::atomic<bool> done{false};
+    std::mutex mu;
+    std::condition_variable cv;
     Status status;
   };
   auto r = std::make_shared<Result>();
   start([r](const Status &s) {
     r->status = s;
+    std::lock_guard<std::mutex> lock(r->mu);
     r->done.store(true, std::memory_order_release);
+    r->cv.notify_one();
   });
-  while (!r->done.load(std::memory_order_acquire)) std::this_thread::yield();
+  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+  while (!r->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+  }
+  std::unique_lock<std::mutex> lock(r->mu);
+  r->cv.wait(lock, [&] { return r->done.load(std::memory_order_acquire); });
   return r->status;
 }
 
