@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -238,3 +239,29 @@ def test_a_launcher_with_a_wrong_password_stops_and_says_why(auth_etcd):
     assert run.returncode != 0, run.stdout
     assert "etcd authentication failed for user 'root' with the password of KUNGFU_CONFIG_STORE_PASSWORD" in run.stderr
     assert "started" not in run.stdout + run.stderr, run.stdout
+
+
+def test_a_watch_opened_with_an_expired_token_still_sees_changes(auth_etcd):
+    """Launchers follow the job through a watch: one (re)opened after the token
+    expired must authenticate again, not retry the stale token for ever."""
+    security = EtcdSecurity(user="root", password=PASSWORD)
+    key = f"/kf-test/watch-{uuid.uuid4().hex}".encode()
+    with EtcdClient(auth_etcd.endpoints, security=security) as client:
+        _, revision = client.range(key)  # authenticated
+        time.sleep(TOKEN_TTL + 2)
+        watch = client.watch(key, b"", revision + 1)
+        seen: list[int] = []
+
+        def follow() -> None:
+            for r in watch:
+                seen.append(r)
+                if r:
+                    return
+
+        thread = threading.Thread(target=follow, daemon=True)
+        thread.start()
+        with EtcdClient(auth_etcd.endpoints, security=security) as writer:
+            written = writer.put(key, b"v")
+        thread.join(30)  # bounds a hang only; the verdict is what was seen
+        watch.cancel()
+    assert seen and seen[-1] == written, f"the watch saw {seen[:20]} (the write was at revision {written})"

@@ -166,7 +166,7 @@ class EtcdClient:
                     if streamed:
                         response = next(iter(response), None)
                 except grpc.RpcError as e:
-                    if attempt == 0 and self._token_expired(e):
+                    if attempt == 0 and self._token_expired(e.details()):
                         continue
                     if e.code() not in _RETRY_ELSEWHERE:
                         raise self._refusal(method, e) from None
@@ -207,9 +207,10 @@ class EtcdClient:
         self._token = token
         return token
 
-    def _token_expired(self, error: grpc.RpcError) -> bool:
-        """Whether etcd refused a call only because the token is stale (then it is dropped)."""
-        if self._security.authenticates and _INVALID_TOKEN in (error.details() or ""):
+    def _token_expired(self, reason: str | None) -> bool:
+        """Whether etcd refused a call (``reason``: what it said) only because the token
+        is stale; then it is dropped, and the next call authenticates again."""
+        if self._security.authenticates and _INVALID_TOKEN in (reason or ""):
             self._token = None
             return True
         return False
@@ -367,12 +368,15 @@ class EtcdWatch:
             try:
                 for response in self._stream:
                     if response.canceled:
-                        break  # e.g. compacted: reopen from what is there now
+                        # Compacted: reopen from what is there now. A stale token: etcd
+                        # cancels the watch (no gRPC error); reopen with a fresh one.
+                        self._client._token_expired(response.cancel_reason)
+                        break
                     if response.events:
                         self._next = response.events[-1].kv.mod_revision + 1
                         yield response.header.revision
             except grpc.RpcError as e:
-                self._client._token_expired(e)  # then the reopened stream gets a fresh token
+                self._client._token_expired(e.details())  # then the reopened stream gets a fresh token
                 # else the member went away: reopen on another
             finally:
                 closed.set()
