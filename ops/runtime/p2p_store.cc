@@ -21,6 +21,21 @@ void P2PStore::save(const std::string &name, uint64_t version, Blob blob) {
   for (Waiter &r : ready) r.ready(newest, newest_blob);
 }
 
+void P2PStore::erase_prefix(const std::string &prefix) {
+  std::vector<Blob> dropped;  // freed outside the lock (tens of MB for a model's state)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = blobs_.begin(); it != blobs_.end();) {
+      if (it->first.compare(0, prefix.size(), prefix) != 0) {
+        ++it;
+        continue;
+      }
+      for (auto &v : it->second) dropped.push_back(std::move(v.second));
+      it = blobs_.erase(it);
+    }
+  }
+}
+
 Blob P2PStore::get(const std::string &name, uint64_t version, uint64_t *found) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = blobs_.find(name);

@@ -26,6 +26,8 @@ class P2PStore {
   static constexpr size_t kVersionsKept = 4;  // older versions are dropped
 
   void save(const std::string &name, uint64_t version, Blob blob);
+  // Drops every version of the blobs whose name starts with `prefix`.
+  void erase_prefix(const std::string &prefix);
   // nullptr if nothing is saved under that name (and version). *found gets
   // the version returned (useful with kLatest).
   Blob get(const std::string &name, uint64_t version, uint64_t *found = nullptr) const;

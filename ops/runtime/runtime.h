@@ -115,6 +115,12 @@ class Runtime {
   void set_topology(const std::string &name, TopologyKind kind, ConsensusCallback done);
 
   void save(const std::string &name, uint64_t version, const void *data, size_t len);
+  // Same, keeping `blob` itself (no copy; the caller built it for the store).
+  void save(const std::string &name, uint64_t version, Blob blob);
+  // Drops every version of every blob whose name starts with `prefix` (a
+  // sync's state pieces once every receiver has them). Requests parked for
+  // them stay parked.
+  void forget(const std::string &prefix);
   // Fetches `name` (version or P2PStore::kLatest) saved by `peer` into dst (exactly len bytes).
   void request(int peer, const std::string &name, uint64_t version, void *dst, size_t len,
                std::shared_ptr<const void> keepalive, DoneCallback done);

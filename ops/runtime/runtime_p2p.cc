@@ -15,6 +15,12 @@ void Runtime::save(const std::string &name, uint64_t version, const void *data, 
   store_.save(name, version, std::move(blob));
 }
 
+void Runtime::save(const std::string &name, uint64_t version, Blob blob) {
+  store_.save(name, version, std::move(blob));
+}
+
+void Runtime::forget(const std::string &prefix) { store_.erase_prefix(prefix); }
+
 void Runtime::request(int peer, const std::string &name, uint64_t version, void *dst, size_t len,
                       std::shared_ptr<const void> keepalive, DoneCallback done) {
   fetch(peer, name, version, false, dst, len, std::move(keepalive), [done](const Status &s, uint64_t) { done(s); });

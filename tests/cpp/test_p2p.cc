@@ -336,6 +336,21 @@ void test_store_when_saved() {
   CHECK(store.get("m", P2PStore::kLatest, &found) && found == 10);
 }
 
+void test_store_erase_prefix() {
+  P2PStore store;
+  auto blob = std::make_shared<const std::vector<char>>(3, 'x');
+  for (const char *name : {"state/0", "state/1", "state0", "other/state/0"}) {
+    store.save(name, 1, blob);
+    store.save(name, 2, blob);
+  }
+  store.erase_prefix("state/");
+  CHECK(!store.get("state/0", P2PStore::kLatest) && !store.get("state/1", 1));
+  CHECK(store.get("state0", 2) && store.get("other/state/0", 1));  // only names that start with the prefix
+  store.save("state/0", 3, blob);                                  // saved again after the erase
+  uint64_t found = 0;
+  CHECK(store.get("state/0", P2PStore::kLatest, &found) && found == 3);
+}
+
 // Saves versions 1..last of "clock" (one int64 holding the version) every `gap`.
 std::thread save_versions(Runtime &rt, int last, std::chrono::milliseconds gap,
                           std::vector<std::chrono::steady_clock::time_point> *saved_at) {
@@ -490,6 +505,7 @@ int main() {
       {"push to a dead peer", test_push_to_dead_peer},
       {"push cut short", test_push_cut_short},
       {"store: wait for a version", test_store_when_saved},
+      {"store: erase by prefix", test_store_erase_prefix},
       {"request at least a version", test_request_at_least},
       {"request at least: timeout", test_request_at_least_times_out},
       {"request at least: dead peers", test_request_at_least_dead_peers},
