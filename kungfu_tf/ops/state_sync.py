@@ -1,0 +1,92 @@
+"""Moving and hashing variables between workers in C++ (elastic state sync).
+
+The variables' bytes, concatenated in order, are cut into 4 MiB pieces
+(ops/runtime/state_pieces.h). A worker that holds the state saves its share
+of the pieces straight from the variables' buffers; a receiver fetches every
+piece from its source at once into fresh buffers, hashing each as it lands,
+and the variables take those buffers only when all arrived. Every op returns
+the state's SHA-256 digest (a hash over the pieces' hashes), the same on
+every worker that holds the same bytes, however many sources sent them.
+Nothing passes through Python or numpy.
+
+Example:
+    >>> import tensorflow as tf
+    >>> from kungfu_tf.ops import state_sync
+    >>> w = tf.Variable([1.0, 2.0])
+    >>> digest = state_sync.save_state([w], "doc/state", version=1, source=0, sources=1)
+    >>> bool((digest.numpy() == state_sync.state_digest([w]).numpy()).all())
+    True
+    >>> w.assign([0.0, 0.0]); _ = state_sync.fetch_state([w], [0], "doc/state", min_version=1)
+    >>> w.numpy().tolist()
+    [1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from kungfu_tf._native import library
+from kungfu_tf.ops._keys import check_name
+
+
+def _handles(variables: Sequence[object]) -> list[tf.Tensor]:
+    """The resource handles of tf.Variable or Keras variables (the ops read and write the buffers behind them)."""
+    out = []
+    for i, v in enumerate(variables):
+        handle = getattr(v, "handle", None)
+        if handle is None or handle.dtype != tf.resource:
+            raise TypeError(f"state sync: variables[{i}] ({type(v).__name__}) is not a resource variable")
+        out.append(handle)
+    return out
+
+
+def state_digest(variables: Sequence[object]) -> tf.Tensor:
+    """SHA-256 (uint8[32]) of the variables' bytes, laid out as the sync sends them.
+
+    Raises:
+        InvalidArgumentError: a variable of a dtype that cannot travel as bytes (string, variant).
+    """
+    return library().kungfu_state_digest(_handles(variables))
+
+
+def save_state(
+    variables: Sequence[object], blob_prefix: str, version: int, source: int, sources: int
+) -> tf.Tensor:
+    """Saves source ``source``'s share (of ``sources``) of the variables' pieces; returns the digest.
+
+    The pieces stay in this worker's p2p store (under ``blob_prefix``/<piece>
+    and ``version``) until :func:`forget_state`; receivers call
+    :func:`fetch_state` with the same prefix, the sources' ranks in the
+    same order, and a ``min_version`` <= ``version``.
+    """
+    return library().kungfu_state_save(
+        _handles(variables),
+        check_name(blob_prefix),
+        tf.constant(version, tf.int64),
+        tf.constant(source, tf.int32),
+        tf.constant(sources, tf.int32),
+    )
+
+
+def fetch_state(variables: Sequence[object], source_ranks: Sequence[int], blob_prefix: str, min_version: int) -> tf.Tensor:
+    """Fetches the variables' pieces from the workers ``source_ranks`` (all in parallel); returns the digest.
+
+    Each piece is requested from its source (round robin over
+    ``source_ranks``) and waits there until saved with a version >=
+    ``min_version``. The variables change only if every piece arrived;
+    otherwise they keep their values and the error names the piece and the
+    worker: UnavailableError (a source died), DeadlineExceededError (not
+    saved within the runtime timeout), InvalidArgumentError (a piece of
+    another size: the sources' model differs).
+    """
+    return library().kungfu_state_fetch(
+        _handles(variables), tf.constant(list(source_ranks), tf.int32), check_name(blob_prefix),
+        tf.constant(min_version, tf.int64),
+    )  # fmt: skip
+
+
+def forget_state(blob_prefix: str) -> None:
+    """Drops the pieces this worker saved under ``blob_prefix`` (once every receiver has them)."""
+    library().kungfu_state_forget(check_name(blob_prefix))
