@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -14,44 +11,11 @@ from kungfu_tf.elastic.signature import model_signature
 from kungfu_tf.ops.elastic_membership import NotElasticError
 
 
-def test_variables_round_trip_as_bytes_whatever_their_dtypes():
-    values = [
-        np.arange(6, dtype=np.float32).reshape(2, 3),
-        np.array([True, False]),
-        np.array(7, np.int64),
-        np.array([1.5, -2.25], dtype=tf.bfloat16.as_numpy_dtype),
-    ]
-    source = [tf.Variable(v) for v in values]
-    target = [tf.Variable(np.zeros_like(v)) for v in values]
-    data = st.variable_bytes(source)
-    assert len(data) == 24 + 2 + 8 + 4
-    pieces = [data[a:b] for a, b in st.slice_bounds(len(data), 3)]  # sent by 3 sources, joined again
-    st.assign_from_bytes(target, b"".join(pieces))
-    for got, want in zip(target, values):
-        np.testing.assert_array_equal(got.numpy().astype(np.float64), want.astype(np.float64))
-        assert got.dtype == tf.as_dtype(want.dtype)
-
-
-def test_a_wrong_number_of_bytes_is_refused_before_any_variable_changes():
-    v = tf.Variable([1.0, 2.0])
-    with pytest.raises(ValueError, match="received 4 bytes of variables, this model has 8"):
-        st.assign_from_bytes([v], b"\0" * 4)
-    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
-
-
-@pytest.mark.parametrize(("total", "parts"), [(0, 1), (1, 3), (10, 3), (1000, 7)])
-def test_slices_cover_the_bytes_once_in_order(total, parts):
-    bounds = st.slice_bounds(total, parts)
-    assert len(bounds) == parts and bounds[0][0] == 0 and bounds[-1][1] == total
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
-    sizes = [b - a for a, b in bounds]
-    assert max(sizes) - min(sizes) <= 1
-
-
 def test_digest_covers_variables_and_python_state():
     d = st.digest(b"ab", b'{"step":1}')
     assert d != st.digest(b"ab", b'{"step":2}') and d != st.digest(b"ac", b'{"step":1}')
     assert d != st.digest(b"a", b'b{"step":1}')  # the boundary between the parts counts
+    assert d != st.digest(b"", b'ab{"step":1}')  # no variables hashed is not the same
 
 
 def test_signature_names_shape_and_dtype_of_every_variable_in_order():
@@ -361,25 +325,25 @@ def test_a_restart_commits_the_same_members_and_keeps_a_growth_under_way(monkeyp
             em._state.client = None
 
 
-def test_a_sync_without_receivers_reads_the_variables_only_when_asked(monkeypatch):
-    """One worker is its own source: nothing is transferred, so the variables are read only with verify_all_syncs."""
+def test_a_sync_without_receivers_hashes_the_variables_only_when_asked(monkeypatch):
+    """One worker is its own source: nothing is transferred, so the variables are hashed only with verify_all_syncs."""
     import tensorflow as tf
 
     from kungfu_tf.elastic import state as state_module
 
-    reads = []
-    real = state_module.st.variable_bytes
+    hashed = []
+    real = state_module.state_sync.state_digest
 
     def counting(variables):
-        reads.append(len(variables))
+        hashed.append(len(variables))
         return real(variables)
 
-    monkeypatch.setattr(state_module.st, "variable_bytes", counting)
+    monkeypatch.setattr(state_module.state_sync, "state_digest", counting)
     variables = [tf.Variable([1.0, 2.0]), tf.Variable(3, dtype=tf.int64)]
     state_module.ElasticState(variables).sync()
-    assert reads == []
+    assert hashed == []
     state_module.ElasticState(variables, verify_all_syncs=True).sync()
-    assert reads == [2]
+    assert hashed == [2]
 
 
 @pytest.mark.parametrize("me", ["h:1", "h:2"], ids=["rank 0 asks the service", "another member"])

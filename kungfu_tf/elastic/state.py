@@ -42,6 +42,7 @@ Example (a custom loop; ``kungfu-run --elastic -np 2 python train.py``)::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -59,7 +60,7 @@ from kungfu_tf.elastic.errors import (
     StateMismatchError,
 )
 from kungfu_tf.elastic.signature import model_signature
-from kungfu_tf.ops import config
+from kungfu_tf.ops import config, state_sync
 from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops.collective import all_gather
 from kungfu_tf.optimizers.gradient_monitor import is_per_worker
@@ -356,6 +357,7 @@ class ElasticState:
 
     def sync(self) -> None:
         """Makes every member's state identical (see the module docstring); all members call it together."""
+        started = time.monotonic()
         variables = self.variables()
         signature = model_signature(variables)
         python_json = st.canonical_json(self.python_state())
@@ -395,42 +397,33 @@ class ElasticState:
         else:
             top, sources = int(rows[0, 0]), [0]  # the job's start: rank 0's state for everyone
         receivers = [r for r in range(size) if r not in sources]
-        # Variables are read and hashed only when some are transferred (or
+        # Variables are hashed only when some are transferred (or
         # verify_all_syncs): members that keep theirs held the same bytes at
-        # their last sync and synchronous updates keep them so, while reading
-        # and hashing a large model on every shrink or crash costs more than
-        # the change itself for a large model (68 MB for the 8.5 M-parameter
-        # benchmark model with momentum). The
-        # Python state (step, epoch, data position) is always compared.
-        check_variables = bool(receivers) or self._verify_all_syncs
-        data = st.variable_bytes(variables) if check_variables else b""
+        # their last sync and synchronous updates keep them so, while hashing
+        # a large model on every shrink or crash costs more than the change
+        # itself (68 MB for the 8.5 M-parameter benchmark model with
+        # momentum). The Python state (step, epoch, data position) is always
+        # compared. The variables never pass through Python: state_sync moves
+        # and hashes them in C++.
+        variables_digest = b""
         if receivers:
             p2p_version = (version << 32) | (top & 0xFFFFFFFF)
-            bounds = st.slice_bounds(len(data), len(sources))
             if rank in sources:
                 j = sources.index(rank)
-                start, end = bounds[j]
-                if end > start:
-                    st.save_blob(f"{STATE_NAME}/{j}", data[start:end], p2p_version)
                 if j == 0:
                     st.save_blob(f"{STATE_NAME}/python", python_json, p2p_version)
+                variables_digest = state_sync.save_state(variables, STATE_NAME, p2p_version, j, len(sources)).numpy()
             else:
-                requests = [
-                    (src, f"{STATE_NAME}/{j}", end - start)
-                    for j, (src, (start, end)) in enumerate(zip(sources, bounds))
-                    if end > start
-                ]
-                requests.append((sources[0], f"{STATE_NAME}/python", int(rows[sources[0], 2])))
-                blobs = st.fetch_blobs(requests, p2p_version)
-                data = b"".join(blobs[:-1])
-                python_json = blobs[-1]
-                st.assign_from_bytes(variables, data)
-                import json
-
+                variables_digest = state_sync.fetch_state(variables, sources, STATE_NAME, p2p_version).numpy()
+                python_json = st.fetch_blob(sources[0], f"{STATE_NAME}/python", int(rows[sources[0], 2]), p2p_version)
                 self.load_python_state(json.loads(python_json))
                 python_json = st.canonical_json(self.python_state())
-        mine = np.frombuffer(st.digest(data, python_json), np.uint8)
+        elif self._verify_all_syncs:
+            variables_digest = state_sync.state_digest(variables).numpy()
+        mine = np.frombuffer(st.digest(bytes(variables_digest), python_json), np.uint8)
         digests = all_gather(tf.constant(mine), name=f"{prefix}/digest").numpy()
+        if receivers and rank in sources:
+            state_sync.forget_state(STATE_NAME)  # every receiver has its pieces (it sent its digest)
         differ = [r for r in range(size) if not np.array_equal(digests[r], digests[sources[0]])]
         if differ:
             raise StateMismatchError(
@@ -445,6 +438,6 @@ class ElasticState:
             em.config_client().set_signature(signature)
             self._signature_sent = True
         log.info(
-            "kungfu elastic: state synced at cluster version %d, step %d (sources %s, receivers %s)",
-            version, top, sources, receivers,
+            "kungfu elastic: state synced at cluster version %d, step %d (sources %s, receivers %s) in %.3f s",
+            version, top, sources, receivers, time.monotonic() - started,
         )
