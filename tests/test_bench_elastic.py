@@ -109,9 +109,11 @@ def test_schedule_checks_and_worker_spelling():
     with pytest.raises(ValueError, match="is not '<kind> <size> -> <size>'"):
         check_schedule(["shrink 4 to 2"])
     assert verdict("shrink 4 -> 1", 0.2, 40.0, None) == ("<= 0.3 s and >= 50x", False)
-    assert verdict("grow 2 -> 4", 0.8, None, None) == ("<= 1 s", True)
-    assert verdict("crash 4 -> 3", 1.4, None, 0.5) == ("<= detection + 1 s", True)
-    assert verdict("crash 4 -> 3", 1.6, None, 0.5)[1] is False
+    assert verdict("grow 2 -> 4", 0.1, 60.0, None) == (">= 50x", True)
+    assert verdict("grow 2 -> 4", 0.8, None, None) == (">= 50x", None)  # no checkpoint-restart to compare with
+    assert verdict("crash 4 -> 3", 1.4, 50.0, 0.5) == ("<= detection + 1 s and >= 50x", True)
+    assert verdict("crash 4 -> 3", 1.6, 50.0, 0.5)[1] is False
+    assert verdict("crash 4 -> 3", 0.6, 20.0, 0.5)[1] is False
 
 
 def test_step_log_survives_a_cut_last_line(tmp_path):

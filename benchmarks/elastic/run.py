@@ -20,9 +20,10 @@ shrink 4 -> 1, grow 1 -> 4, crash 4 -> 3, replace 3 -> 4), repeated
   launcher stops the job), and the next job starts at the new size and
   restores.
 
-On the digits MLP (64-256-256-10, 83 k parameters) and a wide one
+On the digits MLP (64-256-256-10, 83 k parameters), a wide one
 (64-2048-2048-2048-10, 8.5 M parameters: 68 MB of weights and momentum to
-save or transfer), global batch ``--global-batch`` split over the workers.
+save or transfer) and one of ResNet-50's size (64-3584-3584-3584-10, 26 M
+parameters: 208 MB), global batch ``--global-batch`` split over the workers.
 Prints one table per model (median idle, raw values, ratio, target) and a
 break-down of the restarts; writes them to ``--out`` (.md) and the raw
 transitions to the same name .json (``--report FILE.json`` re-renders one).
@@ -66,8 +67,10 @@ WORK_DIR = REPO / "build" / "bench" / "elastic"
 DEFAULT_TRANSITIONS = ("shrink 4 -> 2", "grow 2 -> 4", "shrink 4 -> 1", "grow 1 -> 4", "crash 4 -> 3", "replace 3 -> 4")
 MODES = ("elastic", "restart")
 KINDS = ("shrink", "grow", "crash", "replace")
-# The issue's targets (shrink also >= RATIO_TARGET x faster than checkpoint-restart).
-SHRINK_IDLE_TARGET_S, RATIO_TARGET, GROW_IDLE_TARGET_S, CRASH_MARGIN_S = 0.3, 50.0, 1.0, 1.0
+# Issue 23's targets: every transition >= RATIO_TARGET x faster than
+# checkpoint-restart in the same run, and besides a shrink within
+# SHRINK_IDLE_TARGET_S, a crash within its detection + CRASH_MARGIN_S.
+SHRINK_IDLE_TARGET_S, RATIO_TARGET, CRASH_MARGIN_S = 0.3, 50.0, 1.0
 
 
 def log(msg: str) -> None:
@@ -260,19 +263,20 @@ def verdict(label: str, idle: float | None, ratio: float | None, detection: floa
     Example:
         >>> verdict("shrink 4 -> 2", 0.1, 120.0, None)
         ('<= 0.3 s and >= 50x', True)
+        >>> verdict("grow 2 -> 4", 0.2, 40.0, None)
+        ('>= 50x', False)
     """
     kind = parse_label(label)[0]
     if kind == "shrink":
         target = f"<= {SHRINK_IDLE_TARGET_S:g} s and >= {RATIO_TARGET:g}x"
-        ok = None if idle is None or ratio is None else idle <= SHRINK_IDLE_TARGET_S and ratio >= RATIO_TARGET
-    elif kind == "grow":
-        target = f"<= {GROW_IDLE_TARGET_S:g} s"
-        ok = None if idle is None else idle <= GROW_IDLE_TARGET_S
+        ok = None if idle is None or ratio is None else ratio >= RATIO_TARGET and idle <= SHRINK_IDLE_TARGET_S
     elif kind == "crash":
-        target = f"<= detection + {CRASH_MARGIN_S:g} s"
-        ok = None if idle is None or detection is None else idle <= detection + CRASH_MARGIN_S
+        target = f"<= detection + {CRASH_MARGIN_S:g} s and >= {RATIO_TARGET:g}x"
+        ok = (None if idle is None or ratio is None or detection is None
+              else ratio >= RATIO_TARGET and idle <= detection + CRASH_MARGIN_S)  # fmt: skip
     else:
-        return "–", None
+        target = f">= {RATIO_TARGET:g}x"
+        ok = None if idle is None or ratio is None else ratio >= RATIO_TARGET
     return target, ok
 
 

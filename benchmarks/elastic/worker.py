@@ -43,10 +43,11 @@ from benchmarks.elastic.idle import StepLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
 
-# Hidden layers of the two models: the digits MLP of the other benchmarks and
-# a wide one whose state (8.5 M parameters + momentum = 68 MB) makes the
-# transfer to joiners and the checkpoint matter.
-MODELS = {"digits-mlp": (256, 256), "wide-mlp": (2048, 2048, 2048)}
+# Hidden layers of the models: the digits MLP of the other benchmarks, a wide
+# one whose state (8.5 M parameters + momentum = 68 MB) makes the transfer to
+# joiners and the checkpoint matter, and one of ResNet-50's size (26 M
+# parameters, 208 MB with momentum).
+MODELS = {"digits-mlp": (256, 256), "wide-mlp": (2048, 2048, 2048), "resnet50-size-mlp": (3584, 3584, 3584)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
