@@ -164,15 +164,27 @@ class StateSaveOp : public OpKernel {
     OP_REQUIRES_OK(ctx, read_variables(ctx, 0, n, &values));
     std::vector<kungfu::StatePiece> pieces = kungfu::state_pieces(byte_sizes(values));
     std::vector<const char *> buffers = read_pointers(values);
-    // Saved before hashing, so that receivers fetch while we hash.
+    // Saved before hashing, so that receivers fetch while we hash. A piece
+    // inside one variable is a view of its buffer (no copy; the blob holds a
+    // reference, so an update before KungfuStateForget copies the variable
+    // instead of changing what peers receive); one that crosses variables
+    // is gathered into a buffer of its own.
     for (size_t p = 0; p < pieces.size(); ++p) {
       if (kungfu::piece_source(p, sources) != static_cast<size_t>(source)) continue;
-      // Filled by appending, not zero-filled first: a model's worth of bytes.
-      auto blob = std::make_shared<std::vector<char>>();
-      blob->reserve(pieces[p].len);
-      for (const kungfu::StateSegment &seg : pieces[p].segments) {
-        const char *from = buffers[seg.variable] + seg.offset;
-        blob->insert(blob->end(), from, from + seg.len);
+      const kungfu::StatePiece &piece = pieces[p];
+      kungfu::Blob blob;
+      if (piece.segments.size() == 1) {
+        const kungfu::StateSegment &seg = piece.segments[0];
+        blob = std::make_shared<const kungfu::BlobBytes>(buffers[seg.variable] + seg.offset, seg.len,
+                                                         hold({values[seg.variable]}));
+      } else {
+        std::vector<char> bytes;
+        bytes.reserve(piece.len);
+        for (const kungfu::StateSegment &seg : piece.segments) {
+          const char *from = buffers[seg.variable] + seg.offset;
+          bytes.insert(bytes.end(), from, from + seg.len);
+        }
+        blob = kungfu::make_blob(std::move(bytes));
       }
       rt->save(kungfu::piece_name(prefix, p), static_cast<uint64_t>(version), std::move(blob));
     }

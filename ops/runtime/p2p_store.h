@@ -16,7 +16,35 @@
 
 namespace kungfu {
 
-using Blob = std::shared_ptr<const std::vector<char>>;
+// The bytes of a blob: its own, or a view of memory that someone else owns
+// and `owner` keeps alive (a variable's buffer that elastic state sync sends
+// without copying it first).
+class BlobBytes {
+ public:
+  explicit BlobBytes(std::vector<char> bytes) : own_(std::move(bytes)), data_(own_.data()), size_(own_.size()) {}
+  BlobBytes(const char *data, size_t size, std::shared_ptr<const void> owner)
+      : owner_(std::move(owner)), data_(data), size_(size) {}
+  BlobBytes(const BlobBytes &) = delete;
+  BlobBytes &operator=(const BlobBytes &) = delete;
+
+  const char *data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const char *begin() const { return data_; }
+  const char *end() const { return data_ + size_; }
+  char operator[](size_t i) const { return data_[i]; }
+
+ private:
+  std::vector<char> own_;
+  std::shared_ptr<const void> owner_;
+  const char *data_;
+  size_t size_;
+};
+
+using Blob = std::shared_ptr<const BlobBytes>;
+
+// A blob that owns `bytes`.
+inline Blob make_blob(std::vector<char> bytes) { return std::make_shared<const BlobBytes>(std::move(bytes)); }
 // Receives a blob and the version it was saved under.
 using BlobCallback = std::function<void(uint64_t version, Blob blob)>;
 

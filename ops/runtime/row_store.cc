@@ -67,15 +67,15 @@ RowsReply RowStore::reply_for(Table &t, int peer, uint64_t held) {
     p.changed_rows.clear();
     p.sent = t.version;
     reply.all_rows = true;
-    reply.payload = std::make_shared<const std::vector<char>>(t.data);
+    reply.payload = make_blob(t.data);
     return reply;
   }
   PeerView &p = it->second;
   std::sort(p.changed_rows.begin(), p.changed_rows.end());
   size_t n = p.changed_rows.size();
-  auto payload = std::make_shared<std::vector<char>>(n * (sizeof(int64_t) + t.row_bytes));
-  if (n > 0) std::memcpy(payload->data(), p.changed_rows.data(), n * sizeof(int64_t));
-  char *values = payload->data() + n * sizeof(int64_t);
+  std::vector<char> payload(n * (sizeof(int64_t) + t.row_bytes));
+  if (n > 0) std::memcpy(payload.data(), p.changed_rows.data(), n * sizeof(int64_t));
+  char *values = payload.data() + n * sizeof(int64_t);
   for (size_t i = 0; i < n; ++i) {
     auto r = static_cast<size_t>(p.changed_rows[i]);
     std::memcpy(values + i * t.row_bytes, t.data.data() + r * t.row_bytes, t.row_bytes);
@@ -83,7 +83,7 @@ RowsReply RowStore::reply_for(Table &t, int peer, uint64_t held) {
   }
   p.changed_rows.clear();
   p.sent = t.version;
-  reply.payload = std::move(payload);
+  reply.payload = make_blob(std::move(payload));
   return reply;
 }
 

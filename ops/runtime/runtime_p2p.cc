@@ -10,9 +10,8 @@
 namespace kungfu {
 
 void Runtime::save(const std::string &name, uint64_t version, const void *data, size_t len) {
-  auto blob = std::make_shared<std::vector<char>>(static_cast<const char *>(data),
-                                                  static_cast<const char *>(data) + len);
-  store_.save(name, version, std::move(blob));
+  store_.save(name, version,
+              make_blob(std::vector<char>(static_cast<const char *>(data), static_cast<const char *>(data) + len)));
 }
 
 void Runtime::save(const std::string &name, uint64_t version, Blob blob) {

@@ -63,7 +63,7 @@ void Runtime::request_rows(int peer, const std::string &name, uint64_t min_versi
       got->all_rows = (msg.header.flags & kFlagAllRows) != 0;
       got->num_rows = static_cast<size_t>(msg.header.dims[0]);
       got->row_bytes = static_cast<size_t>(msg.header.dims[1]);
-      got->payload = std::make_shared<const std::vector<char>>(msg.data(), msg.data() + msg.size());
+      got->payload = make_blob(std::vector<char>(msg.data(), msg.data() + msg.size()));
       return Status::OK();
     });
   });

@@ -307,7 +307,7 @@ void test_push_cut_short() {
 
 void test_store_when_saved() {
   P2PStore store;
-  auto blob_of = [](uint64_t v) { return std::make_shared<const std::vector<char>>(1, static_cast<char>(v)); };
+  auto blob_of = [](uint64_t v) { return make_blob(std::vector<char>(1, static_cast<char>(v))); };
   std::vector<std::pair<int, uint64_t>> calls;  // (which waiter, version)
   auto waiter = [&](int which) {
     return [&calls, which](uint64_t v, Blob b) {
@@ -338,7 +338,7 @@ void test_store_when_saved() {
 
 void test_store_erase_prefix() {
   P2PStore store;
-  auto blob = std::make_shared<const std::vector<char>>(3, 'x');
+  auto blob = make_blob(std::vector<char>(3, 'x'));
   for (const char *name : {"state/0", "state/1", "state0", "other/state/0"}) {
     store.save(name, 1, blob);
     store.save(name, 2, blob);
@@ -349,6 +349,20 @@ void test_store_erase_prefix() {
   store.save("state/0", 3, blob);                                  // saved again after the erase
   uint64_t found = 0;
   CHECK(store.get("state/0", P2PStore::kLatest, &found) && found == 3);
+}
+
+void test_store_keeps_a_views_owner_alive() {
+  auto owner = std::make_shared<std::vector<char>>(std::vector<char>{'a', 'b', 'c'});
+  std::weak_ptr<std::vector<char>> watch = owner;
+  P2PStore store;
+  store.save("view", 1, std::make_shared<const BlobBytes>(owner->data() + 1, 2, owner));
+  owner.reset();
+  CHECK(!watch.expired());  // the blob keeps the memory it shows
+  Blob b = store.get("view", 1);
+  CHECK(b && b->size() == 2 && (*b)[0] == 'b' && (*b)[1] == 'c');
+  b.reset();
+  store.erase_prefix("view");
+  CHECK(watch.expired());  // and lets it go with the last reference
 }
 
 // Saves versions 1..last of "clock" (one int64 holding the version) every `gap`.
@@ -506,6 +520,7 @@ int main() {
       {"push cut short", test_push_cut_short},
       {"store: wait for a version", test_store_when_saved},
       {"store: erase by prefix", test_store_erase_prefix},
+      {"store: a view keeps its owner", test_store_keeps_a_views_owner_alive},
       {"request at least a version", test_request_at_least},
       {"request at least: timeout", test_request_at_least_times_out},
       {"request at least: dead peers", test_request_at_least_dead_peers},

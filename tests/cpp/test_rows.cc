@@ -24,6 +24,8 @@ std::vector<float> floats(const std::vector<char> &bytes) {
   return out;
 }
 
+std::vector<float> floats(const BlobBytes &blob) { return floats(std::vector<char>(blob.begin(), blob.end())); }
+
 // ---------------------------------------------------------------- table accumulator
 
 void test_rows_scatter_add() {
