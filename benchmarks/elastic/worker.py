@@ -203,9 +203,15 @@ def run_elastic(args: argparse.Namespace) -> None:
     * ``replace:n`` — wait (training) until the launcher's replacement joined.
     """
     configure_tf()
+    import logging
+
     import tensorflow as tf
 
     from kungfu_tf import elastic
+
+    # Each sync's duration and sources in the worker's log (kungfu-run --logdir), to explain the idle times.
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("kungfu_tf.elastic").setLevel(logging.INFO)
     from kungfu_tf.ops import config
 
     schedule = parse_schedule(args.schedule)
