@@ -2,13 +2,59 @@
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from kungfu_tf import elastic
+from kungfu_tf.elastic import session_state_transfer as sst
 from kungfu_tf.elastic import state_transfer as st
 from kungfu_tf.elastic.signature import model_signature
 from kungfu_tf.ops.elastic_membership import NotElasticError
+
+
+def test_session_variables_round_trip_as_bytes_whatever_their_dtypes():
+    values = [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.array([True, False]),
+        np.array(7, np.int64),
+        np.array([1.5, -2.25], dtype=tf.bfloat16.as_numpy_dtype),
+    ]
+    source = [tf.Variable(v) for v in values]
+    target = [tf.Variable(np.zeros_like(v)) for v in values]
+    data = sst.variable_bytes(source)
+    assert len(data) == 24 + 2 + 8 + 4 == sst.byte_count(source)
+    pieces = [data[a:b] for a, b in sst.slice_bounds(len(data), 3)]  # sent by 3 sources, joined again
+    sst.assign_from_bytes(target, b"".join(pieces))
+    for got, want in zip(target, values):
+        np.testing.assert_array_equal(got.numpy().astype(np.float64), want.astype(np.float64))
+        assert got.dtype == tf.as_dtype(want.dtype)
+
+
+def test_a_wrong_number_of_bytes_is_refused_before_any_variable_changes():
+    v = tf.Variable([1.0, 2.0])
+    with pytest.raises(ValueError, match="received 4 bytes of variables, this model has 8"):
+        sst.assign_from_bytes([v], b"\0" * 4)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+
+
+@pytest.mark.parametrize(("total", "parts"), [(0, 1), (1, 3), (10, 3), (1000, 7)])
+def test_slices_cover_the_bytes_once_in_order(total, parts):
+    bounds = sst.slice_bounds(total, parts)
+    assert len(bounds) == parts and bounds[0][0] == 0 and bounds[-1][1] == total
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_session_variables_hash_like_the_cpp_path():
+    """A job of v1 graph variables and one of eager variables compare digests of the same layout."""
+    from kungfu_tf.ops import state_sync
+
+    variables = [tf.Variable(np.random.default_rng(1).normal(size=(1100, 1000)).astype(np.float32)), tf.Variable([3, 4])]
+    assert sst.bytes_digest(sst.variable_bytes(variables)) == bytes(state_sync.state_digest(variables).numpy())
 
 
 def test_digest_covers_variables_and_python_state():

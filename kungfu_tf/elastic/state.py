@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.elastic import progress_report
+from kungfu_tf.elastic import session_state_transfer as sst
 from kungfu_tf.elastic import state_transfer as st
 from kungfu_tf.elastic.errors import (
     ElasticError,
@@ -406,23 +407,46 @@ class ElasticState:
         # compared. The variables never pass through Python: state_sync moves
         # and hashes them in C++.
         variables_digest = b""
+        # tf.compat.v1 graph variables (SessionVariable) are out of the eager
+        # ops' reach: they travel as bytes through their session.
+        in_cpp = state_sync.movable(variables)
         if receivers:
             p2p_version = (version << 32) | (top & 0xFFFFFFFF)
             if rank in sources:
                 j = sources.index(rank)
                 if j == 0:
                     st.save_blob(f"{STATE_NAME}/python", python_json, p2p_version)
-                variables_digest = state_sync.save_state(variables, STATE_NAME, p2p_version, j, len(sources)).numpy()
+                if in_cpp:
+                    variables_digest = state_sync.save_state(variables, STATE_NAME, p2p_version, j, len(sources)).numpy()
+                else:
+                    data = sst.variable_bytes(variables)
+                    start, end = sst.slice_bounds(len(data), len(sources))[j]
+                    if end > start:
+                        st.save_blob(f"{STATE_NAME}/{j}", data[start:end], p2p_version)
+                    variables_digest = sst.bytes_digest(data)
             else:
-                variables_digest = state_sync.fetch_state(variables, sources, STATE_NAME, p2p_version).numpy()
+                if in_cpp:
+                    variables_digest = state_sync.fetch_state(variables, sources, STATE_NAME, p2p_version).numpy()
+                else:
+                    bounds = sst.slice_bounds(sst.byte_count(variables), len(sources))
+                    requests = [
+                        (src, f"{STATE_NAME}/{j}", end - start)
+                        for j, (src, (start, end)) in enumerate(zip(sources, bounds))
+                        if end > start
+                    ]
+                    data = b"".join(sst.fetch_blobs(requests, p2p_version))
+                    sst.assign_from_bytes(variables, data)
+                    variables_digest = sst.bytes_digest(data)
                 python_json = st.fetch_blob(sources[0], f"{STATE_NAME}/python", int(rows[sources[0], 2]), p2p_version)
                 self.load_python_state(json.loads(python_json))
                 python_json = st.canonical_json(self.python_state())
         elif self._verify_all_syncs:
-            variables_digest = state_sync.state_digest(variables).numpy()
+            variables_digest = (
+                state_sync.state_digest(variables).numpy() if in_cpp else sst.bytes_digest(sst.variable_bytes(variables))
+            )
         mine = np.frombuffer(st.digest(bytes(variables_digest), python_json), np.uint8)
         digests = all_gather(tf.constant(mine), name=f"{prefix}/digest").numpy()
-        if receivers and rank in sources:
+        if receivers and rank in sources and in_cpp:
             state_sync.forget_state(STATE_NAME)  # every receiver has its pieces (it sent its digest)
         differ = [r for r in range(size) if not np.array_equal(digests[r], digests[sources[0]])]
         if differ:

@@ -31,6 +31,19 @@ from kungfu_tf._native import library
 from kungfu_tf.ops._keys import check_name
 
 
+def movable(variables: Sequence[object]) -> bool:
+    """Whether these ops can move ``variables``: eager resource variables (tf.Variable, Keras variables).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> movable([tf.Variable(1.0)]), movable([tf.constant(1.0)])
+        (True, False)
+    """
+    return tf.executing_eagerly() and all(
+        getattr(getattr(v, "handle", None), "dtype", None) == tf.resource for v in variables
+    )
+
+
 def _handles(variables: Sequence[object]) -> list[tf.Tensor]:
     """The resource handles of tf.Variable or Keras variables (the ops read and write the buffers behind them)."""
     out = []
