@@ -22,7 +22,7 @@
 #   make bench-monitoring  training throughput with GNS / gradient-variance monitoring vs none
 #   make bench-adaptive-topology  static topology vs AdaptiveTopologyPolicy under
 #                  link contention on two emulated hosts (root, ~7 min)
-#   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart (~20-30 min)
+#   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart, 3 models (~45 min)
 #   make bench-strategy-resize  what a membership change costs a job with a strategy (re-build, re-trace; ~5 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
