@@ -16,7 +16,7 @@ Example:
     >>> digest = state_sync.save_state([w], "doc/state", version=1, source=0, sources=1)
     >>> bool((digest.numpy() == state_sync.state_digest([w]).numpy()).all())
     True
-    >>> w.assign([0.0, 0.0]); _ = state_sync.fetch_state([w], [0], "doc/state", min_version=1)
+    >>> _ = w.assign([0.0, 0.0]); _ = state_sync.fetch_state([w], [0], "doc/state", min_version=1)
     >>> w.numpy().tolist()
     [1.0, 2.0]
 """
