@@ -174,7 +174,8 @@ def test_stops_going_down_as_soon_as_the_condition_passes():
     sizes, ctx = simulate(policy, linear_to_3.get, start=5, bounds=(1, 5))
     # 5 -> 4 (4->5 fails) -> 3: 3->4 fails -> 2: 2->3 passes: settle at 3 (size 1 never measured)
     assert [new for _, new, _ in ctx.requests] == [4, 3, 2, 3]
-    assert 1 not in policy.search.throughputs  # a search that went on down to 1 would have measured it
+    # Measured exactly the sizes it ran at: size 1 never, and nothing recorded that was not measured.
+    assert sorted(policy.search.throughputs) == [2, 3, 4, 5]
     assert sizes[-1] == 3
 
 
