@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+from typing import Self
 
 import pytest
 from conftest import REPO_ROOT, worker_env, worker_path
@@ -325,6 +326,40 @@ def _wait_for(lines: list[str], pattern: str, timeout: float, what: str, proc: s
         time.sleep(0.05)
 
 
+class _Launchers:
+    """Launchers of one job, one per emulated host, their output read into lists as it comes;
+    every launcher still running at the end is killed with its process group."""
+
+    def __init__(self, common: list[str], env: dict[str, str]) -> None:
+        self.common, self.env = common, env
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.out: dict[str, list[str]] = {}
+        self.err: dict[str, list[str]] = {}
+
+    def start(self, name: str, host: str, *worker: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "kungfu_tf.run", *self.common, "--self", host, *worker],
+            cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True,
+        )
+        self.procs[name], self.out[name], self.err[name] = proc, [], []
+        _reader(proc.stdout, self.out[name])
+        _reader(proc.stderr, self.err[name])
+        return proc
+
+    def info(self) -> str:
+        return "\n".join(f"--- {n} ---\n{''.join(self.err[n])}{''.join(self.out[n])}" for n in self.procs)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
 def _children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         text = open(f"/proc/{pid}/task/{pid}/children").read()  # noqa: SIM115
@@ -345,18 +380,10 @@ def test_launcher_killed_with_its_worker_another_takes_over(etcd3):
         "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
     ]
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
-    out: dict[str, list[str]] = {"a": [], "b": []}
-    err: dict[str, list[str]] = {"a": [], "b": []}
-    procs: dict[str, subprocess.Popen] = {}
-    try:
+    with _Launchers(common, env) as launchers:
+        procs, out, err = launchers.procs, launchers.out, launchers.err
         for name, host in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "kungfu_tf.run", *common, "--self", host, sys.executable, FAKE, "hold-replaced"],
-                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, start_new_session=True,
-            )
-            _reader(procs[name].stdout, out[name])
-            _reader(procs[name].stderr, err[name])
+            launchers.start(name, host, sys.executable, FAKE, "hold-replaced")
             if name == "a":
                 _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"])
         _wait_for(out["a"], r"signature set", 60, "rank 0 started on A", procs["a"])
@@ -367,11 +394,6 @@ def test_launcher_killed_with_its_worker_another_takes_over(etcd3):
         os.kill(workers[0], signal.SIGKILL)
         procs["a"].wait(10)
         assert procs["b"].wait(90) == 0, "".join(err["b"])
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
     lost = f"127.0.0.1:{base}"
     b_err, b_out = "".join(err["b"]), "".join(out["b"])
     reason = "the launcher of 127.0.0.1 is gone (its etcd lease expired)"
@@ -409,29 +431,16 @@ def test_a_dead_launchers_members_and_joiners_are_let_go(etcd3):
         "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
     ]
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
-    out: dict[str, list[str]] = {"a": [], "b": []}
-    err: dict[str, list[str]] = {"a": [], "b": []}
-    procs: dict[str, subprocess.Popen] = {}
-    try:
+    with _Launchers(common, env) as launchers:
+        procs, out, err = launchers.procs, launchers.out, launchers.err
         for name, host in (("b", "127.0.0.2"), ("a", "127.0.0.1")):
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "kungfu_tf.run", *common, "--self", host, sys.executable, FAKE, "stuck", "1"],
-                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, start_new_session=True,
-            )
-            _reader(procs[name].stdout, out[name])
-            _reader(procs[name].stderr, err[name])
+            launchers.start(name, host, sys.executable, FAKE, "stuck", "1")
             if name == "b":
                 _wait_for(err["b"], r"places joiners and answers for lost launchers", 60, "B holds the duty", procs["b"])
         _wait_for(err["a"], rf"started joiner \[3\] 127\.0\.0\.1:{base + 2}", 60, "A starts the joiner", procs["a"])
         os.kill(procs["a"].pid, signal.SIGKILL)
         rc_b = procs["b"].wait(60)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    info = "\n".join(f"--- {n} ---\n{''.join(err[n])}{''.join(out[n])}" for n in procs)
+    info = launchers.info()
     assert rc_b == 0, info
     b_err = "".join(err["b"])
     reason = "the launcher of 127.0.0.1 is gone (its etcd lease expired)"
@@ -457,27 +466,14 @@ def test_leader_killed_while_a_joiner_is_admitted(etcd3):
         "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
     ]
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
-    out: dict[str, list[str]] = {"a": [], "b": []}
-    err: dict[str, list[str]] = {"a": [], "b": []}
-    procs: dict[str, subprocess.Popen] = {}
-    try:
+    with _Launchers(common, env) as launchers:
+        procs, out, err = launchers.procs, launchers.out, launchers.err
         for name, host in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "kungfu_tf.run", *common, "--self", host, sys.executable, FAKE, "grow", "3"],
-                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, start_new_session=True,
-            )
-            _reader(procs[name].stdout, out[name])
-            _reader(procs[name].stderr, err[name])
+            launchers.start(name, host, sys.executable, FAKE, "grow", "3")
         _wait_for(err["b"], r"started joiner", 60, "the joiner starts on B", procs["b"])
         etcd3.stop(etcd3.leader())
         rcs = {name: p.wait(90) for name, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    info = "\n".join(f"--- {n} ---\n{''.join(err[n])}{''.join(out[n])}" for n in procs)
+    info = launchers.info()
     assert rcs == {"a": 0, "b": 0}, info
     v2 = [[line for line in err[n] if "cluster v2:" in line] for n in ("a", "b")]
     joiner = f"127.0.0.2:{base + 1}"  # B runs rank 1 at base (ports count per host)
@@ -558,29 +554,15 @@ def test_training_survives_the_host_that_placed_its_workers(request, tmp_path):
     env = worker_env(
         KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job, ELASTIC_DATA_KILL_RANK="0", ELASTIC_DATA_KILL_LAUNCHER="1"
     )
-    err: dict[str, list[str]] = {"a": [], "b": []}
-    out: dict[str, list[str]] = {"a": [], "b": []}
-    procs: dict[str, subprocess.Popen] = {}
     script = worker_path("elastic_data.py")
-    try:
+    with _Launchers(common, env) as launchers:
+        procs, out, err = launchers.procs, launchers.out, launchers.err
         for i, (name, host) in enumerate((("a", HOST_A), ("b", HOST_B))):
-            procs[name] = subprocess.Popen(
-                [*two.exec_prefix(i), sys.executable, "-m", "kungfu_tf.run", *common, "--self", host,
-                 sys.executable, script, str(tmp_path)],
-                cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, start_new_session=True,
-            )
-            _reader(procs[name].stdout, out[name])
-            _reader(procs[name].stderr, err[name])
+            launchers.start(name, host, sys.executable, script, str(tmp_path), prefix=tuple(two.exec_prefix(i)))
             if name == "a":
                 _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"])
         rc_b = procs["b"].wait(240)
         rc_a = procs["a"].wait(10)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
     events = load_events(tmp_path)
     info = (
         f"--- A (rc {procs['a'].returncode}) ---\n{''.join(err['a'])}{''.join(out['a'])}\n"
