@@ -268,12 +268,8 @@ class ElasticSupervisor:
             self._server = server
             self._plan = plan = plan.served_at(server.port)
             self._console.event(f"config service at {plan.config_address}")
-            self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
-            state = self._client.get_job_state()
-            hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
-            self._scheduler = self._provider.joiner_planner(plan, self._client, self._console, hooks)
-            initial = list(plan.initial_peers)
-            self._next_label = len(initial)
+            state = self._serve_joiners(plan)
+            first = cluster
         else:
             state = self._reach_config_service()
             assert self._client is not None
@@ -283,26 +279,42 @@ class ElasticSupervisor:
                 raise LaunchError(
                     f"the config service at {plan.config_address} has no cluster version 1: {rpc_error_text(e)}"
                 ) from None
-            initial = [Peer(rank, w.host, w.port) for rank, w in enumerate(first.workers)]
-            self._next_label = len(initial)
-            if state.cluster.version != 1 and any(self._runs_here(p.host) for p in initial):
-                # Too late: the others moved on without this host's members
-                # (they are replaced, or the job goes on without them).
-                self._console.message(
-                    f"the job is at cluster version {state.cluster.version} already: not starting the "
-                    f"members of version 1 placed on {plan.self_host}"
-                )
-                initial = [p for p in initial if not self._runs_here(p.host)]
-        # Changes before this launcher connected are not its to print.
+        return self._start_at(state, first), 1
+
+    def _serve_joiners(self, plan: ElasticPlan) -> config_pb2.JobState:
+        """A client of this launcher's own config service, and the planner of its joiners; the job's state."""
+        self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
+        state = self._client.get_job_state()
+        hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
+        self._scheduler = self._provider.joiner_planner(plan, self._client, self._console, hooks)
+        return state
+
+    def _start_at(self, state: config_pb2.JobState, first: config_pb2.Cluster) -> list[Peer]:
+        """Takes the job as ``state`` finds it; returns the members of version 1 (``first``) to start here."""
+        initial = [Peer(rank, w.host, w.port) for rank, w in enumerate(first.workers)]
+        self._next_label = len(initial)
+        if state.cluster.version != 1 and any(self._runs_here(p.host) for p in initial):
+            # Too late: the others moved on without this host's members
+            # (they are replaced, or the job goes on without them).
+            self._console.message(
+                f"the job is at cluster version {state.cluster.version} already: not starting the "
+                f"members of version 1 placed on {self._plan.self_host}"
+            )
+            initial = [p for p in initial if not self._runs_here(p.host)]
+        # Changes before this launcher connected are not its to print, but
+        # their members are members (the end waits for other hosts' ones).
         self._printed_version = state.cluster.version
         self._printed_workers = cluster_peers(state.cluster)
+        self._ever_members.update(self._printed_workers)
         self._console.event(
             f"cluster v{state.cluster.version}: {workers_text(len(state.cluster.workers))} "
             f"(min {state.min_size}, max {state.max_size or 'no limit'}, target {state.target_size})"
         )
         self._observe(state)
-        self._watcher = JobWatcher(self._client, poll_timeout=WATCH_POLL_SECONDS, unreachable_timeout=plan.timeout)
-        return initial, 1
+        # The long poll of the config service (which an etcd watch wakes, with --config-store).
+        assert self._client is not None
+        self._watcher = JobWatcher(self._client, poll_timeout=WATCH_POLL_SECONDS, unreachable_timeout=self._plan.timeout)
+        return initial
 
     def _connect_store(self) -> tuple[list[Peer], int]:
         """--config-store: serve this host's workers from the job's state in etcd.
@@ -353,30 +365,8 @@ class ElasticSupervisor:
         self._server = server
         self._plan = plan = plan.served_at(server.port)
         self._console.event(f"config service at {plan.config_address}, job state in {store.describe()}")
-        self._client = ConfigClient(plan.config_address, secret=plan.secret, job_id=plan.job_id, timeout=CALL_TIMEOUT)
-        state = self._client.get_job_state()
-        hooks = SupervisorHooks(self._observe, self._fresh_state, self._remove_joiner, self._fail)
-        self._scheduler = self._provider.joiner_planner(plan, self._client, self._console, hooks)
-        first = jobs.cluster_at(1)
-        initial = [Peer(rank, w.host, w.port) for rank, w in enumerate(first.workers)]
-        self._next_label = len(initial)
-        if state.cluster.version != 1 and any(self._runs_here(p.host) for p in initial):
-            self._console.message(
-                f"the job is at cluster version {state.cluster.version} already: not starting the "
-                f"members of version 1 placed on {plan.self_host}"
-            )
-            initial = [p for p in initial if not self._runs_here(p.host)]
-        self._printed_version = state.cluster.version
-        self._printed_workers = cluster_peers(state.cluster)
-        self._ever_members.update(self._printed_workers)
-        self._console.event(
-            f"cluster v{state.cluster.version}: {workers_text(len(state.cluster.workers))} "
-            f"(min {state.min_size}, max {state.max_size or 'no limit'}, target {state.target_size})"
-        )
-        self._observe(state)
-        # The long poll of this host's config service, which an etcd watch wakes.
-        self._watcher = JobWatcher(self._client, poll_timeout=WATCH_POLL_SECONDS, unreachable_timeout=plan.timeout)
-        return initial, 1
+        state = self._serve_joiners(plan)
+        return self._start_at(state, jobs.cluster_at(1)), 1
 
     def _keep_duties(self) -> None:
         """--config-store: the job-wide duties, done by whichever live launcher holds them.
