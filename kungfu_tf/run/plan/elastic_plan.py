@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from kungfu_tf.run.control.etcd_security import EtcdSecurity
 from kungfu_tf.run.errors import LaunchError
@@ -176,7 +177,8 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
             initial_peers = assign_range_ports(placements, port_range.first, port_range.last)
             check_ports_free(self_host, [p.port for p in initial_peers if p.host == self_host])
 
-    return ElasticPlan(
+    return _plan_with_options(
+        options,
         serves=serves,
         config_host=config_host,
         config_port=config_port,
@@ -186,16 +188,8 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
         port_range=port_range,
         min_np=min_np,
         max_np=max_np,
-        replace_crashed=options.replace_crashed,
         discovery_script=options.discovery_script,
-        join_timeout=options.join_timeout,
-        admit_window=options.admit_window,
-        command=options.command,
-        topology=options.topology,
-        timeout=options.timeout,
         job_id=job_id,
-        logdir=options.logdir,
-        quiet=options.quiet,
         secret=secret,
     )
 
@@ -218,7 +212,8 @@ def _store_plan(options: LaunchOptions, environ: Mapping[str, str], store: tuple
     port_range = options.port_range or parse_port_range(DEFAULT_PORT_RANGE)
     initial_peers = assign_range_ports(place_workers(hosts, options.np), port_range.first, port_range.last)
     check_ports_free(self_host, [p.port for p in initial_peers if p.host == self_host])
-    return ElasticPlan(
+    return _plan_with_options(
+        options,
         serves=True,
         config_host=self_host,
         config_port=0,
@@ -228,18 +223,26 @@ def _store_plan(options: LaunchOptions, environ: Mapping[str, str], store: tuple
         port_range=port_range,
         min_np=min_np,
         max_np=max_np,
-        replace_crashed=options.replace_crashed,
         discovery_script=None,
+        job_id=job_id,
+        secret=secret,
+        config_store=store,
+    )
+
+
+def _plan_with_options(options: LaunchOptions, **placement: Any) -> ElasticPlan:
+    """The plan of ``placement`` (where workers and the job's state live,
+    secret, id) with the options that every launcher takes as given."""
+    return ElasticPlan(
+        replace_crashed=options.replace_crashed,
         join_timeout=options.join_timeout,
         admit_window=options.admit_window,
         command=options.command,
         topology=options.topology,
         timeout=options.timeout,
-        job_id=job_id,
         logdir=options.logdir,
         quiet=options.quiet,
-        secret=secret,
-        config_store=store,
+        **placement,
     )
 
 
