@@ -26,7 +26,7 @@
 #   make bench-strategy-resize  what a membership change costs a job with a strategy (re-build, re-trace; ~5 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
-#   make lint      ruff, then mypy over the public API ([tool.mypy] in pyproject.toml; ~10 s),
+#   make lint      ruff, then mypy over the public API and the launcher ([tool.mypy] in pyproject.toml; ~10 s),
 #                  and cpp-format
 #   make cpp-format  clang-format --dry-run over the C++ sources (.clang-format; < 1 s;
 #                  also run by `make test`); `make format` rewrites them in place

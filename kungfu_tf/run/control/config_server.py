@@ -38,7 +38,7 @@ import math
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent import futures
-from typing import Self
+from typing import NoReturn, Self
 
 import grpc
 
@@ -280,11 +280,13 @@ class _ChallengeResponseAuth(grpc.ServerInterceptor):
             return handler  # unknown methods: gRPC answers UNIMPLEMENTED
         metadata = handler_call_details.invocation_metadata
 
-        def deny(context, why: str):
+        def deny(context, why: str) -> NoReturn:
+            # grpc's abort raises: the call ends here.
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{method}: {why} (challenge-response with the job secret failed)",
             )
+            raise AssertionError("grpc's ServicerContext.abort returned")
 
         if handler.request_streaming or handler.response_streaming:
             return grpc.unary_unary_rpc_method_handler(lambda request, context: deny(context, "streaming call"))

@@ -364,9 +364,9 @@ class EtcdWatch:
             closed = threading.Event()
             with self._lock:
                 self._closed = closed
-                self._stream = self._client._open_watch(self._key, self._end, self._next, closed)
+                self._stream = stream = self._client._open_watch(self._key, self._end, self._next, closed)
             try:
-                for response in self._stream:
+                for response in stream:
                     if response.canceled:
                         # Compacted: reopen from what is there now. A stale token: etcd
                         # cancels the watch (no gRPC error); reopen with a fresh one.

@@ -221,7 +221,7 @@ class JobWatcher:
                     self._fail(
                         f"the config service at {self._client.address} was unreachable for "
                         f"{now - failing_since:.1f} s (unreachable_timeout={self._unreachable_timeout} s): "
-                        f"{code.name}: {details}"
+                        f"{code.name if code else 'error'}: {details}"
                     )
                     return
                 self._stopping.wait(backoff)

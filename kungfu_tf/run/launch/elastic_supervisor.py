@@ -34,7 +34,6 @@ SIGINT/SIGTERM stop everything as in a job of fixed size.
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,8 +58,8 @@ from kungfu_tf.run.control.membership_change import describe_change, workers_tex
 from kungfu_tf.run.control.rpc_errors import rpc_error_text
 from kungfu_tf.run.control.stored_job_state import StoredJobStateMachine
 from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.launch.caught_signals import caught_signals
 from kungfu_tf.run.launch.supervisor import (
-    FORWARDED_SIGNALS,
     GRACE_SECONDS,
     OUTPUT_DRAIN_SECONDS,
     POLL_INTERVAL,
@@ -210,7 +209,10 @@ class ElasticSupervisor:
 
     def run(self) -> int:
         """Run the job and return the launcher's exit status."""
-        previous = self._install_signal_handlers()
+        with caught_signals(self._on_signal):
+            return self._run()
+
+    def _run(self) -> int:
         try:
             try:
                 initial, version = self._connect()
@@ -229,13 +231,6 @@ class ElasticSupervisor:
             return self._supervise()
         finally:
             self._teardown()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-
-    def _install_signal_handlers(self) -> dict[int, object]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        return {signum: signal.signal(signum, self._on_signal) for signum in FORWARDED_SIGNALS}
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._pending_signals.append(signum)
@@ -420,6 +415,7 @@ class ElasticSupervisor:
             self._console.message(f"{reason}: reporting {', '.join(lost)} lost")
             for peer in lost:
                 self._exit_causes.setdefault(peer, reason)
+            assert self._client is not None
             try:
                 self._observe(self._client.report_lost(state.cluster.version, lost, reason))
             except grpc.RpcError as e:

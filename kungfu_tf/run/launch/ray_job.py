@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.plan.cli import (
@@ -24,6 +25,9 @@ from kungfu_tf.run.plan.cli import (
 )
 from kungfu_tf.run.plan.topology import DEFAULT_TOPOLOGY
 from kungfu_tf.run.providers.output import Console
+
+if TYPE_CHECKING:
+    from kungfu_tf.run.providers.ray_provider import RayActors
 
 
 def ray_launch(
@@ -91,7 +95,7 @@ def run_on_ray(
 ) -> int:
     """Run the job of ``options`` (``options.on_ray``) and return its status (2: it could not start)."""
     from kungfu_tf.run.launch.elastic_supervisor import ElasticSupervisor
-    from kungfu_tf.run.plan.elastic_plan import ElasticPlan
+    from kungfu_tf.run.plan.elastic_plan import plan_with_options
     from kungfu_tf.run.providers.ray_provider import RayActors, connect, import_ray
     from kungfu_tf.run.worker_env.job_id import resolve_job_id
     from kungfu_tf.run.worker_env.job_secret import resolve_job_secret
@@ -114,7 +118,8 @@ def run_on_ray(
                     f"cannot create --logdir {options.logdir}: {e.strerror}"
                 ) from None
         config_host = ray.util.get_node_ip_address()
-        plan = ElasticPlan(
+        plan = plan_with_options(
+            options,
             serves=True,
             config_host=config_host,
             config_port=0,
@@ -126,18 +131,10 @@ def run_on_ray(
             if options.min_np is not None
             else (1 if options.replace_crashed else options.np),
             max_np=options.max_np if options.max_np is not None else options.np,
-            replace_crashed=options.replace_crashed,
             discovery_script=None,
-            join_timeout=options.join_timeout,
-            admit_window=options.admit_window,
-            command=options.command,
-            topology=options.topology,
-            timeout=options.timeout,
             # Workers get the secret from this launcher's environment (no
             # other launcher needs to share it).
             job_id=resolve_job_id(base_env, False),
-            logdir=options.logdir,
-            quiet=options.quiet,
             secret=resolve_job_secret(base_env, False),
         )
     except LaunchError as e:
@@ -147,11 +144,15 @@ def run_on_ray(
         elif _ray_connected():
             _shutdown_ray()
         return 2
-    placed = ", ".join(
-        f"{p.address} on node {provider.slot_of(p.address).node_id}" for p in peers
-    )
+    placed = ", ".join(f"{p.address} on node {_node_id(provider, p.address)}" for p in peers)
     console.event(f"Ray placed {len(peers)} worker(s): {placed}")
     return ElasticSupervisor(plan, console, base_env, provider=provider).run()
+
+
+def _node_id(provider: RayActors, address: str) -> str:
+    """The Ray node whose actor runs the worker at ``address``."""
+    slot = provider.slot_of(address)
+    return slot.node_id if slot is not None else "(unknown)"
 
 
 def _resources_text(ray) -> str:

@@ -1,13 +1,13 @@
 """Running this host's workers to completion and tearing them down."""
 
 import signal
-import threading
 import time
 from collections.abc import Mapping
 from types import FrameType
 from typing import BinaryIO
 
 from kungfu_tf.run.errors import LaunchError
+from kungfu_tf.run.launch.caught_signals import caught_signals
 from kungfu_tf.run.plan.job_plan import JobPlan
 from kungfu_tf.run.providers.job_status import StatusDisplay
 from kungfu_tf.run.providers.output import Console
@@ -24,9 +24,6 @@ GRACE_SECONDS = 5.0
 POLL_INTERVAL = 0.05
 # Bound on waiting for output after exit, in case a grandchild holds a pipe.
 OUTPUT_DRAIN_SECONDS = 5.0
-
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
 
 class JobSupervisor:
     """Start the local workers, watch them, and stop all on first failure.
@@ -54,7 +51,10 @@ class JobSupervisor:
 
     def run(self) -> int:
         """Run the job and return the launcher's exit status."""
-        previous = self._install_signal_handlers()
+        with caught_signals(self._on_signal):
+            return self._run()
+
+    def _run(self) -> int:
         try:
             try:
                 logs = self._open_logs()
@@ -75,18 +75,6 @@ class JobSupervisor:
             # Also reached when the launcher itself crashes: never leave
             # workers running without anyone watching them.
             self._teardown()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-
-    def _install_signal_handlers(self) -> dict[int, object]:
-        # signal.signal only works in the main thread; an embedding caller
-        # on another thread keeps its own handling.
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        previous: dict[int, object] = {}
-        for signum in FORWARDED_SIGNALS:
-            previous[signum] = signal.signal(signum, self._on_signal)
-        return previous
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._pending_signals.append(signum)

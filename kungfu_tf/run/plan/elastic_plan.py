@@ -148,6 +148,7 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
             )
         config_host, config_port = host_names[0], 0
     else:
+        assert options.config_server is not None  # config_host came from it
         config_port = int(options.config_server.rpartition(":")[2])
     # The launcher on the config host serves: that host must be a worker
     # host, named as the hosts name it (every launcher compares names).
@@ -177,7 +178,7 @@ def build_elastic_plan(options: LaunchOptions, environ: Mapping[str, str]) -> El
             initial_peers = assign_range_ports(placements, port_range.first, port_range.last)
             check_ports_free(self_host, [p.port for p in initial_peers if p.host == self_host])
 
-    return _plan_with_options(
+    return plan_with_options(
         options,
         serves=serves,
         config_host=config_host,
@@ -212,7 +213,7 @@ def _store_plan(options: LaunchOptions, environ: Mapping[str, str], store: tuple
     port_range = options.port_range or parse_port_range(DEFAULT_PORT_RANGE)
     initial_peers = assign_range_ports(place_workers(hosts, options.np), port_range.first, port_range.last)
     check_ports_free(self_host, [p.port for p in initial_peers if p.host == self_host])
-    return _plan_with_options(
+    return plan_with_options(
         options,
         serves=True,
         config_host=self_host,
@@ -230,7 +231,7 @@ def _store_plan(options: LaunchOptions, environ: Mapping[str, str], store: tuple
     )
 
 
-def _plan_with_options(options: LaunchOptions, **placement: Any) -> ElasticPlan:
+def plan_with_options(options: LaunchOptions, **placement: Any) -> ElasticPlan:
     """The plan of ``placement`` (where workers and the job's state live,
     secret, id) with the options that every launcher takes as given."""
     return ElasticPlan(

@@ -4,7 +4,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable
-from typing import BinaryIO, TextIO
+from typing import IO, BinaryIO, TextIO
 
 from kungfu_tf.run.providers.startup_noise import is_tf_startup_noise
 
@@ -130,8 +130,8 @@ class OutputRelay:
     def __init__(
         self,
         rank: int,
-        stdout: BinaryIO,
-        stderr: BinaryIO,
+        stdout: IO[bytes],
+        stderr: IO[bytes],
         console: Console,
         *,
         echo: bool,
@@ -186,7 +186,7 @@ class OutputRelay:
                 self._log.close()
                 self._log = None
 
-    def _pump(self, pipe: BinaryIO, echo_line: Callable[[bytes], None]) -> None:
+    def _pump(self, pipe: IO[bytes], echo_line: Callable[[bytes], None]) -> None:
         with pipe:
             for line in iter(pipe.readline, b""):
                 with self._log_lock:
