@@ -34,14 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.meta import machine_metadata
+from benchmarks.harness.paths import BUILD_DIR, REPO, RESULTS_DIR
 from benchmarks.harness.proc import run_group
 from benchmarks.harness.timing import parse_results
 
 EXP_DIR = Path(__file__).resolve().parent
-BENCH_DIR = EXP_DIR.parent
-REPO = BENCH_DIR.parent
-BUILD_DIR = REPO / "build" / "bench"
-RESULTS_DIR = BENCH_DIR / "results"
 WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 MODES = ("small", "large", "adaptive", "goodput")
 LABELS = {"small": "static small batch", "large": "static large batch", "adaptive": "GNSBatchSizePolicy",

@@ -58,13 +58,11 @@ from benchmarks.harness.hosts import (
     two_host_env,
 )
 from benchmarks.harness.meta import machine_metadata
+from benchmarks.harness.paths import REPO, RESULTS_DIR
 from benchmarks.harness.proc import log, run_group
 from benchmarks.harness.timing import RESULT_TAG, parse_results
 
 EXP_DIR = Path(__file__).resolve().parent
-BENCH_DIR = EXP_DIR.parent
-REPO = BENCH_DIR.parent
-RESULTS_DIR = BENCH_DIR / "results"
 SUBNET = "10.219.0"  # the emulated hosts' /24; no test or other benchmark uses it
 TRAFFIC_PORT = 5219
 PHASES = ("before", "during", "after")

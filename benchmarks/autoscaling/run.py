@@ -59,9 +59,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-EXP_DIR = Path(__file__).resolve().parent
-BENCH_DIR = EXP_DIR.parent
-REPO = BENCH_DIR.parent
+from benchmarks.harness.paths import REPO, RESULTS_DIR
+
 sys.path.insert(0, str(REPO / "tests"))  # the shared cgroup and record helpers (as harness/hosts.py does for netns)
 
 from autoscale_records import (
@@ -77,7 +76,6 @@ from cgroup_quota import CpuQuota, unavailable_reason, worker_pids
 from benchmarks.harness.meta import machine_metadata
 
 SCRIPT = REPO / "models" / "autoscale_train.py"
-RESULTS_DIR = BENCH_DIR / "results"
 EXPERIMENTS = ("efficient-size", "stragglers", "utility")
 # The known-size job (the same as tests/test_autoscaling.py).
 JOB_ARGS = ["--batch-size", "4096", "--hidden", "256", "--wait-ms", "100"]

@@ -39,6 +39,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks.harness.etcd_cluster import EtcdCluster
+from benchmarks.harness.paths import REPO
 from kungfu_tf.proto import config_pb2
 from kungfu_tf.run.control.config_server import ConfigClient, ConfigServer
 from kungfu_tf.run.control.etcd_client import EtcdClient
@@ -50,7 +51,6 @@ from kungfu_tf.run.control.stored_job_state import (
     StoreUnavailableJobError,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")
 SECRET = "0123456789abcdef" * 4
 

@@ -25,10 +25,10 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-EXE = REPO / "build" / "bench" / "runtime_allreduce"
+from benchmarks.harness.paths import BUILD_DIR
+
+EXE = BUILD_DIR / "runtime_allreduce"
 KiB = 1024
 MiB = 1024 * KiB
 # size -> (iterations per sample, samples per run)

@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from benchmarks.harness.paths import REPO
 
 LOOPBACK = "127.0.0.1"
-REPO = Path(__file__).resolve().parents[2]
 
 # Quiet TF's C++ start-up chatter so worker failures are readable.
 WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}

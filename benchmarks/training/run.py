@@ -34,13 +34,11 @@ from typing import Any
 from benchmarks.harness.cli import comma_choices
 from benchmarks.harness.load import CpuMeter
 from benchmarks.harness.meta import machine_metadata
+from benchmarks.harness.paths import BUILD_DIR, REPO
 from benchmarks.harness.proc import LOOPBACK, free_ports, log, run_group, worker_env
 from benchmarks.harness.timing import parse_results
 
 EXP_DIR = Path(__file__).resolve().parent
-BENCH_DIR = EXP_DIR.parent
-REPO = BENCH_DIR.parent
-BUILD_DIR = REPO / "build" / "bench"
 
 ALL_MODELS = (
     "teacher-mlp",
