@@ -425,6 +425,8 @@ setup(
     install_requires=[
         "tensorflow-cpu==2.21.0",
         "numpy",
+        # The AutoStrategy ranker (kungfu_tf/strategy/auto/ranker.py): the version CI tests, as in constraints.txt.
+        "scikit-learn==1.9.1",
         runtime_requirement("grpcio"),
         runtime_requirement("protobuf"),
     ],

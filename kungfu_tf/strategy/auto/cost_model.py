@@ -143,8 +143,8 @@ class CostBreakdown:
 
     Example:
         >>> b = CostBreakdown("s", (), (1.0, 0.5, 0.0, 0.0, 0.0, 0.25), compute_time=2.0)
-        >>> b.sync_time, b.step_time, b.as_dict()["ar_latency"]
-        (1.75, 3.75, 0.5)
+        >>> b.sync_time, b.step_time, b.total, b.as_dict()["ar_latency"]
+        (1.75, 3.75, 3.75, 0.5)
     """
 
     strategy_id: str
@@ -163,6 +163,11 @@ class CostBreakdown:
     def step_time(self) -> float:
         """Predicted time per iteration: compute + sync (seconds)."""
         return self.compute_time + self.sync_time
+
+    @property
+    def total(self) -> float:
+        """The predicted time per iteration (:attr:`step_time`): what candidates are ranked by."""
+        return self.step_time
 
     def as_dict(self) -> dict[str, float]:
         """Component name -> seconds."""
