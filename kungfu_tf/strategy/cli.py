@@ -2,6 +2,7 @@
 
     kungfu-strategy explain ps.pbtxt                              # the file alone
     kungfu-strategy explain ps.pbtxt --model digits-mlp --np 4    # checked against a model and job
+    kungfu-strategy explain ps.pbtxt --model ncf --np 4 --hosts 2 --cross-host-gbps 1   # + cost model breakdown
     kungfu-strategy build --builder NAME --model digits-mlp --np 4 --hosts 2 -o ps.pbtxt
 
 Models are the ones of ``models/registry.py`` (``--models-dir``). Problems
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 from kungfu_tf.strategy.errors import StrategyError
 
 if TYPE_CHECKING:
+    from kungfu_tf.proto import strategy_pb2
     from kungfu_tf.strategy.variable_info import VariableInfo
 
 PROG = "kungfu-strategy"
@@ -73,9 +75,55 @@ def _explain(args: argparse.Namespace) -> None:
     variables = _model_variables(args.model, args.models_dir) if args.model else None
     try:
         text = explain(strategy, variables, replicas=args.np)
+        if _wants_costs(args):
+            text += "\n\n" + _costs(args, strategy, variables)
     except StrategyError as e:
         raise StrategyError(f"{args.file}: {e}") from None
     print(text)
+
+
+def _wants_costs(args: argparse.Namespace) -> bool:
+    given = [args.costs, args.hosts is not None, args.rates is not None] + [
+        getattr(args, name) is not None for name in _COST_OPTIONS
+    ]
+    return any(given)
+
+
+def _costs(args: argparse.Namespace, strategy: strategy_pb2.Strategy, variables: list[VariableInfo] | None) -> str:
+    """The cost model's breakdown of ``strategy`` with uniform rates from the options, or a rates file."""
+    from kungfu_tf.strategy.auto.cost_model import CostModel
+    from kungfu_tf.strategy.auto.cost_report import format_costs
+    from kungfu_tf.strategy.auto.link_rates import LinkRates
+    from kungfu_tf.strategy.cluster_spec import ClusterSpec
+
+    if variables is None or args.np is None:
+        raise CliError("the cost breakdown needs --model and --np")
+    if args.rates is not None:
+        try:
+            rates = LinkRates.from_json(args.rates.read_text(), origin="file")
+        except OSError as e:
+            raise CliError(f"cannot read link rates file {args.rates}: {e.strerror or e}") from None
+        cluster = ClusterSpec(args.np, rates.hosts if rates.replicas == args.np else None)
+        if args.hosts is not None and args.hosts != len(set(rates.hosts)):
+            raise CliError(f"--hosts {args.hosts} but {args.rates} was measured on {rates.signature}")
+    else:
+        try:
+            cluster = ClusterSpec.uniform(args.np, args.hosts or 1)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        within = (args.link_gbps or DEFAULT_LINK_GBPS) * 1e9 / 8
+        cross = args.cross_host_gbps * 1e9 / 8 if args.cross_host_gbps else None
+        latency = (args.latency_us if args.latency_us is not None else DEFAULT_LATENCY_US) * 1e-6
+        rates = LinkRates.uniform(args.np, within, latency, cluster.hosts, cross_host_bandwidth=cross)
+    model = CostModel(rows_per_step=args.rows_per_step or 256)
+    costs = model.predict(strategy, variables, cluster, rates, compute_time=(args.compute_ms or 0.0) / 1e3)
+    return format_costs(costs, rates)
+
+
+# Offline defaults of the cost breakdown: a fast local link (shared memory or loopback) and its latency.
+DEFAULT_LINK_GBPS = 16.0
+DEFAULT_LATENCY_US = 50.0
+_COST_OPTIONS = ("link_gbps", "cross_host_gbps", "latency_us", "rows_per_step", "compute_ms")
 
 
 def _build(args: argparse.Namespace) -> None:
@@ -158,6 +206,17 @@ def make_parser() -> argparse.ArgumentParser:
     explain.add_argument("file", type=Path, help="strategy file (protobuf text format or JSON)")
     explain.add_argument("--model", help="check against this model of the registry and show shapes and bytes")
     explain.add_argument("--np", type=_positive_int, help="number of replicas of the job to check against")
+    costs = explain.add_argument_group(
+        "cost model breakdown (any of these options asks for it; needs --model and --np)"
+    )
+    costs.add_argument("--costs", action="store_true", help="show the cost model's predicted time per variable")
+    costs.add_argument("--hosts", type=_positive_int, help="hosts the ranks are spread over, in blocks (default 1)")
+    costs.add_argument("--link-gbps", type=_positive_float, help=f"Gbit/s within a host (default {DEFAULT_LINK_GBPS:g})")
+    costs.add_argument("--cross-host-gbps", type=_positive_float, help="Gbit/s between hosts (default: --link-gbps)")
+    costs.add_argument("--latency-us", type=_positive_float, help=f"per-message latency (default {DEFAULT_LATENCY_US:g})")
+    costs.add_argument("--rates", type=Path, help="measured link rates (JSON, e.g. a calibration cache file)")
+    costs.add_argument("--rows-per-step", type=_positive_int, help="embedding rows a worker touches per step (256)")
+    costs.add_argument("--compute-ms", type=_positive_float, help="compute time per step, added to the prediction")
     add_models_dir(explain)
     explain.set_defaults(run=_explain)
 
