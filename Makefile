@@ -141,7 +141,9 @@ CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.c
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
 # libssl-dev: OpenSSL's libcrypto (headers, libcrypto.a for libkungfu_tf.so,
-# libcrypto.so for the C++ tests). Required: the build fails without it.
+# libcrypto.so for the C++ tests) and libxxhash-dev (xxhash.h, compiled into
+# the elastic state digest; its shared library is the tests' reference).
+# Required: the build fails without them.
 # Then, best effort only (root + apt-get): iproute2 for the multi-host tests
 # (network namespaces, `ip netns`); Open MPI (mpirun, mpicc) for the mpirun launch tests and the
 # benchmark's MPI_Allreduce anchor and its test; clang (libFuzzer) for
@@ -149,14 +151,17 @@ install: sysdeps $(INSTALL_STAMP) $(SO)
 # `make cpp-format` (run by `make test` and `make lint`); etcd-server (the
 # `etcd` binary) for the --config-store tests, which start real etcd members.
 sysdeps:
-	@if [ ! -f /usr/include/openssl/evp.h ]; then \
+	@required=""; \
+	if [ ! -f /usr/include/openssl/evp.h ]; then required="libssl-dev"; fi; \
+	if [ ! -f /usr/include/xxhash.h ]; then required="$$required libxxhash-dev"; fi; \
+	if [ -n "$$required" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing libssl-dev (OpenSSL's libcrypto, for the handshake)"; \
+			echo "installing$$required (OpenSSL's libcrypto for the handshake, xxHash for the elastic state digest)"; \
 			( export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
-			  apt-get install -y -qq libssl-dev ) || \
-			{ echo "error: could not install libssl-dev"; exit 1; }; \
+			  apt-get install -y -qq $$required ) || \
+			{ echo "error: could not install$$required"; exit 1; }; \
 		else \
-			echo "error: OpenSSL headers not found: install libssl-dev (apt-get install libssl-dev)"; \
+			echo "error: headers not found: install$$required (apt-get install$$required)"; \
 			exit 1; \
 		fi; \
 	fi

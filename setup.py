@@ -84,6 +84,30 @@ def libcrypto_link_flags(cxx):
     return ["-Wl,--exclude-libs,libcrypto.a", out, "-ldl"]
 
 
+def require_xxhash_header(cxx):
+    """Stops with a clear error when xxhash.h (Debian's libxxhash-dev) is missing.
+
+    ops/runtime/state_pieces.cc compiles xxHash's header in (XXH3-128, the
+    elastic state digest): without this check the build would fail deep in
+    a compiler error.
+
+    Raises:
+        SystemExit: if the compiler cannot find xxhash.h.
+    """
+    probe = subprocess.run(
+        cxx + ["-x", "c++", "-E", "-", "-o", os.devnull],
+        input="#include <xxhash.h>\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        raise SystemExit(
+            "error: xxhash.h not found: install Debian's libxxhash-dev "
+            "(`make install` does; or apt-get install libxxhash-dev)"
+        )
+
+
 def _rel(*patterns):
     """Sorted paths (relative to ROOT) matching the glob patterns."""
     out = set()
@@ -248,6 +272,7 @@ class BuildExt(build_ext):
                 s = s.replace(path, token)
             return f"{s}\n{key_suffix}\n"
 
+        require_xxhash_header(cxx)
         sources = list(ext.sources)
         objects, todo = [], []
         for src in sources:

@@ -5,7 +5,7 @@ Graph variables live in a session's resources, out of reach of the eager
 ``SessionVariable`` reads and assigns its value through its session. Their
 bytes are concatenated in order, cut into one contiguous slice per source
 (slice ``j`` travels from source ``j``) and hashed with the same layout as
-:func:`kungfu_tf.ops.state_sync.state_digest` (SHA-256 over the SHA-256 of
+:func:`kungfu_tf.ops.state_sync.state_digest` (by the same C++ code, over
 every 4 MiB piece), so the digest does not depend on which path moved them.
 
 Example:
@@ -17,16 +17,13 @@ Example:
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.elastic.signature import variable_dtype, variable_name
-from kungfu_tf.ops import p2p
-
-PIECE_BYTES = 4 << 20  # ops/runtime/state_pieces.h kStatePieceBytes
+from kungfu_tf.ops import p2p, state_sync
 
 
 def variable_bytes(variables: Sequence[object]) -> bytes:
@@ -68,11 +65,8 @@ def slice_bounds(total: int, parts: int) -> list[tuple[int, int]]:
 
 
 def bytes_digest(data: bytes) -> bytes:
-    """The digest state_sync gives the same bytes: SHA-256(8-byte length, SHA-256 of each 4 MiB piece)."""
-    h = hashlib.sha256(len(data).to_bytes(8, "little"))
-    for start in range(0, len(data), PIECE_BYTES):
-        h.update(hashlib.sha256(data[start : start + PIECE_BYTES]).digest())
-    return h.digest()
+    """The digest state_sync gives the same bytes (computed by its C++ op)."""
+    return state_sync.bytes_digest(data)
 
 
 @functools.cache

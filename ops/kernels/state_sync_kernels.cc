@@ -8,6 +8,7 @@
 // a failed fetch leaves every variable as it was.
 #include <atomic>
 #include <mutex>
+#include <tuple>
 
 #include "runtime_access.h"
 #include "state_pieces.h"
@@ -33,8 +34,17 @@ namespace {
 template <typename T>
 using RefPtr = tensorflow::core::RefCountPtr<T>;
 
+constexpr int64_t kDigestBytes = std::tuple_size<kungfu::StateDigest>::value;
+
+absl::Status write_digest(OpKernelContext *ctx, const kungfu::StateDigest &d) {
+  Tensor *out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({kDigestBytes}), &out));
+  std::copy(d.begin(), d.end(), out->flat<uint8_t>().data());
+  return absl::OkStatus();
+}
+
 absl::Status shape_fn_digest(tensorflow::shape_inference::InferenceContext *c) {
-  c->set_output(0, c->Vector(32));
+  c->set_output(0, c->Vector(kDigestBytes));
   return absl::OkStatus();
 }
 
@@ -91,18 +101,14 @@ tensorflow::thread::ThreadPool *worker_pool(OpKernelContext *ctx) {
 absl::Status write_state_digest(OpKernelContext *ctx, const std::vector<Tensor> &values,
                                 const std::vector<kungfu::StatePiece> &pieces) {
   std::vector<const char *> buffers = read_pointers(values);
-  std::vector<kungfu::Sha256Digest> digests(pieces.size());
+  std::vector<kungfu::StateDigest> digests(pieces.size());
   auto one_piece_each = tensorflow::thread::ThreadPool::SchedulingParams::Fixed(1);
   worker_pool(ctx)->ParallelFor(static_cast<int64_t>(pieces.size()), one_piece_each, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) digests[p] = kungfu::piece_digest(pieces[p], buffers);
   });
   uint64_t total = 0;
   for (size_t s : byte_sizes(values)) total += s;
-  kungfu::Sha256Digest d = kungfu::state_digest(total, digests);
-  Tensor *out = nullptr;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({32}), &out));
-  std::copy(d.begin(), d.end(), out->flat<uint8_t>().data());
-  return absl::OkStatus();
+  return write_digest(ctx, kungfu::state_digest(total, digests));
 }
 
 }  // namespace
@@ -113,7 +119,7 @@ REGISTER_OP("KungfuStateDigest")
     .Attr("N: int >= 0")
     .SetIsStateful()
     .SetShapeFn(shape_fn_digest)
-    .Doc("SHA-256 digest of the variables' bytes as elastic state sync lays them out (state_pieces.h).");
+    .Doc("XXH3-128 digest of the variables' bytes as elastic state sync lays them out (state_pieces.h).");
 
 class StateDigestOp : public OpKernel {
  public:
@@ -125,6 +131,32 @@ class StateDigestOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuStateDigest").Device(tensorflow::DEVICE_CPU), StateDigestOp);
+
+REGISTER_OP("KungfuBytesDigest")
+    .Input("data: uint8")
+    .Output("digest: uint8")
+    .SetIsStateful()
+    .SetShapeFn(shape_fn_digest)
+    .Doc(
+        "The digest KungfuStateDigest gives variables whose bytes, concatenated, are `data` (a vector): for "
+        "state that reaches Python as bytes (tf.compat.v1 session variables).");
+
+class BytesDigestOp : public OpKernel {
+ public:
+  explicit BytesDigestOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &data = ctx->input(0);
+    OP_REQUIRES(ctx, data.dims() == 1,
+                absl::InvalidArgumentError("KungfuBytesDigest: data must be a vector of bytes, got shape " +
+                                           data.shape().DebugString()));
+    const char *bytes = data.tensor_data().data();
+    std::vector<kungfu::StatePiece> pieces = kungfu::state_pieces({data.tensor_data().size()});
+    std::vector<kungfu::StateDigest> digests;
+    for (const kungfu::StatePiece &p : pieces) digests.push_back(kungfu::piece_digest(p, {bytes}));
+    OP_REQUIRES_OK(ctx, write_digest(ctx, kungfu::state_digest(data.tensor_data().size(), digests)));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuBytesDigest").Device(tensorflow::DEVICE_CPU), BytesDigestOp);
 
 REGISTER_OP("KungfuStateSave")
     .Input("variables: N * resource")
@@ -218,7 +250,7 @@ struct StateFetch {
   std::vector<Tensor> received;  // fresh buffers, one per variable
   std::vector<char *> buffers;   // received[i]'s bytes
   std::vector<kungfu::StatePiece> pieces;
-  std::vector<kungfu::Sha256Digest> digests;
+  std::vector<kungfu::StateDigest> digests;
   uint64_t total = 0;
   Tensor *digest = nullptr;
   std::atomic<size_t> pending{0};
@@ -250,7 +282,7 @@ struct StateFetch {
     // optimizer keeps updating them in place.
     received.clear();
     buffers.clear();
-    kungfu::Sha256Digest d = kungfu::state_digest(total, digests);
+    kungfu::StateDigest d = kungfu::state_digest(total, digests);
     std::copy(d.begin(), d.end(), digest->flat<uint8_t>().data());
     done();
   }
@@ -299,7 +331,7 @@ class StateFetchOp : public AsyncOpKernel {
       f->received.push_back(std::move(fresh));
       f->variables.push_back(std::move(var));
     }
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({32}), &f->digest), done);
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({kDigestBytes}), &f->digest), done);
     f->pieces = kungfu::state_pieces(sizes);
     f->digests.resize(f->pieces.size());
     if (f->pieces.empty()) return f->finish();

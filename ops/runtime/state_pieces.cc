@@ -1,12 +1,13 @@
 #include "state_pieces.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cstring>
-#include <memory>
+#include <tuple>
 
-#include "libcrypto.h"
+// Header-only: xxHash's functions are compiled in here as static ones, so no
+// library is linked and no symbol can clash with TensorFlow's.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace kungfu {
 
@@ -44,46 +45,46 @@ void scatter_piece(const StatePiece &piece, const char *in, const std::vector<ch
 
 namespace {
 
-struct MdCtxFree {
-  void operator()(EVP_MD_CTX *c) const { EVP_MD_CTX_free(c); }
-};
-
-// One SHA-256 over several byte ranges.
-class Sha256 {
+// One XXH3-128 over several byte ranges.
+class Xxh3Stream {
  public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    init_libcrypto();
-    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
-      crypto_failure("EVP_DigestInit_ex(SHA-256)");
-  }
-  void update(const void *data, size_t len) {
-    if (len > 0 && EVP_DigestUpdate(ctx_.get(), data, len) != 1) crypto_failure("EVP_DigestUpdate");
-  }
-  Sha256Digest finish() {
-    Sha256Digest out;
-    unsigned int n = 0;
-    if (EVP_DigestFinal_ex(ctx_.get(), out.data(), &n) != 1 || n != out.size()) crypto_failure("EVP_DigestFinal_ex");
+  Xxh3Stream() { XXH3_128bits_reset(&state_); }
+  void update(const void *data, size_t len) { XXH3_128bits_update(&state_, data, len); }
+  StateDigest finish() const { return canonical(XXH3_128bits_digest(&state_)); }
+
+  static StateDigest canonical(XXH128_hash_t h) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    StateDigest out;
+    static_assert(sizeof(c.digest) == std::tuple_size<StateDigest>::value, "XXH3-128 is 16 bytes");
+    std::memcpy(out.data(), c.digest, out.size());
     return out;
   }
 
  private:
-  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx_;
+  XXH3_state_t state_;
 };
 
 }  // namespace
 
-Sha256Digest piece_digest(const StatePiece &piece, const std::vector<const char *> &buffers) {
-  Sha256 h;
+StateDigest piece_digest(const StatePiece &piece, const std::vector<const char *> &buffers) {
+  if (piece.segments.size() == 1) {  // the common case: one call, no streaming state
+    const StateSegment &s = piece.segments[0];
+    return bytes_digest(buffers[s.variable] + s.offset, s.len);
+  }
+  Xxh3Stream h;
   for (const StateSegment &s : piece.segments) h.update(buffers[s.variable] + s.offset, s.len);
   return h.finish();
 }
 
-Sha256Digest state_digest(uint64_t total_bytes, const std::vector<Sha256Digest> &pieces) {
-  Sha256 h;
+StateDigest bytes_digest(const void *data, size_t len) { return Xxh3Stream::canonical(XXH3_128bits(data, len)); }
+
+StateDigest state_digest(uint64_t total_bytes, const std::vector<StateDigest> &pieces) {
+  Xxh3Stream h;
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(total_bytes >> (8 * i));
   h.update(len, sizeof(len));
-  for (const Sha256Digest &d : pieces) h.update(d.data(), d.size());
+  for (const StateDigest &d : pieces) h.update(d.data(), d.size());
   return h.finish();
 }
 

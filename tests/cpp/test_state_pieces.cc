@@ -1,9 +1,8 @@
 // The layout of elastic state sync (state_pieces.h): pieces cover the
 // variables' bytes exactly once and in order whatever their sizes, a piece
-// scatters back where it came from, and the digests are SHA-256 as specified
-// (checked against FIPS 180-2's test vector and OpenSSL's one-shot SHA256).
-#include <openssl/sha.h>
-
+// scatters back where it came from, and the digests are XXH3-128 as specified
+// (checked against the values the system's libxxhash computes for the same
+// inputs, `xxhsum -H2`, and the layout's definition).
 #include <cstring>
 #include <random>
 #include <string>
@@ -87,27 +86,33 @@ void test_a_scattered_piece_lands_where_it_came_from() {
   CHECK(copy == original);
 }
 
-void test_digests_are_sha256_as_specified() {
-  // FIPS 180-2's "abc", split over two variables and one piece.
+StateDigest hex_digest(const char *hex) {
+  StateDigest d{};
+  for (size_t i = 0; i < d.size(); ++i)
+    d[i] = static_cast<uint8_t>(std::stoi(std::string(hex + 2 * i, 2), nullptr, 16));
+  return d;
+}
+
+void test_digests_are_xxh3_128_as_specified() {
+  // libxxhash 0.8.1's XXH3_128bits (high 64 bits first) of "" and "abc".
+  CHECK(bytes_digest("", 0) == hex_digest("99aa06d3014798d86001c324468d497f"));
+  CHECK(bytes_digest("abc", 3) == hex_digest("06b05ab6733a618578af5f94892f3950"));
+  // "abc" split over two variables and one piece hashes as the whole.
   std::string a = "a", bc = "bc";
   std::vector<const char *> buffers{a.data(), bc.data()};
   auto pieces = state_pieces({1, 2}, 64);
   CHECK(pieces.size() == 1);
-  Sha256Digest d = piece_digest(pieces[0], buffers);
-  const uint8_t abc[32] = {0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
-                           0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
-                           0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
-  CHECK(std::memcmp(d.data(), abc, 32) == 0);
-  // The state's digest: SHA-256(total bytes as 8 little-endian bytes || piece digests).
-  Sha256Digest other = piece_digest(state_pieces({2}, 64)[0], {bc.data()});
+  StateDigest d = piece_digest(pieces[0], buffers);
+  CHECK(d == hex_digest("06b05ab6733a618578af5f94892f3950"));
+  // The state's digest: XXH3-128(total bytes as 8 little-endian bytes || piece digests).
+  StateDigest other = piece_digest(state_pieces({2}, 64)[0], {bc.data()});
+  CHECK(other == bytes_digest("bc", 2));
   std::string input(8, '\0');
   input[0] = 5;
-  input.append(reinterpret_cast<const char *>(d.data()), 32);
-  input.append(reinterpret_cast<const char *>(other.data()), 32);
-  uint8_t want[32];
-  SHA256(reinterpret_cast<const unsigned char *>(input.data()), input.size(), want);
-  Sha256Digest got = state_digest(5, {d, other});
-  CHECK(std::memcmp(got.data(), want, 32) == 0);
+  input.append(reinterpret_cast<const char *>(d.data()), d.size());
+  input.append(reinterpret_cast<const char *>(other.data()), other.size());
+  StateDigest got = state_digest(5, {d, other});
+  CHECK(got == bytes_digest(input.data(), input.size()));
   CHECK(state_digest(5, {other, d}) != got);  // the order of the pieces counts
   CHECK(state_digest(6, {d, other}) != got);  // and the byte count
 }
@@ -118,6 +123,6 @@ int main() {
   test_pieces_cut_the_concatenation_every_piece_bytes();
   test_sources_share_pieces_round_robin();
   test_a_scattered_piece_lands_where_it_came_from();
-  test_digests_are_sha256_as_specified();
+  test_digests_are_xxh3_128_as_specified();
   return kftest::report();
 }

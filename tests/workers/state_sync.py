@@ -5,8 +5,8 @@ three 4 MiB pieces, two of which cross variable boundaries); rank 2 holds
 zeros.
 
 1. Ranks 0 and 1 save it as sources 0 and 1 of 2; rank 2 fetches it from
-   both. Every rank's digest must equal the SHA-256 layout computed here in
-   numpy + hashlib, and rank 2's variables the seeded values.
+   both. Every rank's digest must equal the layout's XXH3-128 computed by
+   state_digest_reference.py (numpy and the system's libxxhash), and rank 2's variables the seeded values.
 2. Rank 0 saves other values under another name, rank 1 saves nothing:
    rank 2's fetch must fail with DeadlineExceededError naming rank 1, and its
    variables keep every value of step 1 (the pieces from rank 0 arrived, but
@@ -22,17 +22,16 @@ Ends with "checked N results".
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 import sys
 import time
 
 import _setup
 from _setup import Checker, np, ops, tf
+from state_digest_reference import reference_digest
 
 from kungfu_tf.ops import state_sync
 
-PIECE = 4 << 20
 SHAPES = [("float32", (1500, 1000)), ("bool", (3,)), ("int64", (5,)), ("bfloat16", (1_000_001,)), ("float64", (300_001,))]
 
 
@@ -43,12 +42,6 @@ def values(scale: float) -> list[np.ndarray]:
         v = rng.normal(size=shape) * scale
         out.append((v > 0) if dtype == "bool" else v.astype(_setup.np_dtype(dtype)))
     return out
-
-
-def reference_digest(arrays: list[np.ndarray]) -> bytes:
-    data = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
-    pieces = b"".join(hashlib.sha256(data[i : i + PIECE]).digest() for i in range(0, len(data), PIECE))
-    return hashlib.sha256(len(data).to_bytes(8, "little") + pieces).digest()
 
 
 def wait_for(path: pathlib.Path, limit: float = 120) -> None:
@@ -72,7 +65,7 @@ def main() -> None:
         digest = state_sync.save_state(variables, "test/state", version=7, source=rank, sources=2)
     else:
         digest = state_sync.fetch_state(variables, [0, 1], "test/state", min_version=5)
-    chk.equal(bytes(digest.numpy()), reference_digest(want), "digest against numpy + hashlib")
+    chk.equal(bytes(digest.numpy()), reference_digest(want), "digest against numpy + libxxhash")
     digests = ops.all_gather(digest).numpy()
     chk.true(all((d == digests[0]).all() for d in digests), "every rank's digest is the same")
     for i, (v, w) in enumerate(zip(variables, want)):
