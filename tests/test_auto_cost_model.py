@@ -38,7 +38,8 @@ def one_variable(topology: str = "", compressor: str = "", replicas: int = 0):
 
 
 def model(**kw) -> CostModel:
-    return CostModel(op_overhead=0.0, **kw)
+    """Transfers only: no fixed cost per tensor, no optimizer update (tested on their own below)."""
+    return CostModel(op_overhead=0.0, apply_passes=0.0, **kw)
 
 
 def test_all_reduce_on_two_workers():
@@ -104,7 +105,7 @@ def test_slow_cross_host_link_changes_the_ranking():
 
 def test_compression_halves_the_bytes_and_costs_two_passes():
     copy = 2e9
-    cm = CostModel(op_overhead=0.0, copy_bandwidth=copy)
+    cm = model(copy_bandwidth=copy)
     rates = LinkRates.uniform(2, BW, LAT)
     plain = cm.predict(one_variable(), [W], ClusterSpec(2), rates).as_dict()
     fp16 = cm.predict(one_variable(compressor="fp16"), [W], ClusterSpec(2), rates).as_dict()
@@ -126,7 +127,7 @@ def test_sparse_rows_are_all_gathered():
 def test_sparse_ps_owner_compares_its_table():
     emb = VariableInfo("emb", (100_000, 16), sparse=True)  # 6.4 MB
     copy = 4e9
-    cost = CostModel(op_overhead=0.0, copy_bandwidth=copy, rows_per_step=100).predict(
+    cost = model(copy_bandwidth=copy, rows_per_step=100).predict(
         build("PS", [emb], ClusterSpec(2)), [emb], ClusterSpec(2), LinkRates.uniform(2, BW, LAT)
     )
     # The owner's snapshot and comparison read the table three times; then the changed rows (2 x 100) go out.
@@ -156,9 +157,36 @@ def test_compute_time_adds_to_the_step():
 
 
 def test_one_worker_only_pays_local_work():
-    cost = CostModel(op_overhead=1e-5).predict(one_variable(), [W], ClusterSpec(1), LinkRates.uniform(1, BW, LAT))
-    assert cost.sync_time == pytest.approx(1e-5, **EXACT)
+    cost = CostModel(op_overhead=1e-5, apply_passes=3, copy_bandwidth=2e9).predict(
+        one_variable(), [W], ClusterSpec(1), LinkRates.uniform(1, BW, LAT)
+    )
+    assert cost.sync_time == pytest.approx(1e-5 + 3 * B / 2e9, **EXACT)
     assert cost.bottleneck == ""
+
+
+def test_the_optimizer_update_runs_where_the_tensor_is_held():
+    """All-reduce: every rank updates all 4 variables; PS spread: each owner updates one."""
+    vs = [VariableInfo(f"v{i}", (1000, 1000)) for i in range(4)]
+    cluster, rates, copy = ClusterSpec(4), LinkRates.uniform(4, BW, LAT), 2e9
+    cm = CostModel(op_overhead=0.0, apply_passes=5, copy_bandwidth=copy)
+    ar = cm.predict(build("AllReduce", vs, cluster), vs, cluster, rates)
+    ps = cm.predict(build("PSLoadBalancing", vs, cluster), vs, cluster, rates)
+    one_owner = cm.predict(build("PS", vs, cluster), vs, cluster, rates)
+    assert ar.as_dict()["local_overhead"] == pytest.approx(4 * 5 * B / copy, **EXACT)
+    assert ps.as_dict()["local_overhead"] == pytest.approx(5 * B / copy, **EXACT)
+    assert one_owner.as_dict()["local_overhead"] == pytest.approx(4 * 5 * B / copy, **EXACT)
+
+
+def test_ranks_sharing_cores_add_up_their_local_work():
+    """4 ranks on 2 cores: all-reduce's 4 replicated updates take twice one rank's time; one PS owner's do not."""
+    vs = [VariableInfo(f"v{i}", (1000, 1000)) for i in range(4)]
+    cluster, rates, copy = ClusterSpec(4), LinkRates.uniform(4, BW, LAT), 2e9
+    cm = CostModel(op_overhead=0.0, apply_passes=5, copy_bandwidth=copy, cores_per_host=2)
+    ar = cm.predict(build("AllReduce", vs, cluster), vs, cluster, rates)
+    ps = cm.predict(build("PS", vs, cluster), vs, cluster, rates)
+    assert ar.as_dict()["local_overhead"] == pytest.approx(4 * 4 * 5 * B / copy / 2, **EXACT)
+    assert ps.as_dict()["local_overhead"] == pytest.approx(4 * 5 * B / copy, **EXACT)  # one busy rank, one core
+    assert sum(v.components[-1] for v in ar.variables) == pytest.approx(ar.components[-1], **EXACT)
 
 
 def test_bad_input_is_a_precise_error():

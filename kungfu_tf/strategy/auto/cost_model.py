@@ -38,12 +38,16 @@ synchronisation expressions above), in seconds per iteration:
 4. ``ps_latency``: as 2, for the PS messages (two per tensor, in sequence);
 5. ``sparse_bandwidth``: the time the rows of sparse gradients (and the
    changed rows an owner publishes) occupy the busiest resource;
-6. ``local_overhead``: work on the busiest worker that is not a transfer: a
-   fixed cost per synchronised tensor (ops, dispatch), copies for cutting a
-   gradient into shards and stitching them back, the casts of a compressor
-   (two passes over the tensor), and on a PS owner the refresh of its shard
+6. ``local_overhead``: work on the busiest worker that is not a transfer: the
+   optimizer update (``apply_passes`` over the tensor, on every rank for an
+   all-reduced tensor but on its owner alone for a PS one: the work PS
+   spreads), a fixed cost per synchronised tensor (ops, dispatch), copies
+   for cutting a gradient into shards and stitching them back, the casts of
+   a compressor (two passes), and on a PS owner the refresh of its shard
    variable (one pass) or, for a sparse table, the snapshot and comparison
    that find the rows its update changed (three passes over the table).
+   When a host has fewer cores than ranks (``cores_per_host``), its ranks'
+   local work shares them, and the busiest host counts.
 
 The sync time is their sum (AutoDist's linear combination with fixed
 weights, all 1 here: every component is already in seconds), and the
@@ -65,7 +69,8 @@ Example:
     >>> vs = [VariableInfo("w", (1000, 250))]  # 1 MB
     >>> cluster = ClusterSpec(2)
     >>> rates = LinkRates.uniform(2, bandwidth=1e9, latency=1e-4)
-    >>> cost = CostModel(op_overhead=0.0).predict(build("AllReduce", vs, cluster), vs, cluster, rates)
+    >>> transfers_only = CostModel(op_overhead=0.0, apply_passes=0.0)
+    >>> cost = transfers_only.predict(build("AllReduce", vs, cluster), vs, cluster, rates)
     >>> round(cost.sync_time, 6)  # 1 MB out of each rank at 1 GB/s, then 2 hops of 100 us
     0.0012
 """
@@ -280,6 +285,15 @@ class CostModel:
         job_topology: the job's topology, used by rooted operations (PS
             reduce and broadcast, all-gathers): "AUTO" (the default of
             ``kungfu-run``) or one of the fixed ones.
+        apply_passes: passes over a tensor its optimizer update makes (read
+            the gradient, the slots and the variable, write them back); paid
+            by every rank for an all-reduced tensor, by the owner alone for a
+            PS tensor (0: leave the update out).
+        sparse_apply_dense: an embedding's update touches the whole table
+            (true for optimizers with slots: momentum decays every row); False
+            for plain SGD, whose update touches only the gathered rows.
+        cores_per_host: cores the ranks of one host share (None: a core per
+            rank); with fewer cores than ranks, a host's local work adds up.
 
     Example:
         >>> CostModel(rows_per_step={"emb": 64}).rows_for("emb", 1000)
@@ -292,7 +306,17 @@ class CostModel:
         op_overhead: float = 20e-6,
         copy_bandwidth: float = 4e9,
         job_topology: str = "AUTO",
+        apply_passes: float = 4.0,
+        sparse_apply_dense: bool = True,
+        cores_per_host: int | None = None,
     ) -> None:
+        if apply_passes < 0:
+            raise ValueError(f"apply_passes must be >= 0, got {apply_passes}")
+        if cores_per_host is not None and cores_per_host < 1:
+            raise ValueError(f"cores_per_host must be >= 1, got {cores_per_host}")
+        self.apply_passes = apply_passes
+        self.sparse_apply_dense = sparse_apply_dense
+        self.cores_per_host = cores_per_host
         if isinstance(rows_per_step, int) and rows_per_step < 1:
             raise ValueError(f"rows_per_step must be >= 1, got {rows_per_step}")
         if op_overhead < 0:
@@ -380,9 +404,8 @@ class CostModel:
                 per_var[var_name][_INDEX[m.bandwidth]] += share_bw * weight
                 per_var[var_name][_INDEX[m.latency]] += m.latency_s * weight
 
-        busiest = int(np.argmax(sum(local.values(), np.zeros(n))))
-        for var_name, seconds in local.items():
-            per_var[var_name][_INDEX["local_overhead"]] = seconds[busiest]
+        for var_name, seconds in self._local_shares(local, rates.hosts).items():
+            per_var[var_name][_INDEX["local_overhead"]] = seconds
         variable_costs = tuple(VariableCost(v.name, tuple(float(x) for x in per_var[v.name])) for v in variables)
         totals = tuple(float(sum(c.components[i] for c in variable_costs)) for i in range(len(COMPONENTS)))
         return CostBreakdown(
@@ -393,6 +416,27 @@ class CostModel:
             bottleneck=resources.names[bottleneck] if bottleneck is not None else "",
             messages=len(messages),
         )
+
+    def _local_shares(self, local: dict[str, np.ndarray], hosts: Sequence[int]) -> dict[str, float]:
+        """Each variable's share of the local work on the busiest rank, or busiest host when cores are shared."""
+        n = len(hosts)
+        per_rank = sum(local.values(), np.zeros(n))
+        best_time, best_weights = 0.0, np.zeros(n)
+        for h in sorted(set(hosts)):
+            ranks = np.array([r for r in range(n) if hosts[r] == h])
+            top = int(ranks[np.argmax(per_rank[ranks])])
+            weights = np.zeros(n)
+            weights[top] = 1.0
+            time = float(per_rank[top])
+            if self.cores_per_host is not None and len(ranks) > self.cores_per_host:
+                shared = float(per_rank[ranks].sum()) / self.cores_per_host
+                if shared > time:
+                    weights = np.zeros(n)
+                    weights[ranks] = 1.0 / self.cores_per_host
+                    time = shared
+            if time > best_time:
+                best_time, best_weights = time, weights
+        return {name: float(seconds @ best_weights) for name, seconds in local.items()}
 
     # -- one tensor's messages -------------------------------------------------
 
@@ -422,6 +466,15 @@ class CostModel:
             cost += 2 * rows_bytes / self.copy_bandwidth  # the gradient cut into the shard, the value stitched back
         if node.wire_dtype:
             cost += 2 * nbytes / self.copy_bandwidth  # encode and decode
+        if self.apply_passes:
+            applied = nbytes
+            if self._travels_as_rows(node) and not self.sparse_apply_dense:
+                applied = rows_bytes * n  # every worker's rows, gathered
+            update = self.apply_passes * applied / self.copy_bandwidth
+            if node.kind == "all_reduce":
+                cost += update  # every rank updates its replica
+            elif node.owner is not None and node.owner < n:
+                cost[node.owner] += update  # only the owner holds slots and updates
         if node.kind == "ps" and node.owner is not None and node.owner < n:
             if self._travels_as_rows(node):
                 # The owner snapshots the table and compares it after its update to find the changed rows.

@@ -17,11 +17,11 @@ Example:
     cost model (ms per iteration): np=2 hosts=0,0; within a host 1.00 GB/s, 100 us (uniform rates)
     <BLANKLINE>
     variable  AR bytes  AR latency  PS bytes  PS latency  sparse rows  local  total
-    w            0.000       0.000     1.000       0.200        0.000  0.020  1.220
-    b            0.000       0.000     0.001       0.200        0.000  0.020  0.221
-    total        0.000       0.000     1.001       0.400        0.000  0.040  1.441
+    w            0.000       0.000     1.000       0.200        0.000  1.020  2.220
+    b            0.000       0.000     0.001       0.200        0.000  0.021  0.222
+    total        0.000       0.000     1.001       0.400        0.000  1.041  2.442
     <BLANKLINE>
-    predicted sync time 1.441 ms per iteration; busiest resource: link 0->1
+    predicted sync time 2.442 ms per iteration; busiest resource: link 0->1
 """
 
 from __future__ import annotations
