@@ -44,8 +44,8 @@ def test_breakdown_with_uniform_rates(strategy_file, capsys):
     rows = table_rows(out)
     assert set(rows) >= {"dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias", "total"}
     # One merge group on 2 workers: each sends the 38440 bytes once at 1 GB/s, 2 hops of 100 us,
-    # and 20 us of local work per tensor.
-    expected_ms = (MODEL_BYTES / 1e9 + 2 * 100e-6 + 4 * 20e-6) * 1e3
+    # and on each rank 20 us per tensor plus the optimizer's 4 passes over the model at 4 GB/s.
+    expected_ms = (MODEL_BYTES / 1e9 + 2 * 100e-6 + 4 * 20e-6 + 4 * MODEL_BYTES / 4e9) * 1e3
     assert float(rows["total"][-1]) == pytest.approx(expected_ms, abs=1e-3)
     assert sum(float(r[-1]) for name, r in rows.items() if name != "total") == pytest.approx(expected_ms, abs=4e-3)
     assert re.search(r"predicted sync time [\d.]+ ms per iteration; busiest resource: link", out)
@@ -70,7 +70,7 @@ def test_breakdown_with_a_rates_file(strategy_file, capsys, tmp_path):
     assert main(["explain", str(strategy_file), "--model", MODEL, "--np", "2", "--rates", str(rates)]) == 0
     out = capsys.readouterr().out
     assert "within a host 500.00 MB/s, 200 us (file rates)" in out
-    expected_ms = (MODEL_BYTES / 5e8 + 2 * 200e-6 + 4 * 20e-6) * 1e3
+    expected_ms = (MODEL_BYTES / 5e8 + 2 * 200e-6 + 4 * 20e-6 + 4 * MODEL_BYTES / 4e9) * 1e3
     assert float(table_rows(out)["total"][-1]) == pytest.approx(expected_ms, abs=1e-3)
 
 
@@ -90,3 +90,12 @@ def test_costs_need_a_model_and_np(strategy_file, capsys):
 def test_without_cost_options_the_output_is_unchanged(strategy_file, capsys):
     assert main(["explain", str(strategy_file), "--model", MODEL, "--np", "2"]) == 0
     assert "cost model" not in capsys.readouterr().out
+
+
+def test_ranks_sharing_one_core_add_up_their_local_work(strategy_file, capsys):
+    args = ["explain", str(strategy_file), "--model", MODEL, "--np", "2", "--link-gbps", "8", "--latency-us", "100"]
+    assert main([*args, "--cores-per-host", "1"]) == 0
+    out = capsys.readouterr().out
+    local = 4 * 20e-6 + 4 * MODEL_BYTES / 4e9  # one rank's local work; two ranks on one core take twice as long
+    expected_ms = (MODEL_BYTES / 1e9 + 2 * 100e-6 + 2 * local) * 1e3
+    assert float(table_rows(out)["total"][-1]) == pytest.approx(expected_ms, abs=1e-3)

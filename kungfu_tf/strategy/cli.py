@@ -115,7 +115,7 @@ def _costs(args: argparse.Namespace, strategy: strategy_pb2.Strategy, variables:
         cross = args.cross_host_gbps * 1e9 / 8 if args.cross_host_gbps else None
         latency = (args.latency_us if args.latency_us is not None else DEFAULT_LATENCY_US) * 1e-6
         rates = LinkRates.uniform(args.np, within, latency, cluster.hosts, cross_host_bandwidth=cross)
-    model = CostModel(rows_per_step=args.rows_per_step or 256)
+    model = CostModel(rows_per_step=args.rows_per_step or 256, cores_per_host=args.cores_per_host)
     costs = model.predict(strategy, variables, cluster, rates, compute_time=(args.compute_ms or 0.0) / 1e3)
     return format_costs(costs, rates)
 
@@ -123,7 +123,7 @@ def _costs(args: argparse.Namespace, strategy: strategy_pb2.Strategy, variables:
 # Offline defaults of the cost breakdown: a fast local link (shared memory or loopback) and its latency.
 DEFAULT_LINK_GBPS = 16.0
 DEFAULT_LATENCY_US = 50.0
-_COST_OPTIONS = ("link_gbps", "cross_host_gbps", "latency_us", "rows_per_step", "compute_ms")
+_COST_OPTIONS = ("link_gbps", "cross_host_gbps", "latency_us", "rows_per_step", "compute_ms", "cores_per_host")
 
 
 def _build(args: argparse.Namespace) -> None:
@@ -217,6 +217,7 @@ def make_parser() -> argparse.ArgumentParser:
     costs.add_argument("--rates", type=Path, help="measured link rates (JSON, e.g. a calibration cache file)")
     costs.add_argument("--rows-per-step", type=_positive_int, help="embedding rows a worker touches per step (256)")
     costs.add_argument("--compute-ms", type=_positive_float, help="compute time per step, added to the prediction")
+    costs.add_argument("--cores-per-host", type=_positive_int, help="cores a host's ranks share (default: one per rank)")
     add_models_dir(explain)
     explain.set_defaults(run=_explain)
 

@@ -9,7 +9,9 @@ peer and receives from one, as a pair would in isolation), and a barrier
 separates the rounds. The best of ``repeats`` fetches of the small blob is
 the pair's latency (a whole request: the message there and back, dispatch
 included, which is what one more message of a strategy costs); the large
-blob's best time less that latency gives the bandwidth. Every worker's row
+blob's size over its best time gives the bandwidth (latency included: on a
+loaded machine the two are measured at different moments, and subtracting
+one from the other can leave nothing). Every worker's row
 of measurements is then all-gathered, so all hold the same matrices.
 
 Results are cached in a JSON file per cluster (the host names of the ranks,
@@ -45,13 +47,12 @@ import numpy as np
 from kungfu_tf.strategy.auto.link_rates import LinkRates, cluster_signature
 from kungfu_tf.strategy.errors import StrategyError
 
-__all__ = ["LinkRates", "cache_path", "calibrate", "default_cache_dir", "measure_compute_time"]
+__all__ = ["LinkRates", "cache_path", "calibrate", "default_cache_dir", "measure_compute_time", "usable_cores"]
 
 DEFAULT_PROBE_BYTES = 4 * 1024 * 1024
-DEFAULT_REPEATS = 3
+DEFAULT_REPEATS = 5
 _CACHE_ENV = "KUNGFU_TF_CACHE_DIR"
-# The smallest time a fetch of the large blob may count for, so that a
-# latency measured a little high cannot make the bandwidth infinite.
+# The smallest time a fetch of the large blob may count for (a clock that did not advance).
 _MIN_TRANSFER_S = 1e-6
 
 
@@ -139,7 +140,9 @@ def _probe(rank: int, size: int, probe_bytes: int, repeats: int, tag: str) -> tu
 
         latency[peer] = best(f"{tag}/small", small)
         moved = best(f"{tag}/large", large)
-        bandwidth[peer] = large.shape[0] * 4 / max(moved - latency[peer], _MIN_TRANSFER_S)
+        # The whole fetch, latency included: subtracting a latency measured on a loaded machine can
+        # leave nothing (or less than nothing) of a fetch that took milliseconds.
+        bandwidth[peer] = large.shape[0] * 4 / max(moved, _MIN_TRANSFER_S)
         ops.barrier(name=f"{tag}/round{k}")
     return bandwidth, latency
 
@@ -200,6 +203,16 @@ def calibrate(
     except tf.errors.OpError as e:
         raise StrategyError(f"link calibration failed on rank {rank} of {size}: {e.message}") from None
     return rates
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity): ``CostModel(cores_per_host=...)`` for hosts like this one.
+
+    Example:
+        >>> usable_cores() >= 1
+        True
+    """
+    return len(os.sched_getaffinity(0))
 
 
 def measure_compute_time(
