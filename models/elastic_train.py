@@ -24,6 +24,10 @@ step scales the loss, as ``fit`` does); ``--state-form`` picks how the
 ``ElasticState`` is given the variables (``model``: ``ElasticState(model=,
 optimizer=)``, the README's; ``callable``; ``list``).
 
+``--switch-at STEP:STRATEGY,...`` (``--api function``, with ``--strategy``)
+switches every worker to that builder after that many steps
+(``kungfu_tf.optimizers.switch_strategy``; recorded as ``event="switch"``).
+
 ``--resize-at STEP:SIZE,...`` resizes after that many steps (every member
 calls ``kungfu_tf.ops.resize(SIZE)``; a growth is admitted once the
 launcher's joiners are warm, at a later step, or at once with
@@ -72,7 +76,7 @@ from kungfu_tf import (
     ops,
 )
 from kungfu_tf.data import ElasticSampler
-from kungfu_tf.optimizers import SynchronousSGDOptimizer
+from kungfu_tf.optimizers import SynchronousSGDOptimizer, switch_strategy
 from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
@@ -179,6 +183,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", default=None,
                    help="a strategy builder's name (e.g. PSLoadBalancing) or a strategy file for "
                         "SynchronousSGDOptimizer(strategy=...); --api function and keras")
+    p.add_argument("--switch-at", default="",
+                   help="STEP:BUILDER,...: switch the strategy after that many steps (--api function, --strategy)")
     p.add_argument("--plain-tf-function", action="store_true",
                    help="trace the step with tf.function instead of kungfu_tf.elastic.function (which traces it "
                         "again after a change re-built the strategy)")
@@ -190,6 +196,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.policy_schedule = parse_schedule(args.policy_resize_at)
     except ValueError as e:
         p.error(str(e))
+    args.switches = {}
+    for part in filter(None, (q.strip() for q in args.switch_at.split(","))):
+        step, _, builder = part.partition(":")
+        if not step.isdigit() or not builder:
+            p.error(f"--switch-at: {part!r} is not STEP:BUILDER (e.g. 10:AllReduce)")
+        args.switches[int(step)] = builder
+    if args.switches and (args.api != "function" or args.strategy is None):
+        p.error("--switch-at is for --api function with --strategy")
     if args.policy_schedule and args.api == "function":
         p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit) and v1 (a PolicyHook)")
     if args.strategy is not None and args.api == "v1":
@@ -360,6 +374,11 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
                     return True
             state.check()
             script.note_change(state)
+            builder = args.switches.pop(state.step, None)
+            if builder is not None:
+                report = switch_strategy(optimizer, builder)
+                script.record.write(event="switch", step=state.step, old=report.old_id, new=report.new_id,
+                                    size=kungfu_tf.size(), seconds=report.seconds)  # fmt: skip
         return False
 
     detached = bool(train(state))

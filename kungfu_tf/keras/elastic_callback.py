@@ -231,6 +231,21 @@ def forget_stale_train_function(model: keras.Model) -> None:
     object.__setattr__(model, "_kungfu_plan_generation", generation)
 
 
+def retrace_if_replanned(model: keras.Model) -> bool:
+    """Inside ``fit``: makes ``model.train_function`` anew if a strategy plan was replaced since (a switch).
+
+    ``fit`` reads ``model.train_function`` at every batch, so the next batch
+    traces the step for the new plan; the step traced for the old one would
+    refuse to run (kungfu_tf/strategy/plan_generation.py). Returns whether it did.
+    """
+    generation = plan_generation.current()
+    if getattr(model, "_kungfu_plan_generation", 0) == generation:
+        return False
+    object.__setattr__(model, "_kungfu_plan_generation", generation)
+    model.make_train_function(force=True)
+    return True
+
+
 def elastic_fit(
     model: keras.Model,
     state: Any,

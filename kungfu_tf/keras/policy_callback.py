@@ -15,6 +15,7 @@ from typing import Any
 
 import keras
 
+from kungfu_tf.keras.elastic_callback import retrace_if_replanned
 from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.runner import PolicyRunner
 from kungfu_tf.policy.variable_access import EagerVariableAccess
@@ -102,6 +103,7 @@ class PolicyCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.runner.after_step()
+        retrace_if_replanned(self.model)  # a StrategyPolicy switched: fit traces its step again
         if self.runner.detached:
             # A resize (e.g. a StragglerPolicy's eviction) took this worker out of the job: stop now.
             self.model.stop_training = True

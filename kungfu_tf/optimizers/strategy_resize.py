@@ -8,17 +8,15 @@ listener (before the elastic state syncs):
 1. the strategy for the new cluster: a builder is re-run on it; a written
    strategy (a proto or a file) has its owners re-mapped
    (kungfu_tf/strategy/remap.py) by the members and sent to the joiners;
-2. the optimizer slots the old owners held are gathered (for a shrink, before
-   it commits, while the leaving owners are still members: :func:`prepare_shrink`): each member puts the
-   slots of what it updated (as the owner of a PS variable or shard, or, for
-   all-reduced variables that every member updates alike, the first member
-   only) into zero tensors of the model variables' shapes, and one sum
-   all-reduce per dtype gives every worker every slot (adding zeros is
-   exact). The slots of an owner that crashed are gone: they restart at zero,
-   and a warning names them;
+2. the optimizer slots the old owners held are gathered on every worker
+   (kungfu_tf/optimizers/strategy_replan.py, the code path a strategy switch
+   shares; for a shrink, before it commits, while the leaving owners are
+   still members: :func:`prepare_shrink`). The slots of an owner that
+   crashed are gone: they restart at zero, and a warning names them;
 3. a new plan (its consensus checks that every worker holds the same
    strategy bytes, as at the start), the optimizer rebuilt on its targets,
-   and each new target's slots cut from the gathered ones; an all-reduce
+   and each new target's slots cut from the gathered ones
+   (``strategy_replan.install_plan``); an all-reduce
    plan the change left as it was is kept instead (its collectives read the
    cluster at run time), with the traced step;
 4. the plan generation advances (not when the plan was kept): steps traced for the old plan refuse to run
@@ -27,14 +25,14 @@ listener (before the elastic state syncs):
 
 Example (what the wrapped optimizer registers in an elastic job)::
 
-    em.add_apply_listener(lambda change: rebuild_for_cluster(opt, base, change), first=True)
+    em.add_apply_listener(lambda change: rebuild_for_cluster(opt, change), first=True)
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,11 +40,11 @@ import tensorflow as tf
 
 from kungfu_tf.ops import collective
 from kungfu_tf.ops import elastic_membership as em
+from kungfu_tf.optimizers.strategy_replan import gather_slots, install_plan
 from kungfu_tf.proto import strategy_pb2
-from kungfu_tf.strategy import plan_generation
 from kungfu_tf.strategy.builders.base import StrategyBuilder
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
-from kungfu_tf.strategy.compiler import StrategyPlan, VariableFactory
+from kungfu_tf.strategy.compiler import StrategyPlan
 from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
 from kungfu_tf.strategy.remap import remap_owners
@@ -55,54 +53,12 @@ from kungfu_tf.strategy.variable_info import describe_variables
 
 log = logging.getLogger("kungfu_tf.strategy")
 
-# Slot tables: slots[kind][i] is the slot of that kind for target i.
-SlotTable = list[list[Any]]
-
 
 def is_builder(source: StrategySource) -> bool:
     """True if ``source`` is re-run for every cluster (a builder or a builder's name), not a written strategy."""
     from kungfu_tf.strategy.builders import BUILDERS
 
     return isinstance(source, StrategyBuilder) or (isinstance(source, str) and source in BUILDERS)
-
-
-def slot_table(opt: Any, fixed_ids: set[int], targets: Sequence[Any]) -> SlotTable:
-    """The optimizer's slots by kind and target: Keras creates them kind by kind, in target order.
-
-    Raises:
-        StrategyError: the optimizer's variables do not have that layout (a
-            slot whose shape is not its target's), so they cannot be moved.
-    """
-    slots = [v for v in opt.variables if id(v) not in fixed_ids]
-    if not targets:
-        if slots:
-            raise StrategyError(f"{type(opt).__name__} has {len(slots)} slot variables but updates no variable here")
-        return []
-    if len(slots) % len(targets):
-        raise StrategyError(
-            f"cannot move the optimizer slots of {type(opt).__name__} to new owners: {len(slots)} slot variables "
-            f"for {len(targets)} variables updated here (expected a whole number of slots per variable)"
-        )
-    n = len(targets)
-    table = [slots[k * n : (k + 1) * n] for k in range(len(slots) // n)]
-    for row in table:
-        for slot, target in zip(row, targets):
-            if tuple(slot.shape) != tuple(target.shape):
-                raise StrategyError(
-                    f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
-                    f"{getattr(slot, 'path', slot.name)!r} has shape {tuple(slot.shape)}, its variable "
-                    f"{getattr(target, 'path', target.name)!r} {tuple(target.shape)}"
-                )
-    return table
-
-
-def _region(node: Any, target: Any, variable: Any) -> tuple[slice, ...]:
-    """Where ``target`` (the variable itself, or one shard of it) lies in ``variable``."""
-    if target is variable or node.bounds is None:
-        return tuple(slice(None) for _ in variable.shape)
-    region = [slice(None)] * len(variable.shape)
-    region[node.axis] = slice(*node.bounds)
-    return tuple(region)
 
 
 def _all_members(joined: bool, prefix: str) -> list[int]:
@@ -132,36 +88,6 @@ def _strategy_for(
     payload = np.frombuffer(data, np.uint8) if data else np.zeros(int(length), np.uint8)
     got = collective.broadcast(tf.constant(payload), root=first_member, name=f"{prefix}/strategy")
     return strategy_pb2.Strategy.FromString(got.numpy().tobytes())
-
-
-def _gather_slots(
-    old: StrategyPlan, table: SlotTable, kinds: int, variables: list[Any], contributes: bool,
-    first_member: bool, prefix: str,
-) -> list[list[np.ndarray]]:  # fmt: skip
-    """Every slot of every model variable, as full arrays (kind × variable), on every worker (module docstring)."""
-    full = [[np.zeros(v.shape, v.dtype.as_numpy_dtype if hasattr(v.dtype, "as_numpy_dtype") else v.dtype)
-             for v in variables] for _ in range(kinds)]  # fmt: skip
-    if contributes and table:
-        index = {id(t): i for i, t in enumerate(old.targets)}
-        for vi, node, target in old.placements():
-            if target is None or (node.kind != "ps" and not first_member):
-                continue
-            region = _region(node, target, variables[vi])
-            for k in range(kinds):
-                full[k][vi][region] = table[k][index[id(target)]].numpy()
-    by_dtype: dict[np.dtype, list[tuple[int, int]]] = {}
-    for k in range(kinds):
-        for vi in range(len(variables)):
-            by_dtype.setdefault(full[k][vi].dtype, []).append((k, vi))
-    for n, (dtype, keys) in enumerate(sorted(by_dtype.items(), key=lambda kv: str(kv[0]))):
-        flat = np.concatenate([full[k][vi].reshape(-1) for k, vi in keys])
-        summed = collective.all_reduce(tf.constant(flat), op="sum", name=f"{prefix}/slots/{n}").numpy()
-        offset = 0
-        for k, vi in keys:
-            size = full[k][vi].size
-            full[k][vi] = summed[offset : offset + size].reshape(full[k][vi].shape).astype(dtype)
-            offset += size
-    return full
 
 
 def _nodes_bytes(strategy: strategy_pb2.Strategy) -> bytes:
@@ -194,26 +120,16 @@ def prepare_shrink(opt: Any, old_peers: Sequence[str], new_peers: Sequence[str],
         remap_owners(old.strategy, old_peers, new_peers)  # raises StrategyError: nothing changed
     if old.replicated:
         return  # every member holds every slot: the survivors have them all
-    variables = list(opt._kungfu_model_variables)
     prefix = f"kungfu/strategy/handover/v{version}"
-    table = slot_table(opt, opt._kungfu_fixed_variable_ids, old.targets)
-    kinds = int(collective.all_reduce(tf.constant(len(table), tf.int32), op="max", name=f"{prefix}/kinds"))
-    full = _gather_slots(old, table, kinds, variables, True, _rank() == 0, prefix) if kinds else []
+    kinds, full = gather_slots(opt, old, contributes=True, first=_rank() == 0, prefix=prefix)
     object.__setattr__(opt, "_kungfu_handover", (version + 1, tuple(new_peers), kinds, full))
 
 
-def rebuild_for_cluster(
-    opt: Any, build_base: Callable[[Sequence[Any]], None], make_variable: VariableFactory, change: em.Change
-) -> None:
-    """Re-builds ``opt``'s plan and slots for the cluster ``change`` made (see the module docstring).
-
-    ``build_base(targets)`` builds the wrapped optimizer's own slots;
-    ``make_variable`` makes the plan's shard variables.
-    """
+def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
+    """Re-builds ``opt``'s plan and slots for the cluster ``change`` made (see the module docstring)."""
     started = time.monotonic()
     old: StrategyPlan = opt._kungfu_plan
     variables = list(opt._kungfu_model_variables)
-    fixed = opt._kungfu_fixed_variable_ids
     prefix = f"kungfu/strategy/rebuild/v{change.new_version}"
     # A joiner's plan is its warm-up's, made alone (Change.joined cannot tell: a joiner's
     # old peers are the members it was told of, and itself).
@@ -222,7 +138,6 @@ def rebuild_for_cluster(
     if not members:
         raise StrategyError(f"no worker of cluster v{change.new_version} held the optimizer's state before it")
     first = members[0]
-    rank = _rank()
     strategy = _strategy_for(opt._kungfu_strategy, old, change, joined, first, variables, prefix)
     # An all-reduce plan that the change left as it was is kept, and so is the traced step: its
     # collectives read the cluster at run time, every worker updates (and holds the slots of) every
@@ -242,33 +157,13 @@ def rebuild_for_cluster(
         # A shrink: every member gathered the slots before it committed (prepare_shrink).
         kinds, full = handover[2], handover[3]
     else:
-        table = [] if joined else slot_table(opt, fixed, old.targets)
-        kinds = int(collective.all_reduce(tf.constant(len(table), tf.int32), op="max", name=f"{prefix}/kinds"))
-        full = _gather_slots(old, table, kinds, variables, not joined, rank == first, prefix) if kinds else []
+        kinds, full = gather_slots(opt, old, contributes=not joined, first=_rank() == first, prefix=prefix)
     if kinds and not joined and handover is None:
         lost = _lost_slots(old, change, variables)
         if lost:
             log.warning("kungfu strategy: the owner of %s left without handing over its optimizer slots: they "
                         "restart at zero", ", ".join(lost))  # fmt: skip
-    plan = StrategyPlan(strategy, variables, name=old.name, make_variable=make_variable)
-    for slot in [v for v in opt.variables if id(v) not in fixed]:  # a joiner's too (made by its warm-up)
-        opt._untrack_variable(slot)
-    opt._trainable_variables_indices = {}
-    opt.built = False
-    object.__setattr__(opt, "_kungfu_plan", plan)
-    object.__setattr__(opt, "_kungfu_warm_up_plan", False)
-    build_base(plan.targets)
-    new_table = slot_table(opt, fixed, plan.targets)
-    if new_table and len(new_table) != kinds:
-        raise StrategyError(f"{type(opt).__name__} has {len(new_table)} slots per variable here, {kinds} elsewhere")
-    index = {id(t): i for i, t in enumerate(plan.targets)}
-    for vi, node, target in plan.placements():
-        if target is None:
-            continue
-        region = _region(node, target, variables[vi])
-        for k in range(len(new_table)):
-            new_table[k][index[id(target)]].assign(full[k][vi][region])
-    generation = plan_generation.advance()
+    generation = install_plan(opt, strategy, kinds, full)
     log.info("kungfu strategy: %r re-built for cluster v%d (%d workers, %d slot kinds moved) in %.3f s; plan "
              "generation %d", strategy.id, change.new_version, len(change.new_peers), kinds,
              time.monotonic() - started, generation)  # fmt: skip

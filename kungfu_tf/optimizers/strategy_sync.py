@@ -84,7 +84,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     def rebuild(change: em.Change) -> None:
                         opt = this()
                         if opt is not None:
-                            rebuild_for_cluster(opt, lambda targets: base.build(opt, targets), _keras_variable, change)
+                            rebuild_for_cluster(opt, change)
 
                     def prepare(old_peers: tuple[str, ...], new_peers: tuple[str, ...], version: int) -> None:
                         opt = this()
@@ -130,7 +130,32 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                 return list(self.variables)
             return [v for v in self.variables if id(v) in self._kungfu_fixed_variable_ids]
 
-        return {"build": build, "apply": apply, "_kungfu_replicated_variables": replicated_variables}
+        def add_variable_from_reference(
+            self: keras.optimizers.Optimizer, reference_variable: Any, name: Any = None, initializer: Any = "zeros"
+        ) -> Any:
+            # Records which target each slot belongs to: moving slots to a new plan needs it (strategy_replan.py).
+            slot = base.add_variable_from_reference(self, reference_variable, name=name, initializer=initializer)
+            self.__dict__.setdefault("_kungfu_slot_targets", {})[id(slot)] = id(reference_variable)
+            return slot
+
+        def build_base(self: keras.optimizers.Optimizer, targets: list[Any]) -> None:
+            # The wrapped optimizer's own build (its slots) on a new plan's targets (strategy_replan.py).
+            base.build(self, targets)
+
+        def switch(self: keras.optimizers.Optimizer, strategy: StrategySource, model: Any = None) -> Any:
+            """:func:`kungfu_tf.optimizers.switch_strategy` of this optimizer."""
+            from kungfu_tf.optimizers.strategy_switch import switch_strategy
+
+            return switch_strategy(self, strategy, model=model)
+
+        return {
+            "build": build,
+            "apply": apply,
+            "_kungfu_replicated_variables": replicated_variables,
+            "_kungfu_build_base": build_base,
+            "add_variable_from_reference": add_variable_from_reference,
+            "kungfu_switch_strategy": switch,
+        }
 
     return wrap_keras(
         opt,
@@ -140,6 +165,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
         _kungfu_strategy=source,
         _kungfu_name=name,
         _kungfu_plan=None,
+        _kungfu_make_variable=staticmethod(_keras_variable),
         kungfu_monitor=None,
     )
 

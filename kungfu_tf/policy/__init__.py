@@ -24,6 +24,7 @@ from kungfu_tf.policy.resource_provisioning import ResourceProvisioningPolicy
 from kungfu_tf.policy.runner import Decision, PolicyRunner
 from kungfu_tf.policy.scaling_search import ScalingSearch
 from kungfu_tf.policy.straggler import StragglerPolicy
+from kungfu_tf.policy.strategy_policy import StrategyPolicy
 from kungfu_tf.policy.utility import (
     ConcaveUtility,
     LinearUtility,
@@ -52,6 +53,7 @@ __all__ = [
     "ScalingSearch",
     "StepUtility",
     "StragglerPolicy",
+    "StrategyPolicy",
     "check_utility",
     "scaled_learning_rate",
 ]

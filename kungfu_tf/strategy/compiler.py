@@ -166,8 +166,9 @@ class StrategyPlan:
         self._stale_k = [u.node.staleness for p in self._plans for u in p.units if u.stale and u.node.sync]
         self._has_stale = any(u.stale for p in self._plans for u in p.units)
         self._checked_eagerly = self._check_identical_eagerly()
-        # In an elastic job the plan is re-built at membership changes: steps check they are current.
-        self.guarded = elastic_membership.is_elastic()
+        # The plan is replaced at membership changes (elastic jobs) and at strategy switches (any TF2
+        # job): steps check they are current. A v1 graph's plan is never replaced (no switch there).
+        self.guarded = elastic_membership.is_elastic() or tf.compat.v1.executing_eagerly_outside_functions()
 
     # ----------------------------------------------------------------- set-up
 

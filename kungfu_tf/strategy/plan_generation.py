@@ -1,4 +1,4 @@
-"""Which traced steps are current: a counter that goes up each time a strategy plan is re-built.
+"""Which traced steps are current: a counter that goes up each time a strategy plan is re-built or switched.
 
 A strategy is a function of (variables, cluster): after a membership change
 every worker re-builds its plan, and the new plan's parameter-server owners,
@@ -63,10 +63,11 @@ def check_current(what: str) -> tf.Operation:
         _generation_variable().read_value(),
         tf.constant(traced, tf.int64),
         message=(
-            f"strategy {what}: this step was traced for the strategy as it was before a membership change "
-            f"(plan generation {traced}); the strategy was re-built for the new cluster (its owners, shards and "
+            f"strategy {what}: this step was traced for the strategy as it was before a membership change or a "
+            f"strategy switch (plan generation {traced}); the strategy was re-built (its owners, shards and "
             "optimizer slots differ), so the step must be traced again: define it with "
             "kungfu_tf.elastic.function instead of tf.function (it re-traces once per change), or re-create "
-            "your tf.function in a reset callback (ElasticState.register_reset_callbacks)"
+            "your tf.function in a reset callback (ElasticState.register_reset_callbacks); in Keras fit, "
+            "switch_strategy(..., model=model) or a PolicyCallback makes fit trace it again"
         ),
     )

@@ -1,0 +1,183 @@
+"""Replacing a strategy-driven optimizer's plan: its optimizer slots follow the variables to the new plan.
+
+Two events replace the plan of ``SynchronousSGDOptimizer(opt, strategy=...)``
+while training runs: a membership change (kungfu_tf/optimizers/strategy_resize.py:
+the strategy re-built for the new cluster) and an explicit switch to another
+strategy (kungfu_tf/optimizers/strategy_switch.py). Both move the optimizer
+state the same way, here:
+
+1. :func:`gather_slots`: each worker puts the slots of what it updated (as
+   the owner of a PS variable or shard, or, for all-reduced variables that
+   every worker updates alike, the first worker only) into zero arrays of
+   the model variables' shapes, and one sum all-reduce per dtype gives every
+   worker every slot of every variable. Adding zeros is exact: the values
+   move bit for bit.
+2. :func:`install_plan`: the new plan (its consensus checks that every
+   worker holds the same strategy bytes), the wrapped optimizer rebuilt on
+   the new plan's targets, and each new target's slots cut from the
+   gathered ones (a PS owner's slots become every worker's replicas when a
+   variable moves to all-reduce, and back; partitioned variables
+   re-partition). The plan generation advances: steps traced for the old
+   plan refuse to run (kungfu_tf/strategy/plan_generation.py) and
+   ``kungfu_tf.elastic.function`` traces them again.
+
+Example (what a switch does, on every worker)::
+
+    kinds, full = gather_slots(opt, opt._kungfu_plan, contributes=True, first=rank == 0, prefix="switch/1")
+    install_plan(opt, new_strategy, kinds, full)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from kungfu_tf.ops import collective
+from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy import plan_generation
+from kungfu_tf.strategy.compiler import StrategyPlan
+from kungfu_tf.strategy.errors import StrategyError
+
+# Slot tables: slots[kind][i] is the slot of that kind for target i.
+SlotTable = list[list[Any]]
+# Every slot of every model variable as a full array: full[kind][variable index].
+FullSlots = list[list[np.ndarray]]
+
+
+def slot_table(opt: Any, fixed_ids: set[int], targets: Sequence[Any]) -> SlotTable:
+    """The optimizer's slots by kind and target.
+
+    Which target a slot belongs to was recorded when the optimizer made it
+    (``_kungfu_slot_targets``: slot id -> target id, by the wrapped class's
+    ``add_variable_from_reference``): Keras makes them in no one order (SGD
+    kind by kind, Adam target by target: momentum, velocity, momentum, ...).
+    The k-th slot made for a target is of kind k.
+
+    Raises:
+        StrategyError: a slot of no known target, or targets with different
+            numbers of slots: they cannot be moved.
+    """
+    slots = [v for v in opt.variables if id(v) not in fixed_ids]
+    if not targets:
+        if slots:
+            raise StrategyError(f"{type(opt).__name__} has {len(slots)} slot variables but updates no variable here")
+        return []
+    owner_of = opt.__dict__.get("_kungfu_slot_targets", {})
+    index = {id(t): i for i, t in enumerate(targets)}
+    per_target: list[list[Any]] = [[] for _ in targets]
+    for slot in slots:
+        i = index.get(owner_of.get(id(slot), -1))
+        if i is None:
+            raise StrategyError(
+                f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
+                f"{getattr(slot, 'path', slot.name)!r} was not made for a variable this rank updates "
+                "(an optimizer that makes slots without add_variable_from_reference)"
+            )
+        per_target[i].append(slot)
+    kinds = {len(s) for s in per_target}
+    if len(kinds) != 1:
+        raise StrategyError(
+            f"cannot move the optimizer slots of {type(opt).__name__} to new owners: its variables have different "
+            f"numbers of slots ({sorted(kinds)})"
+        )
+    table = [[per_target[i][k] for i in range(len(targets))] for k in range(kinds.pop())]
+    for row in table:
+        for slot, target in zip(row, targets):
+            if tuple(slot.shape) != tuple(target.shape):
+                raise StrategyError(
+                    f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
+                    f"{getattr(slot, 'path', slot.name)!r} has shape {tuple(slot.shape)}, its variable "
+                    f"{getattr(target, 'path', target.name)!r} {tuple(target.shape)}"
+                )
+    return table
+
+
+def _region(node: Any, target: Any, variable: Any) -> tuple[slice, ...]:
+    """Where ``target`` (the variable itself, or one shard of it) lies in ``variable``."""
+    if target is variable or node.bounds is None:
+        return tuple(slice(None) for _ in variable.shape)
+    region = [slice(None)] * len(variable.shape)
+    region[node.axis] = slice(*node.bounds)
+    return tuple(region)
+
+
+def _numpy_dtype(variable: Any) -> Any:
+    return variable.dtype.as_numpy_dtype if hasattr(variable.dtype, "as_numpy_dtype") else variable.dtype
+
+
+def _sum_slots(
+    old: StrategyPlan, table: SlotTable, kinds: int, variables: list[Any], contributes: bool,
+    first: bool, prefix: str,
+) -> FullSlots:  # fmt: skip
+    """Every slot of every model variable, as full arrays (kind × variable), on every worker (module docstring)."""
+    full = [[np.zeros(v.shape, _numpy_dtype(v)) for v in variables] for _ in range(kinds)]
+    if contributes and table:
+        index = {id(t): i for i, t in enumerate(old.targets)}
+        for vi, node, target in old.placements():
+            if target is None or (node.kind != "ps" and not first):
+                continue
+            region = _region(node, target, variables[vi])
+            for k in range(kinds):
+                full[k][vi][region] = table[k][index[id(target)]].numpy()
+    by_dtype: dict[np.dtype, list[tuple[int, int]]] = {}
+    for k in range(kinds):
+        for vi in range(len(variables)):
+            by_dtype.setdefault(full[k][vi].dtype, []).append((k, vi))
+    for n, (dtype, keys) in enumerate(sorted(by_dtype.items(), key=lambda kv: str(kv[0]))):
+        flat = np.concatenate([full[k][vi].reshape(-1) for k, vi in keys])
+        summed = collective.all_reduce(tf.constant(flat), op="sum", name=f"{prefix}/slots/{n}").numpy()
+        offset = 0
+        for k, vi in keys:
+            size = full[k][vi].size
+            full[k][vi] = summed[offset : offset + size].reshape(full[k][vi].shape).astype(dtype)
+            offset += size
+    return full
+
+
+def gather_slots(opt: Any, old: StrategyPlan, contributes: bool, first: bool, prefix: str) -> tuple[int, FullSlots]:
+    """``(slot kinds, full slots)``: every slot of every model variable on every worker (collective).
+
+    ``contributes``: this worker holds slots of ``old`` (a joiner, whose plan
+    was its warm-up's, does not); ``first``: it is the first such worker (it
+    gives the slots of the all-reduced variables, which every worker holds alike).
+    """
+    variables = list(opt._kungfu_model_variables)
+    table = slot_table(opt, opt._kungfu_fixed_variable_ids, old.targets) if contributes else []
+    kinds = int(collective.all_reduce(tf.constant(len(table), tf.int32), op="max", name=f"{prefix}/kinds"))
+    full = _sum_slots(old, table, kinds, variables, contributes, first, prefix) if kinds else []
+    return kinds, full
+
+
+def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: FullSlots) -> int:
+    """Replaces ``opt``'s plan by one for ``strategy``, its slots cut from ``full``; returns the new plan generation.
+
+    Collective (the plan's consensus on the strategy bytes). The wrapped
+    optimizer is rebuilt with ``opt._kungfu_build_base`` and the plan's shard
+    variables made with ``opt._kungfu_make_variable`` (set when it was built).
+    """
+    old: StrategyPlan = opt._kungfu_plan
+    variables = list(opt._kungfu_model_variables)
+    fixed = opt._kungfu_fixed_variable_ids
+    plan = StrategyPlan(strategy, variables, name=old.name, make_variable=opt._kungfu_make_variable)
+    for slot in [v for v in opt.variables if id(v) not in fixed]:  # a joiner's too (made by its warm-up)
+        opt._untrack_variable(slot)
+    opt._trainable_variables_indices = {}
+    opt.__dict__["_kungfu_slot_targets"] = {}
+    opt.built = False
+    object.__setattr__(opt, "_kungfu_plan", plan)
+    object.__setattr__(opt, "_kungfu_warm_up_plan", False)
+    opt._kungfu_build_base(plan.targets)
+    new_table = slot_table(opt, fixed, plan.targets)
+    if new_table and len(new_table) != kinds:
+        raise StrategyError(f"{type(opt).__name__} has {len(new_table)} slots per variable here, {kinds} elsewhere")
+    index = {id(t): i for i, t in enumerate(plan.targets)}
+    for vi, node, target in plan.placements():
+        if target is None:
+            continue
+        region = _region(node, target, variables[vi])
+        for k in range(len(new_table)):
+            new_table[k][index[id(target)]].assign(full[k][vi][region])
+    return plan_generation.advance()
