@@ -29,6 +29,18 @@ def test_calibration_agrees_on_every_worker_and_is_cached(tmp_path):
     assert json.loads(cached[0].read_text())["signature"] == "np=2 hosts=0,0"
 
 
+def test_a_failed_probe_is_a_strategy_error_on_every_worker(tmp_path):
+    rc, out, err = run_job(2, "auto_calibration.py", tmp_path, "mismatch", timeout=180, extra_launcher_args=["--timeout", "30"])
+    assert_job_ok(rc, out, err, 2, expected_checks=1)
+    for rank, lines in rank_lines(out).items():
+        failed = [line for line in lines if line.startswith("failed: ")]
+        assert len(failed) == 1, lines
+        # The runtime's reason, without TF's internal function name in front of it.
+        assert failed[0].startswith(f"failed: link calibration failed on rank {rank} of 2: request "), failed[0]
+        assert "the saved blob has" in failed[0], failed[0]
+    assert not list(tmp_path.glob("link_rates-*.json")), "a failed probe must not be cached"
+
+
 def test_one_worker_cannot_be_calibrated(tmp_path):
     with pytest.raises(StrategyError, match="one-worker cluster: there are no links to measure"):
         calibrate(cache_dir=tmp_path)

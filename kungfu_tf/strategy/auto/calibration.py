@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -201,7 +202,9 @@ def calibrate(
             rates = LinkRates.from_matrices(hosts, bw_in.T, lat_in.T, origin="probe")
             _write_cache(path, rates)
     except tf.errors.OpError as e:
-        raise StrategyError(f"link calibration failed on rank {rank} of {size}: {e.message}") from None
+        # TF prefixes eager errors with the op's internal function name, which tells a user nothing.
+        message = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", e.message)
+        raise StrategyError(f"link calibration failed on rank {rank} of {size}: {message}") from None
     return rates
 
 
