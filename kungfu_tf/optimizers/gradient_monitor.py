@@ -154,6 +154,8 @@ class _Untracked:
     def __init__(self) -> None:
         # The step clock's anchor: a resource nothing else uses (see ops.monitor.step_clock_start).
         self.clock_anchor = _per_worker_variable(0, "step_clock_anchor", tf.int32)
+        # The update kernel's variables as one packed tensor (ops.monitor.variable_handles), made once.
+        self.state_handles: tf.Tensor | None = None
 
 
 class _PreviousGradient:
@@ -355,13 +357,10 @@ class GradientMonitor(tf.Module):
             variance = self._update_variance(step, local_present, [a for _, a in pairs], prefix)
             if variance is not None:
                 before.append(variance)
-        state = [self.tensors[key] for key in ("compute_time", "worker_compute_times", "monitor_step")]
         averaged: list[Any] = []
         current: list[Any] = []
         previous: list[tf.Variable] = []
         if self.gns_enabled:
-            state += [self.local_batch_size, self.ema_noise_trace, self.ema_grad_sq_norm, self.ema_count]
-            state += [self.tensors[key] for key in ("noise_trace", "grad_sq_norm", "gns", "gns_raw")]
             averaged = [_norm_operand(a) for _, a in pairs]
             copy = self._previous_gradient(local_present)
             if copy is not None:
@@ -371,9 +370,19 @@ class GradientMonitor(tf.Module):
         # before this kernel's increment but this dependency.
         with tf.control_dependencies(before):
             return monitor_ops.update_monitor(
-                reduced_rider, local.compute_time, local.size, averaged, current, state, previous,
+                reduced_rider, local.compute_time, local.size, averaged, current, self._state_handles(), previous,
                 gns=self.gns_enabled, smoothing=self.smoothing,
             )  # fmt: skip
+
+    def _state_handles(self) -> tf.Tensor:
+        """The variables the update kernel writes, packed once: a traced step captures one input, not eleven."""
+        if self._untracked.state_handles is None:
+            state = [self.tensors[key] for key in ("compute_time", "worker_compute_times", "monitor_step")]
+            if self.gns_enabled:
+                state += [self.local_batch_size, self.ema_noise_trace, self.ema_grad_sq_norm, self.ema_count]
+                state += [self.tensors[key] for key in ("noise_trace", "grad_sq_norm", "gns", "gns_raw")]
+            self._untracked.state_handles = monitor_ops.variable_handles(state)
+        return self._untracked.state_handles
 
     def _update_variance(self, step: tf.Tensor, local: list[Any], averaged: list[Any], prefix: str) -> Any:
         variance = self.tensors["grad_variance"]

@@ -157,7 +157,7 @@ REGISTER_OP("KungfuMonitorUpdate")
     .Input("size: int32")
     .Input("averaged: TA")
     .Input("current: TC")
-    .Input("state: num_state * resource")
+    .Input("state: resource")
     .Input("previous: num_previous * resource")
     .Attr("R: {float, double}")
     .Attr("TA: list({half, bfloat16, float, double}) >= 0")
@@ -170,9 +170,11 @@ REGISTER_OP("KungfuMonitorUpdate")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc(
         "Everything a gradient monitor updates after the gradient all-reduce, written straight into its "
-        "variables (`state`, in the order compute_time, worker_compute_times, monitor_step and, with `gns`, "
-        "local_batch_size, ema_noise_trace, ema_grad_sq_norm, ema_count, noise_trace, grad_sq_norm, gns, "
-        "gns_raw). `reduced_rider` is KungfuMonitorLocal's rider averaged over the workers; `averaged` are the "
+        "variables (`state`: a vector of num_state variable handles, in the order compute_time, "
+        "worker_compute_times, monitor_step and, with `gns`, local_batch_size, ema_noise_trace, "
+        "ema_grad_sq_norm, ema_count, noise_trace, grad_sq_norm, gns, gns_raw; one tensor packed once, so "
+        "that a traced step captures one input for them instead of one per variable). `reduced_rider` is "
+        "KungfuMonitorLocal's rider averaged over the workers; `averaged` are the "
         "averaged gradients (their squared norm is |G_big|^2). With a cluster of one, `current` (this step's "
         "gradients) pairs with `previous` (their copies from the last step, then the batch size they had) as "
         "two batches of equal size, and replaces them; with no `previous` a one-worker step estimates nothing. "
@@ -186,8 +188,12 @@ REGISTER_OP("KungfuMonitorUpdate")
 class MonitorVariable {
  public:
   absl::Status open(OpKernelContext *ctx, int input, const char *name) {
+    return open(ctx, tensorflow::HandleFromInput(ctx, input), name);
+  }
+
+  absl::Status open(OpKernelContext *ctx, const tensorflow::ResourceHandle &handle, const char *name) {
     name_ = name;
-    const absl::Status s = tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), &var_);
+    const absl::Status s = tensorflow::LookupResource(ctx, handle, &var_);
     if (!s.ok()) return absl::Status(s.code(), label() + std::string(s.message()));
     return absl::OkStatus();
   }
@@ -261,15 +267,14 @@ class MonitorUpdateOp : public OpKernel {
     OP_REQUIRES(ctx, smoothing_ >= 0.0f && smoothing_ < 1.0f,
                 absl::InvalidArgumentError("KungfuMonitorUpdate: attr 'smoothing' must be in [0, 1), got " +
                                            std::to_string(smoothing_)));
-    int num_state = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_state", &num_state));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_state", &num_state_));
     const int want = gns_ ? kStateVariables : kStateWithoutGns;
-    OP_REQUIRES(ctx, num_state == want,
+    OP_REQUIRES(ctx, num_state_ == want,
                 absl::InvalidArgumentError("KungfuMonitorUpdate: 'state' must hold " + std::to_string(want) +
                                            " variables " + (gns_ ? "with" : "without") + " gns, got " +
-                                           std::to_string(num_state)));
+                                           std::to_string(num_state_)));
     int stop = 0;
-    OP_REQUIRES_OK(ctx, InputRange("state", &state_start_, &stop));
+    OP_REQUIRES_OK(ctx, InputRange("state", &state_input_, &stop));
     OP_REQUIRES_OK(ctx, InputRange("previous", &previous_start_, &previous_stop_));
     OP_REQUIRES_OK(ctx, InputRange("averaged", &averaged_start_, &averaged_stop_));
     OP_REQUIRES_OK(ctx, InputRange("current", &current_start_, &current_stop_));
@@ -288,9 +293,14 @@ class MonitorUpdateOp : public OpKernel {
                 absl::InvalidArgumentError(
                     "KungfuMonitorUpdate: input 'reduced_rider' must be a vector of 1 + size = " +
                     std::to_string(1 + size) + " elements, got shape " + rider.shape().DebugString()));
-    const int num_state = gns_ ? kStateVariables : kStateWithoutGns;
+    const Tensor &handles = ctx->input(state_input_);
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsVector(handles.shape()) && handles.NumElements() == num_state_,
+                absl::InvalidArgumentError("KungfuMonitorUpdate: input 'state' must be a vector of " +
+                                           std::to_string(num_state_) + " variable handles, got shape " +
+                                           handles.shape().DebugString()));
     MonitorVariable state[kStateVariables];
-    for (int i = 0; i < num_state; ++i) OP_REQUIRES_OK(ctx, state[i].open(ctx, state_start_ + i, kStateNames[i]));
+    const auto handle = handles.flat<tensorflow::ResourceHandle>();
+    for (int i = 0; i < num_state_; ++i) OP_REQUIRES_OK(ctx, state[i].open(ctx, handle(i), kStateNames[i]));
     const double size_f = static_cast<double>(size);
     // The rider as float64 (a float32 one widened exactly, as a Cast would).
     std::vector<double> reduced(1 + size);
@@ -407,7 +417,7 @@ class MonitorUpdateOp : public OpKernel {
   bool gns_ = false;
   float smoothing_ = 0.0f;
   // Positions of the input lists among all inputs.
-  int state_start_ = 0, previous_start_ = 0, previous_stop_ = 0;
+  int num_state_ = 0, state_input_ = 0, previous_start_ = 0, previous_stop_ = 0;
   int averaged_start_ = 0, averaged_stop_ = 0, current_start_ = 0, current_stop_ = 0;
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuMonitorUpdate").Device(tensorflow::DEVICE_CPU), MonitorUpdateOp);
