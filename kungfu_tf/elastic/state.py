@@ -17,7 +17,7 @@ bytes.
   members that held state before, at the highest step; everyone else
   (joiners, survivors whose last step failed while it succeeded elsewhere)
   fetches the variables in slices from all sources in parallel, and the
-  Python state from the first; then all compare SHA-256 digests. A cluster
+  Python state from the first; then all compare digests (state_transfer.digest). A cluster
   where nobody holds state but a joiner is present (every holder was lost)
   fails with an ElasticError instead of starting over.
 * ``join()``: what a joiner does (``kungfu_tf.elastic.run`` calls it): warm
