@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from kungfu_tf.strategy import plan_generation
+from kungfu_tf.strategy import plan_generation, step_driver
 
 
 class RetracingFunction:
@@ -60,6 +60,11 @@ class RetracingFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A strategy search (builders.Auto) may switch strategy before the call
+        # or run it again after a failed trial: the trace is chosen inside.
+        return step_driver.run_step(lambda: self._call_current(*args, **kwargs))
+
+    def _call_current(self, *args: Any, **kwargs: Any) -> Any:
         generation = plan_generation.current()
         if self._traced is None or generation != self._generation:
             self._traced = tf.function(self.python_function, **self._options)

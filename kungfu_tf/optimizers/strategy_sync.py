@@ -26,11 +26,13 @@ import tensorflow as tf
 from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops.resize import add_shrink_preparation
 from kungfu_tf.optimizers._wrapping import wrap_keras
+from kungfu_tf.optimizers.auto_search import start_auto_search
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
     prepare_shrink,
     rebuild_for_cluster,
 )
+from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan
 from kungfu_tf.strategy.remap import remap_owners
@@ -62,6 +64,8 @@ def _keras_variable(initial_value: tf.Tensor, name: str) -> keras.Variable:
 
 def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySource, name: str) -> keras.optimizers.Optimizer:
     """A copy of ``opt`` whose ``build``/``apply`` follow the strategy."""
+    if is_auto(source) and not isinstance(source, Auto):
+        source = Auto()  # the name "Auto": one search, with the defaults, for this optimizer
 
     def methods(base: type) -> dict[str, Any]:
         def build(self: keras.optimizers.Optimizer, var_list: Any) -> None:
@@ -93,6 +97,9 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
 
                     em.add_apply_listener(rebuild, first=True)
                     add_shrink_preparation(prepare)
+                if isinstance(self._kungfu_strategy, Auto) and not self._kungfu_warm_up_plan:
+                    # The first steps of training are the search's trials (auto_search.py).
+                    start_auto_search(self, self._kungfu_strategy)
             base.build(self, self._kungfu_plan.targets)
 
         def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:

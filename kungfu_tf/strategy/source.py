@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.builders import BUILDERS
 from kungfu_tf.strategy.builders.base import StrategyBuilder
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
@@ -41,11 +42,11 @@ def check_source(source: object) -> None:
     if isinstance(source, (strategy_pb2.Strategy, StrategyBuilder)):
         return
     if isinstance(source, (str, os.PathLike)):
-        if isinstance(source, str) and source in BUILDERS:
+        if isinstance(source, str) and (source in BUILDERS or is_auto(source)):
             return
         if not Path(source).is_file():
             raise StrategyError(
-                f"strategy {str(source)!r} is neither a file nor a builder name (builders: {', '.join(BUILDERS)})"
+                f"strategy {str(source)!r} is neither a file nor a builder name (builders: {', '.join(BUILDERS)}, Auto)"
             )
         return
     raise TypeError(
@@ -60,7 +61,9 @@ def resolve_strategy(
     """The strategy ``source`` stands for, for these variables on this cluster.
 
     A builder name (e.g. ``"Parallax"``) runs that builder with default
-    settings; any other string or path is loaded as a strategy file.
+    settings (``"Auto"``: the search's starting strategy, see
+    kungfu_tf/strategy/auto/builder.py); any other string or path is loaded
+    as a strategy file.
     """
     check_source(source)
     if isinstance(source, strategy_pb2.Strategy):
@@ -69,5 +72,7 @@ def resolve_strategy(
         return source.build(variables, cluster)
     if isinstance(source, str) and source in BUILDERS:
         return BUILDERS[source]().build(variables, cluster)
+    if isinstance(source, str) and is_auto(source):
+        return Auto().build(variables, cluster)
     return load(source)
 

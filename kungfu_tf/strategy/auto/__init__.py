@@ -3,7 +3,9 @@
 AutoDist §2.4 (papers/autodist-composable-sync.md): a guided sampler proposes
 strategies under three constraints, a cost model calibrated on the cluster's
 measured links scores them, and a ranker trained on trial runs refines the
-scores. The trial runs and the ``Auto`` builder sit on top of these modules.
+scores. The trial runs (trials.py), the search of Algorithm 1 (search.py,
+over search_model.py) and the ``Auto`` builder (builder.py: ``builders.Auto``,
+``kungfu-strategy search``) sit on top of these modules.
 
 Example:
     >>> from kungfu_tf.strategy.auto.sampler import sample_strategies

@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.builders.all_reduce import AllReduce, PartitionedAR
@@ -33,6 +33,20 @@ BUILDERS: dict[str, type[StrategyBuilder]] = {
 }
 
 
+if TYPE_CHECKING:
+    from kungfu_tf.strategy.auto.builder import Auto
+
+
+def __getattr__(name: str) -> Any:
+    # builders.Auto lives with the search it runs (kungfu_tf/strategy/auto/builder.py), which
+    # builds on the builders here: imported when first asked for, so neither import waits on the other.
+    if name == "Auto":
+        from kungfu_tf.strategy.auto.builder import Auto
+
+        return Auto
+    raise AttributeError(f"module 'kungfu_tf.strategy.builders' has no attribute {name!r}")
+
+
 def build(name: str, variables: Sequence[VariableInfo], cluster: ClusterSpec, **options: Any) -> strategy_pb2.Strategy:
     """The strategy builder ``name`` (constructed with ``options``) makes for ``variables`` on ``cluster``.
 
@@ -50,6 +64,7 @@ __all__ = [
     "BUILDERS",
     "PS",
     "AllReduce",
+    "Auto",
     "PSLoadBalancing",
     "Parallax",
     "PartitionedAR",

@@ -1,0 +1,157 @@
+"""The search of ``builders.Auto`` on the user's own training steps (the optimizer side).
+
+``SynchronousSGDOptimizer(opt, strategy=builders.Auto(...))`` starts on the
+all-reduce strategy; when the optimizer is built, an :class:`AutoSearchSession`
+is installed as the step driver (kungfu_tf/strategy/step_driver.py), and
+``kungfu_tf.elastic.function`` hands it every step call:
+
+* its first call starts the search (collective: the workers calibrate the
+  links and build the same search model);
+* each candidate of the search (kungfu_tf/strategy/auto/search.py) becomes a
+  trial (kungfu_tf/strategy/auto/trials.py): ``switch_strategy`` to it, then
+  the next ``warmup + trial_steps`` calls are its steps; a call that fails
+  under a candidate fails the trial on every worker and runs again under
+  the next candidate, so no batch is lost;
+* when the budget is spent, every worker switches to the fastest strategy
+  measured, the session leaves, and later membership changes re-build
+  through ``Auto.build`` (the best strategy for this cluster).
+
+Example:
+    >>> import keras
+    >>> from kungfu_tf.optimizers import SynchronousSGDOptimizer
+    >>> from kungfu_tf.strategy import builders, step_driver
+    >>> opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.Auto(budget=2))
+    >>> opt.build([keras.Variable([1.0, 2.0], name="w")])
+    >>> type(step_driver.installed()).__name__
+    'AutoSearchSession'
+    >>> step_driver.uninstall()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy import step_driver
+from kungfu_tf.strategy.auto.builder import Auto, AutoResult
+from kungfu_tf.strategy.auto.search import Search, check_searchable
+from kungfu_tf.strategy.auto.trials import Trial
+from kungfu_tf.strategy.cluster_spec import ClusterSpec
+from kungfu_tf.strategy.variable_info import describe_variables
+
+log = logging.getLogger("kungfu_tf.strategy.auto")
+
+
+class AutoSearchSession:
+    """Turns the first training steps of ``optimizer`` into the trials of ``auto``'s search (module docstring).
+
+    Example:
+        >>> session = AutoSearchSession.__new__(AutoSearchSession)
+        >>> session.finished = True
+        >>> session.run_step(lambda: "a step")
+        'a step'
+    """
+
+    def __init__(self, optimizer: Any, auto: Auto) -> None:
+        self._optimizer = weakref.ref(optimizer)
+        self.auto = auto
+        self.search: Search | None = None
+        self.trial: Trial | None = None
+        self.finished = False
+        self._cluster: ClusterSpec | None = None
+        self._started = 0.0
+
+    def run_step(self, call: Callable[[], Any]) -> Any:
+        """Runs one of the user's step calls as a step of the current trial (or plainly, after the search)."""
+        if self.finished:
+            return call()
+        optimizer = self._optimizer()
+        if optimizer is None:  # the optimizer is gone: nothing left to search for
+            self._leave()
+            return call()
+        if self.search is None:
+            self._start(optimizer)
+        assert self.search is not None
+        while True:
+            if self.trial is None or self.trial.done:
+                if self.trial is not None:
+                    self.search.record(self.trial.result())
+                candidate = self.search.next_candidate()
+                if candidate is None:
+                    self._finish(optimizer)
+                    return call()
+                self.trial = Trial(self.search.trials_done, candidate, self.auto.warmup, self.auto.trial_steps)
+                self.trial.begin(lambda s: _switch(optimizer, s))
+                continue  # a failed switch ends the trial at once
+            ok, out = self.trial.run_step(call)
+            if ok:
+                return out
+            # The step failed under this candidate on some worker: the same batch runs under the next.
+
+    def _start(self, optimizer: Any) -> None:
+        import kungfu_tf
+
+        self._started = time.monotonic()
+        variables = describe_variables(list(optimizer._kungfu_model_variables))
+        try:
+            check_searchable(variables, kungfu_tf.size())
+        except Exception:
+            self._leave()
+            raise
+        self._cluster = ClusterSpec.current()
+        model = self.auto.make_search_model(variables, self._cluster)
+        first = kungfu_tf.rank() == 0
+        self.search = Search(
+            model,
+            self.auto.budget,
+            candidates_per_round=self.auto.candidates_per_round,
+            trials_per_round=self.auto.trials_per_round,
+            seed=self.auto.seed,
+            log_path=self.auto.log_path if first else None,
+            show_progress=self.auto.show_progress and first,
+            initial=[optimizer._kungfu_plan.strategy, *self.auto.extra_candidates],
+        )
+
+    def _finish(self, optimizer: Any) -> None:
+        import kungfu_tf
+
+        assert self.search is not None and self._cluster is not None
+        search = self.search
+        try:
+            best = search.best  # the same on every worker: it depends only on agreed measurements
+        finally:
+            search.close()
+            self._leave()
+        _switch(optimizer, best)
+        self.auto.result = AutoResult(
+            best, self._cluster, search.best_seconds, list(search.records), time.monotonic() - self._started
+        )
+        # Later membership changes re-build through Auto.build (the best strategy, for this cluster).
+        object.__setattr__(optimizer, "_kungfu_strategy", self.auto)
+        if self.auto.show_progress and kungfu_tf.rank() == 0:
+            print(
+                f"kungfu auto: training on {best.id!r} ({search.best_seconds * 1e3:.1f} ms/step measured), chosen "
+                f"from {search.trials_done} trials in {self.auto.result.search_seconds:.1f} s",
+                flush=True,
+            )
+
+    def _leave(self) -> None:
+        self.finished = True
+        step_driver.uninstall(self)
+
+
+def _switch(optimizer: Any, strategy: strategy_pb2.Strategy) -> None:
+    from kungfu_tf.optimizers.strategy_switch import switch_strategy
+
+    switch_strategy(optimizer, strategy)
+
+
+def start_auto_search(optimizer: Any, auto: Auto) -> AutoSearchSession:
+    """Installs the search of ``auto`` on ``optimizer``'s steps (when the optimizer is built)."""
+    session = AutoSearchSession(optimizer, auto)
+    step_driver.install(session)
+    return session

@@ -1,0 +1,167 @@
+"""``builders.Auto``: the strategy is searched while the model trains (AutoDist's AutoStrategy).
+
+Passed like any builder::
+
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.01), strategy=builders.Auto(budget=8))
+
+    @kungfu_tf.elastic.function          # traced again after each switch of strategy
+    def train_step(x, y): ...
+
+Training starts with the all-reduce strategy (what ``SynchronousSGDOptimizer``
+does without a strategy). From the second step on, the first steps of
+training are the search's trials (kungfu_tf/strategy/auto/search.py): each
+candidate runs ``warmup`` + ``trial_steps`` of the user's own steps, then the
+next one, until ``budget`` trials (or ``seconds`` of trials) are spent;
+training then goes on with the fastest strategy measured. These steps train
+the model as any others do: every candidate is synchronous SGD. A candidate
+that fails (its step raised on any worker) is scored as infinitely slow and
+the same batch runs again under the next candidate.
+
+What drives the trials is the step function: ``kungfu_tf.elastic.function``
+hands each call to the search (kungfu_tf/strategy/step_driver.py). A plain
+``tf.function`` step, Keras ``fit`` and v1 graphs train on the starting
+all-reduce strategy without searching (use ``kungfu-strategy search`` and
+pass its file then).
+
+After the search, :meth:`Auto.build` returns the best strategy for the
+cluster it was found on. At a membership change (an elastic job) the
+cluster differs and Auto re-builds as the all-reduce builder for the new
+cluster (no owners to re-map, valid on any cluster) rather than searching
+again; re-scoring for the new cluster is StrategyPolicy's job.
+
+Example:
+    >>> from kungfu_tf.strategy.cluster_spec import ClusterSpec
+    >>> from kungfu_tf.strategy.variable_info import VariableInfo
+    >>> auto = Auto(budget=4, trial_steps=3)
+    >>> s = auto.build([VariableInfo("w", (4,)), VariableInfo("b", (1,))], ClusterSpec(2))
+    >>> s.id, [n.WhichOneof("synchronizer") for n in s.node_config]
+    ('Auto', ['all_reduce', 'all_reduce'])
+    >>> Auto(budget=0)
+    Traceback (most recent call last):
+    ...
+    kungfu_tf.strategy.errors.StrategyError: the search budget must allow at least one trial, got trials=0
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy.auto.search import (
+    SearchBudget,
+    SearchModel,
+    SearchRecord,
+    no_trainable_variables_error,
+)
+from kungfu_tf.strategy.builders.all_reduce import AllReduce
+from kungfu_tf.strategy.builders.base import StrategyBuilder
+from kungfu_tf.strategy.cluster_spec import ClusterSpec
+from kungfu_tf.strategy.errors import StrategyError
+from kungfu_tf.strategy.variable_info import VariableInfo
+
+SearchModelFactory = Callable[[Sequence[VariableInfo], ClusterSpec], SearchModel]
+
+
+@dataclass
+class AutoResult:
+    """A finished search: the best strategy, the cluster it was measured on, every trial's record."""
+
+    best: strategy_pb2.Strategy
+    cluster: ClusterSpec
+    best_seconds: float
+    records: list[SearchRecord] = field(default_factory=list)
+    search_seconds: float = 0.0
+
+
+class Auto(StrategyBuilder):
+    """Searches for the fastest strategy during the first steps of training (module docstring).
+
+    Args:
+        budget: number of trials (>= 1); None: only ``seconds`` limits the search.
+        seconds: seconds of trials (all trials' wall time, agreed by the workers); None: no limit.
+        trial_steps: timed steps per trial (>= 1).
+        warmup: steps per trial before the timed ones (>= 0); they absorb the switch's re-trace.
+        candidates_per_round: N of Algorithm 1 (sampled candidates per round).
+        trials_per_round: K of Algorithm 1 (trials between two refinements of the ranker).
+        seed: the sampler's seed (the same on every worker).
+        log_path: JSON lines search log (rank 0), one line per trial; None: no log.
+        show_progress: rank 0 prints one line per trial.
+        search_model: ``(variables, cluster) -> SearchModel``, called at the
+            search's start on every worker (collective); None: the sampler, cost
+            model and ranker of ``kungfu_tf.strategy.auto``.
+        extra_candidates: strategies tried first, before the sampled ones.
+
+    Example:
+        >>> Auto(budget=8).budget.trials, Auto(budget=None, seconds=60).budget.seconds
+        (8, 60)
+    """
+
+    name = "Auto"
+
+    def __init__(
+        self,
+        budget: int | None = 8,
+        seconds: float | None = None,
+        trial_steps: int = 5,
+        warmup: int = 2,
+        candidates_per_round: int = 32,
+        trials_per_round: int = 4,
+        seed: int = 0,
+        log_path: str | os.PathLike[str] | None = None,
+        show_progress: bool = True,
+        search_model: SearchModelFactory | None = None,
+        extra_candidates: Sequence[strategy_pb2.Strategy] = (),
+    ) -> None:
+        self.budget = SearchBudget(budget, seconds)
+        if isinstance(trial_steps, bool) or not isinstance(trial_steps, int) or trial_steps < 1:
+            raise StrategyError(f"trial_steps must be an int >= 1, got {trial_steps!r}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise StrategyError(f"warmup must be an int >= 0, got {warmup!r}")
+        if candidates_per_round < 1 or trials_per_round < 1:
+            raise StrategyError(
+                f"candidates_per_round and trials_per_round must be >= 1, got {candidates_per_round}, {trials_per_round}"
+            )
+        self.trial_steps = trial_steps
+        self.warmup = warmup
+        self.candidates_per_round = candidates_per_round
+        self.trials_per_round = trials_per_round
+        self.seed = seed
+        self.log_path = log_path
+        self.show_progress = show_progress
+        self.search_model = search_model
+        self.extra_candidates = list(extra_candidates)
+        self.result: AutoResult | None = None
+
+    def build(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> strategy_pb2.Strategy:
+        """The best strategy found for ``cluster``; before the search (or on another cluster) all-reduce."""
+        if not variables:
+            raise no_trainable_variables_error()
+        if self.result is not None and _same_cluster(self.result.cluster, cluster):
+            best = strategy_pb2.Strategy()
+            best.CopyFrom(self.result.best)
+            best.graph_config.replicas = cluster.replicas
+            return best
+        return super().build(variables, cluster)
+
+    def nodes(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> list[strategy_pb2.Node]:
+        """The starting strategy: every variable all-reduced (the all-reduce builder's defaults)."""
+        return AllReduce().nodes(variables, cluster)
+
+    def make_search_model(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> SearchModel:
+        """The search model for this search (collective: it calibrates the links)."""
+        if self.search_model is not None:
+            return self.search_model(variables, cluster)
+        from kungfu_tf.strategy.auto.search_model import AutoDistModel
+
+        return AutoDistModel.calibrated(variables, cluster)
+
+
+def _same_cluster(a: ClusterSpec, b: ClusterSpec) -> bool:
+    return a.replicas == b.replicas and all(a.host_of(r) == b.host_of(r) for r in range(a.replicas))
+
+
+def is_auto(source: object) -> bool:
+    """True if ``source`` asks for a search (an :class:`Auto` or the name ``"Auto"``)."""
+    return isinstance(source, Auto) or (isinstance(source, str) and source == Auto.name)

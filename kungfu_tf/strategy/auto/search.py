@@ -1,0 +1,313 @@
+"""The budgeted search of AutoDist's Algorithm 1, one trial at a time.
+
+    while budget left:
+        fidelity l of the ranker                      (how far its ranking can be trusted)
+        sample N candidates                           (guided sampler)
+        score them, select K for trials               (score vs diversity, above l)
+        run the K trials                              (real steps, kungfu_tf/strategy/auto/trials.py)
+        best := best measured; refine the ranker with the K measurements
+
+:class:`Search` hands out one candidate at a time (:meth:`Search.next_candidate`)
+and takes its trial's result (:meth:`Search.record`), so the same search runs
+inside a user's training loop (``builders.Auto``, one step at a time) and in
+``kungfu-strategy search`` (which drives its own steps). Everything it
+decides depends only on agreed inputs (the sampler's seed, the trials'
+agreed measurements and wall times), so every worker takes the same
+decisions without talking; the trials check it (consensus on each candidate).
+
+The search model — sampler, calibrated cost model, ranker, trial selection —
+is behind :class:`SearchModel`; :class:`AutoDistModel` is the one of
+``kungfu_tf.strategy.auto``.
+
+A JSON line per trial goes to ``log_path`` (trial, round, strategy id,
+predicted and measured seconds per step, the ranker's fidelity, elapsed
+seconds), and rank 0 prints one progress line per trial.
+
+Example:
+    >>> from kungfu_tf.proto import strategy_pb2
+    >>> from kungfu_tf.strategy.auto.trials import TrialResult
+    >>> class Two:  # a search model with two candidates and a fixed score
+    ...     def sample(self, count, seed): return [strategy_pb2.Strategy(id=i) for i in ("a", "b")]
+    ...     def predict(self, strategies): return [1.0 for _ in strategies]
+    ...     def learn(self, strategies, measured): pass
+    ...     def fidelity(self): return 0.0
+    ...     def select(self, candidates, scores, k): return list(range(min(k, len(candidates))))
+    >>> search = Search(Two(), SearchBudget(trials=2), show_progress=False)
+    >>> for seconds in (0.5, 0.2):
+    ...     c = search.next_candidate()
+    ...     _ = search.record(TrialResult(search.trials_done, c.id, seconds, 1.0))
+    >>> search.next_candidate() is None, search.best.id
+    (True, 'b')
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import IO, Any, Protocol
+
+from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy.auto.trials import TrialResult
+from kungfu_tf.strategy.errors import StrategyError
+from kungfu_tf.strategy.format import canonical_bytes
+
+log = logging.getLogger("kungfu_tf.strategy.auto")
+
+
+class SearchModel(Protocol):
+    """What Algorithm 1 needs of its search model (lower scores are faster: seconds per step)."""
+
+    def sample(self, count: int, seed: int) -> list[strategy_pb2.Strategy]:
+        """About ``count`` valid candidates, the same for the same seed on every worker."""
+
+    def predict(self, strategies: Sequence[strategy_pb2.Strategy]) -> list[float]:
+        """Predicted seconds per step of each strategy (the ranker's once it has learned, else the cost model's)."""
+
+    def learn(self, strategies: Sequence[strategy_pb2.Strategy], measured: Sequence[float]) -> None:
+        """Refines the ranker with every trial so far (``math.inf``: the trial failed)."""
+
+    def fidelity(self) -> float:
+        """How far the ranker is trusted now (0: not at all, 1: fully)."""
+
+    def select(self, candidates: Sequence[strategy_pb2.Strategy], scores: Sequence[float], k: int) -> list[int]:
+        """Indices of at most ``k`` candidates to try (score vs diversity at this fidelity)."""
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """How much the search may spend: ``trials`` trials and/or ``seconds`` of trial time (whichever ends first).
+
+    Example:
+        >>> SearchBudget(trials=0)
+        Traceback (most recent call last):
+        ...
+        kungfu_tf.strategy.errors.StrategyError: the search budget must allow at least one trial, got trials=0
+    """
+
+    trials: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.trials is None and self.seconds is None:
+            raise StrategyError("the search budget needs a number of trials or of seconds (or both)")
+        if self.trials is not None and (isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1):
+            raise StrategyError(f"the search budget must allow at least one trial, got trials={self.trials!r}")
+        if self.seconds is not None and not (isinstance(self.seconds, (int, float)) and self.seconds > 0):
+            raise StrategyError(f"the search budget in seconds must be > 0, got seconds={self.seconds!r}")
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    """One line of the search log: a trial's prediction and measurement (seconds per step)."""
+
+    trial: int
+    round: int
+    strategy_id: str
+    predicted_seconds: float
+    measured_seconds: float | None  # None: the trial failed (JSON has no infinity)
+    fidelity: float
+    elapsed_seconds: float
+    best_measured_seconds: float | None
+    error: str | None = None
+
+
+class Search:
+    """AutoDist's Algorithm 1 over ``model``, within ``budget`` (module docstring).
+
+    Args:
+        model: the sampler, scores, ranker and selection (:class:`SearchModel`).
+        budget: trials and/or seconds of trials.
+        candidates_per_round: N, candidates sampled per round.
+        trials_per_round: K, trials per round (the ranker learns after each round).
+        seed: the sampler's seed of round 0 (round r uses ``seed + r``).
+        log_path: JSON lines file, one line per trial (rank 0 only, if given).
+        show_progress: print one line per trial to ``out``.
+        initial: strategies to try first, before any sampled one (e.g. the
+            one training started with); they count against the budget.
+    """
+
+    def __init__(
+        self,
+        model: SearchModel,
+        budget: SearchBudget,
+        candidates_per_round: int = 32,
+        trials_per_round: int = 4,
+        seed: int = 0,
+        log_path: str | os.PathLike[str] | None = None,
+        show_progress: bool = True,
+        out: IO[str] | None = None,
+        initial: Sequence[strategy_pb2.Strategy] = (),
+    ) -> None:
+        if candidates_per_round < 1 or trials_per_round < 1:
+            raise StrategyError(
+                f"candidates_per_round and trials_per_round must be >= 1, got {candidates_per_round} and {trials_per_round}"
+            )
+        self.model = model
+        self.budget = budget
+        self.candidates_per_round = candidates_per_round
+        self.trials_per_round = trials_per_round
+        self.seed = seed
+        self.show_progress = show_progress
+        self.out = out
+        self.records: list[SearchRecord] = []
+        self.round = 0
+        self._log = open(log_path, "w", encoding="utf-8") if log_path else None  # noqa: SIM115 (closed in close())
+        self._tried: list[strategy_pb2.Strategy] = []
+        self._measured: list[float] = []
+        self._seen: set[bytes] = set()
+        self._queue: list[tuple[strategy_pb2.Strategy, float]] = []
+        self._spent_seconds = 0.0
+        self._fidelity = 0.0
+        self._exhausted = False
+        self._started = time.monotonic()
+        self._round_start = 0
+        if initial:
+            initial = [s for s in initial if self._is_new(s)]
+            self._queue = list(zip(initial, self.model.predict(initial)))
+
+    @property
+    def trials_done(self) -> int:
+        """Trials recorded so far."""
+        return len(self._tried)
+
+    @property
+    def spent_seconds(self) -> float:
+        """Agreed wall time of the trials so far."""
+        return self._spent_seconds
+
+    def budget_left(self) -> bool:
+        """True while another trial fits the budget."""
+        if self.budget.trials is not None and self.trials_done >= self.budget.trials:
+            return False
+        return self.budget.seconds is None or self._spent_seconds < self.budget.seconds
+
+    def next_candidate(self) -> strategy_pb2.Strategy | None:
+        """The next strategy to try, or None when the budget is spent or nothing new is left to try."""
+        if not self.budget_left():
+            return None
+        while not self._queue and not self._exhausted:
+            self._plan_round()
+        return self._queue[0][0] if self._queue else None
+
+    def record(self, result: TrialResult) -> SearchRecord:
+        """Takes the result of the trial of the last candidate :meth:`next_candidate` gave."""
+        if not self._queue:
+            raise RuntimeError("record() without a candidate from next_candidate()")
+        candidate, predicted = self._queue.pop(0)
+        self._tried.append(candidate)
+        self._measured.append(result.seconds_per_step)
+        self._spent_seconds += result.wall_seconds
+        best = min(self._measured)
+        record = SearchRecord(
+            trial=len(self._tried) - 1,
+            round=self.round,
+            strategy_id=candidate.id,
+            predicted_seconds=predicted,
+            measured_seconds=None if result.failed else result.seconds_per_step,
+            fidelity=self._fidelity,
+            elapsed_seconds=round(time.monotonic() - self._started, 3),
+            best_measured_seconds=None if math.isinf(best) else best,
+            error=result.error,
+        )
+        self.records.append(record)
+        if self._log is not None:
+            self._log.write(json.dumps(asdict(record)) + "\n")
+            self._log.flush()
+        if self.show_progress:
+            self._print_progress(record)
+        if not self._queue or not self.budget_left():
+            self._learn()
+        return record
+
+    @property
+    def best(self) -> strategy_pb2.Strategy:
+        """The fastest strategy measured (``StrategyError`` if no trial succeeded)."""
+        if not self._measured or math.isinf(min(self._measured)):
+            raise StrategyError(
+                f"no trial of the search succeeded ({len(self._measured)} tried; the search log and the workers' "
+                "warnings say why each failed)"
+            )
+        return self._tried[self._measured.index(min(self._measured))]
+
+    @property
+    def best_seconds(self) -> float:
+        """The best measured seconds per step (``math.inf`` if none succeeded)."""
+        return min(self._measured, default=math.inf)
+
+    def close(self) -> None:
+        """Closes the search log."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _is_new(self, strategy: strategy_pb2.Strategy) -> bool:
+        key = canonical_bytes(strategy)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+    def _plan_round(self) -> None:
+        """Algorithm 1, lines 2-5: fidelity, sample, filter and select this round's trials."""
+        if len(self._tried) > self._round_start:
+            self.round += 1
+        self._round_start = len(self._tried)
+        self._fidelity = float(self.model.fidelity())
+        pool = [s for s in self.model.sample(self.candidates_per_round, self.seed + self.round) if self._is_new(s)]
+        if not pool:
+            self._exhausted = True  # the sampler has nothing left that was not tried
+            return
+        scores = self.model.predict(pool)
+        k = self.trials_per_round
+        if self.budget.trials is not None:
+            k = min(k, self.budget.trials - self.trials_done)
+        chosen = self.model.select(pool, scores, k)
+        self._queue = [(pool[i], float(scores[i])) for i in chosen]
+        if not self._queue:
+            self._exhausted = True
+
+    def _learn(self) -> None:
+        """Algorithm 1, line 8: the ranker learns from every trial so far."""
+        self.model.learn(list(self._tried), list(self._measured))
+
+    def _print_progress(self, r: SearchRecord) -> None:
+        out = self.out or sys.stdout
+        limit = f"/{self.budget.trials}" if self.budget.trials is not None else ""
+        measured = "failed" if r.measured_seconds is None else f"{r.measured_seconds * 1e3:.1f} ms/step"
+        best = "-" if r.best_measured_seconds is None else f"{r.best_measured_seconds * 1e3:.1f} ms"
+        print(
+            f"kungfu auto: trial {r.trial + 1}{limit} round {r.round} {r.strategy_id}: predicted "
+            f"{r.predicted_seconds * 1e3:.1f} ms, measured {measured} (best {best}, fidelity {r.fidelity:.2f}, "
+            f"{self._spent_seconds:.1f} s of trials)",
+            file=out,
+            flush=True,
+        )
+
+
+def no_trainable_variables_error() -> StrategyError:
+    """The error every surface raises for a model with nothing to synchronise."""
+    return StrategyError("the model has no trainable variables: there is no strategy to search for")
+
+
+def check_searchable(variables: Sequence[Any], replicas: int) -> None:
+    """``StrategyError`` for a search that cannot run: no variables, or one worker (nothing to measure a link on).
+
+    Example:
+        >>> check_searchable([], 2)
+        Traceback (most recent call last):
+        ...
+        kungfu_tf.strategy.errors.StrategyError: the model has no trainable variables: there is no strategy to search for
+    """
+    if not variables:
+        raise no_trainable_variables_error()
+    if replicas < 2:
+        raise StrategyError(
+            f"the strategy search needs at least 2 workers to calibrate links and compare strategies, the job has "
+            f"{replicas} (start it with kungfu-run -np 2 or more, or pass a fixed strategy)"
+        )

@@ -1,0 +1,234 @@
+"""Trials: a candidate strategy measured by real training steps on the job's workers.
+
+AutoDist §2.4 launches a short run of each elite candidate (§3.3: warm-up
+iterations, then timed iterations) and feeds the measured time back to its
+simulator. Here a trial runs *in the training processes*: switch every worker
+to the candidate, run ``warmup`` steps (re-tracing, first-touch allocations),
+then ``trial_steps`` timed steps. They are real training steps: every
+strategy the search may choose is synchronous SGD, so the model trains
+exactly as it would under any other.
+
+Every decision a worker takes alone would split the job, so each one is
+agreed:
+
+* the candidate: consensus on its canonical bytes (the sampler is
+  deterministic, but a worker built with other options would differ);
+* failure: a trial that raised on any worker (a ``StrategyError`` while
+  switching, an error in the step's trace or run, out of memory) is failed on
+  every worker, by an all-reduce of a failure flag after the switch and after
+  every step; it scores as infinitely slow and the search goes on;
+* the measurement: the slowest worker's time per step (all-reduce max), since
+  a synchronous step is as slow as its slowest worker.
+
+The clock covers only the steps themselves, not the agreement between them.
+
+Example:
+    >>> from kungfu_tf.proto import strategy_pb2
+    >>> steps = []
+    >>> runner = TrialRunner(switch=lambda s: None, step=lambda: steps.append(1), warmup=1, trial_steps=2)
+    >>> result = runner.run(0, strategy_pb2.Strategy(id="all-reduce"))
+    >>> len(steps), result.failed, result.seconds_per_step >= 0
+    (3, False, True)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from kungfu_tf.ops import collective
+from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy.errors import StrategyError
+from kungfu_tf.strategy.format import canonical_bytes
+
+log = logging.getLogger("kungfu_tf.strategy.auto")
+
+SwitchFn = Callable[[strategy_pb2.Strategy], None]
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured, the same on every worker.
+
+    ``seconds_per_step`` is the slowest worker's mean time of the timed steps
+    (``math.inf`` if the trial failed); ``wall_seconds`` the whole trial
+    (switch and warm-up included, slowest worker), which is what the search
+    budget spends; ``error`` this worker's error, or a note that another
+    worker failed.
+
+    Example:
+        >>> TrialResult(0, "ps", math.inf, 1.5, "StrategyError: ...").failed
+        True
+    """
+
+    index: int
+    strategy_id: str
+    seconds_per_step: float
+    wall_seconds: float
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True if any worker failed this trial."""
+        return math.isinf(self.seconds_per_step)
+
+
+def agree_on_candidate(strategy: strategy_pb2.Strategy, name: str) -> None:
+    """``StrategyError`` on every worker unless all of them hold this exact candidate."""
+    data = np.frombuffer(canonical_bytes(strategy) or b"\0", dtype=np.uint8)
+    if not bool(collective.consensus(tf.constant(data), name=f"{name}/candidate")):
+        raise StrategyError(
+            f"the workers do not hold the same trial candidate ({name}, id {strategy.id!r} here): the search "
+            "must be given the same model, cluster, seed and options on every worker"
+        )
+
+
+def agree_any(flag: bool, name: str) -> bool:
+    """True on every worker iff ``flag`` is true on at least one."""
+    return bool(int(collective.all_reduce(tf.constant(int(flag), tf.int32), op="max", name=name)))
+
+
+def agree_max(value: float, name: str) -> float:
+    """The largest ``value`` of all workers, on every worker."""
+    return float(collective.all_reduce(tf.constant(value, tf.float64), op="max", name=name))
+
+
+def describe_error(error: BaseException) -> str:
+    """One line: the exception's type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+class Trial:
+    """One candidate's trial, advanced one training step at a time by whoever runs the steps.
+
+    The search's own runner (:class:`TrialRunner`) calls :meth:`run_step` in a
+    loop; ``builders.Auto`` calls it from the user's training loop, one call
+    per step, so the trial trains on the user's batches.
+
+    Example:
+        >>> from kungfu_tf.proto import strategy_pb2
+        >>> trial = Trial(0, strategy_pb2.Strategy(id="s"), warmup=0, trial_steps=1)
+        >>> trial.begin(lambda s: None)
+        >>> ok, out = trial.run_step(lambda: 42)
+        >>> ok, out, trial.done
+        (True, 42, True)
+    """
+
+    def __init__(self, index: int, candidate: strategy_pb2.Strategy, warmup: int, trial_steps: int) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0 steps, got {warmup}")
+        if trial_steps < 1:
+            raise ValueError(f"trial_steps must be >= 1, got {trial_steps}")
+        self.index = index
+        self.candidate = candidate
+        self.warmup = warmup
+        self.trial_steps = trial_steps
+        self.name = f"kungfu/auto/trial/{index}"
+        self.steps_run = 0
+        self.failed = False
+        self.error: str | None = None
+        self._timed = 0.0
+        self._started = 0.0
+
+    @property
+    def done(self) -> bool:
+        """True once the trial failed or ran all its steps."""
+        return self.failed or self.steps_run >= self.warmup + self.trial_steps
+
+    def begin(self, switch: SwitchFn) -> None:
+        """Checks that every worker holds this candidate, then switches every worker to it.
+
+        A failed switch fails the trial on every worker (``failed``), not the job.
+        """
+        self._started = time.monotonic()
+        agree_on_candidate(self.candidate, self.name)
+        try:
+            switch(self.candidate)
+        except Exception as e:  # noqa: BLE001 -- any failure of one candidate is its score, not the job's end
+            self._note_error(e, "switch")
+        self._agree_failure("switch")
+
+    def run_step(self, step: Callable[[], Any]) -> tuple[bool, Any]:
+        """Runs one training step of the trial: ``(True, step's result)``, or ``(False, None)`` if it failed.
+
+        A step that failed on any worker fails the trial on all of them.
+        """
+        if self.done:
+            raise RuntimeError(f"trial {self.index} is over ({self.steps_run} steps run)")
+        out = None
+        started = time.monotonic()
+        try:
+            out = step()
+        except Exception as e:  # noqa: BLE001 -- scored as infinitely slow (module docstring)
+            self._note_error(e, f"step {self.steps_run}")
+        elapsed = time.monotonic() - started
+        if self._agree_failure(f"step{self.steps_run}"):
+            return False, None
+        if self.steps_run >= self.warmup:
+            self._timed += elapsed
+        self.steps_run += 1
+        return True, out
+
+    def result(self) -> TrialResult:
+        """The agreed measurement (collective: every worker calls it once the trial is ``done``)."""
+        if not self.done:
+            raise RuntimeError(f"trial {self.index} has run {self.steps_run} of {self.warmup + self.trial_steps} steps")
+        wall = agree_max(time.monotonic() - self._started, f"{self.name}/wall")
+        if self.failed:
+            return TrialResult(self.index, self.candidate.id, math.inf, wall, self.error)
+        per_step = agree_max(self._timed / self.trial_steps, f"{self.name}/seconds")
+        return TrialResult(self.index, self.candidate.id, per_step, wall)
+
+    def _note_error(self, error: BaseException, where: str) -> None:
+        self.error = f"{where}: {describe_error(error)}"
+        log.warning(
+            "kungfu auto: trial %d (%s) failed in its %s: %s\n%s",
+            self.index, self.candidate.id, where, describe_error(error), traceback.format_exc(limit=3),
+        )  # fmt: skip
+
+    def _agree_failure(self, what: str) -> bool:
+        if agree_any(self.error is not None, f"{self.name}/failed/{what}"):
+            self.failed = True
+            if self.error is None:
+                self.error = f"another worker failed ({what})"
+        return self.failed
+
+
+class TrialRunner:
+    """Runs whole trials: switch, ``warmup`` steps, ``trial_steps`` timed steps, agreed result.
+
+    ``switch(strategy)`` moves every worker's training to a strategy
+    (collective); ``step()`` runs one real training step on the next batch.
+
+    Example:
+        >>> from kungfu_tf.proto import strategy_pb2
+        >>> def bad_switch(s):
+        ...     raise StrategyError("no such variable")
+        >>> r = TrialRunner(bad_switch, step=lambda: None, warmup=0, trial_steps=1).run(3, strategy_pb2.Strategy())
+        >>> r.failed, r.error
+        (True, 'switch: StrategyError: no such variable')
+    """
+
+    def __init__(self, switch: SwitchFn, step: Callable[[], Any], warmup: int = 2, trial_steps: int = 5) -> None:
+        Trial(0, strategy_pb2.Strategy(), warmup, trial_steps)  # the same checks, now
+        self.switch = switch
+        self.step = step
+        self.warmup = warmup
+        self.trial_steps = trial_steps
+
+    def run(self, index: int, candidate: strategy_pb2.Strategy) -> TrialResult:
+        """Trial number ``index`` of ``candidate`` (collective)."""
+        trial = Trial(index, candidate, self.warmup, self.trial_steps)
+        trial.begin(self.switch)
+        while not trial.done:
+            trial.run_step(self.step)
+        return trial.result()

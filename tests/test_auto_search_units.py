@@ -1,0 +1,149 @@
+"""The search of builders.Auto in one process: Algorithm 1's bookkeeping, the trials' failure rules, bad input.
+
+The search model here is a stand-in with known "true" step times, so that
+what the search must return is known independently of it: the fastest
+strategy among those it tried, after exactly ``budget`` trials. The
+multi-worker behaviour (agreement, switching, training equivalence) is in
+tests/test_auto_search.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kungfu_tf.proto import strategy_pb2
+from kungfu_tf.strategy import StrategyError
+from kungfu_tf.strategy.auto.builder import Auto, is_auto
+from kungfu_tf.strategy.auto.search import Search, SearchBudget, check_searchable
+from kungfu_tf.strategy.auto.trials import TrialResult, TrialRunner
+from kungfu_tf.strategy.cluster_spec import ClusterSpec
+from kungfu_tf.strategy.source import check_source, resolve_strategy
+from kungfu_tf.strategy.variable_info import VariableInfo
+
+# The stand-in's candidates and the step time each "really" takes.
+TRUE_SECONDS = {f"s{i}": 0.010 + 0.001 * ((7 * i) % 13) for i in range(13)}
+
+
+class FakeModel:
+    """Samples from TRUE_SECONDS (deterministic by seed), predicts a noisy time, records what it learned."""
+
+    def __init__(self) -> None:
+        self.learned: list[int] = []
+
+    def sample(self, count, seed):
+        ids = sorted(TRUE_SECONDS)
+        return [strategy_pb2.Strategy(id=ids[(seed * 5 + j) % len(ids)]) for j in range(count)]
+
+    def predict(self, strategies):
+        return [TRUE_SECONDS[s.id] * (1.5 if int(s.id[1:]) % 2 else 1.0) for s in strategies]
+
+    def learn(self, strategies, measured):
+        self.learned.append(len(strategies))
+
+    def fidelity(self):
+        return 0.5
+
+    def select(self, candidates, scores, k):
+        return sorted(range(len(candidates)), key=lambda i: scores[i])[:k]
+
+
+def run(search: Search, fail: set[str] = frozenset(), wall: float = 1.0) -> list[str]:
+    tried = []
+    while (c := search.next_candidate()) is not None:
+        tried.append(c.id)
+        seconds = math.inf if c.id in fail else TRUE_SECONDS[c.id]
+        search.record(TrialResult(search.trials_done, c.id, seconds, wall, "boom" if c.id in fail else None))
+    return tried
+
+
+def test_search_spends_exactly_the_trial_budget_and_returns_the_fastest_tried(tmp_path):
+    model = FakeModel()
+    search = Search(model, SearchBudget(trials=7), candidates_per_round=4, trials_per_round=3,
+                    log_path=tmp_path / "log.jsonl", show_progress=False)  # fmt: skip
+    tried = run(search)
+    search.close()
+    assert len(tried) == 7 and len(set(tried)) == 7  # never the same candidate twice
+    assert search.best.id == min(tried, key=TRUE_SECONDS.__getitem__)
+    assert model.learned == [3, 6, 7]  # the ranker learns after each round, on every trial so far
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [x["strategy_id"] for x in lines] == tried
+    for x in lines:
+        assert x["measured_seconds"] == pytest.approx(TRUE_SECONDS[x["strategy_id"]])
+        assert x["predicted_seconds"] > 0 and x["fidelity"] == 0.5
+    assert [x["round"] for x in lines] == [0, 0, 0, 1, 1, 1, 2]
+
+
+def test_seconds_budget_counts_the_agreed_wall_time_of_trials():
+    search = Search(FakeModel(), SearchBudget(seconds=2.5), show_progress=False)
+    assert len(run(search, wall=1.0)) == 3  # 0, 1, 2 s spent before the 1st, 2nd, 3rd trial
+
+
+def test_failed_trials_are_scored_infinitely_slow_and_the_search_goes_on(capsys):
+    search = Search(FakeModel(), SearchBudget(trials=4), trials_per_round=4)
+    first = search.next_candidate().id
+    tried = run(search, fail={first})
+    assert tried[0] == first and len(tried) == 4
+    assert search.best.id != first
+    out = capsys.readouterr().out
+    assert out.count("kungfu auto: trial") == 4 and "measured failed" in out
+
+
+def test_every_trial_failed_is_a_precise_error():
+    search = Search(FakeModel(), SearchBudget(trials=2), show_progress=False)
+    run(search, fail=set(TRUE_SECONDS))
+    with pytest.raises(StrategyError, match="no trial of the search succeeded"):
+        _ = search.best
+
+
+def test_initial_candidates_come_first_and_the_search_stops_when_nothing_new_is_left():
+    class Few(FakeModel):
+        def sample(self, count, seed):
+            return [strategy_pb2.Strategy(id="s1"), strategy_pb2.Strategy(id="s2")]
+
+    start = strategy_pb2.Strategy(id="s3")
+    search = Search(Few(), SearchBudget(trials=10), initial=[start], show_progress=False)
+    tried = run(search)
+    assert tried[0] == "s3" and sorted(tried[1:]) == ["s1", "s2"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"budget": 0}, "at least one trial, got trials=0"),
+        ({"budget": None}, "needs a number of trials or of seconds"),
+        ({"budget": None, "seconds": 0}, "must be > 0, got seconds=0"),
+        ({"trial_steps": 0}, "trial_steps must be an int >= 1"),
+        ({"warmup": -1}, "warmup must be an int >= 0"),
+    ],
+)
+def test_auto_rejects_bad_settings(kwargs, message):
+    with pytest.raises(StrategyError, match=message):
+        Auto(**kwargs)
+
+
+def test_no_variables_and_one_worker_are_precise_errors():
+    with pytest.raises(StrategyError, match="no trainable variables"):
+        Auto().build([], ClusterSpec(2))
+    with pytest.raises(StrategyError, match="at least 2 workers"):
+        check_searchable([VariableInfo("w", (2,))], 1)
+
+
+def test_auto_by_name_and_its_starting_strategy():
+    check_source("Auto")
+    assert is_auto("Auto") and is_auto(Auto()) and not is_auto("AllReduce")
+    s = resolve_strategy("Auto", [VariableInfo("w", (2,)), VariableInfo("b", (1,))], ClusterSpec(2))
+    assert [n.WhichOneof("synchronizer") for n in s.node_config] == ["all_reduce", "all_reduce"]
+
+
+def test_a_trial_that_raises_in_a_step_fails_without_running_the_rest():
+    calls = []
+
+    def step():
+        calls.append(1)
+        raise MemoryError("out of memory")
+
+    result = TrialRunner(lambda s: None, step, warmup=2, trial_steps=3).run(0, strategy_pb2.Strategy(id="x"))
+    assert result.failed and calls == [1] and result.error == "step 0: MemoryError: out of memory"
