@@ -1,16 +1,102 @@
-"""builders.Auto and its trials with real workers (kungfu-run, np = 2).
+"""builders.Auto, its trials and ``kungfu-strategy search`` with real workers (kungfu-run, np = 2).
 
 * tests/workers/auto_trials.py: a trial that failed on one worker (in its
   switch or in a step) fails on every worker after the same steps; the
   measured time is the slowest worker's, the same number everywhere;
   workers holding different candidates stop with a StrategyError.
+* tests/workers/auto_equivalence.py: a job whose first steps are the trials
+  of ``Auto(budget=4)`` (the starting all-reduce, a broken candidate whose
+  switch fails on every worker, and sampled candidates) ends with the
+  weights of one process trained on the union batches; the search log has a
+  prediction for every trial and a measurement for every one but the broken.
+* ``kungfu-strategy search`` writes a strategy that ``explain`` accepts for
+  the model, and a log with predicted and measured times per trial; bad
+  input is one precise line before any worker starts.
 """
 
 from __future__ import annotations
 
-from conftest import assert_job_ok, run_job
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import REPO_ROOT, assert_job_ok, run_job, worker_env
+
+from kungfu_tf.strategy import format as strategy_format
 
 
 def test_trials_agree_on_failure_measurement_and_candidate():
     rc, out, err = run_job(2, "auto_trials.py", timeout=180)
     assert_job_ok(rc, out, err, 2, expected_checks=9)
+
+
+def test_training_through_auto_trials_equals_one_process(tmp_path):
+    rc, out, err = run_job(2, "auto_equivalence.py", "auto", tmp_path / "search.jsonl", timeout=300)
+    counts = assert_job_ok(rc, out, err, 2)
+    assert counts[0] > counts[1] > 0, out[-3000:]  # rank 0 also checked the log
+    assert out.count("kungfu auto: trial") == 4, out[-3000:]  # the progress lines, rank 0 only
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kungfu_tf.strategy.cli", *args],
+        capture_output=True, text=True, timeout=600, env=worker_env(), cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+
+
+def test_search_writes_a_strategy_explain_accepts_and_a_log(tmp_path):
+    best, log = tmp_path / "best.pbtxt", tmp_path / "search.jsonl"
+    r = cli("search", "--model", "digits-mlp", "--np", "2", "--budget", "3", "--trial-steps", "2",
+            "--warmup", "1", "-o", str(best), "--log", str(log))  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("kungfu auto: trial") == 3 and f"wrote {best}" in r.stdout, r.stdout
+    strategy = strategy_format.load(best)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == 3
+    for x in lines:
+        assert x["predicted_seconds"] > 0 and x["measured_seconds"] > 0, x
+    assert strategy.id == min(lines, key=lambda x: x["measured_seconds"])["strategy_id"]
+    explained = cli("explain", str(best), "--model", "digits-mlp", "--np", "2")
+    assert explained.returncode == 0, explained.stderr
+    assert "dense" in explained.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--np", "1"], "needs at least 2 workers"),
+        (["--np", "2", "--budget", "0"], "argument --budget: must be >= 1, got 0"),
+        (["--np", "2", "--hosts", "3"], "cannot spread 2 replicas over 3 hosts"),
+        (["--np", "2", "--warmup", "-1"], "--warmup must be >= 0 steps, got -1"),
+    ],
+)
+def test_search_bad_input(tmp_path, args, message):
+    r = cli("search", "--model", "digits-mlp", *args, "-o", str(tmp_path / "best.pbtxt"))
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "best.pbtxt").exists()
+
+
+def test_search_of_a_model_without_trainable_variables(tmp_path):
+    (tmp_path / "registry.py").write_text(
+        textwrap.dedent(
+            """\
+            import keras
+            from types import SimpleNamespace
+
+            def frozen():
+                model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+                model.trainable = False
+                return model
+
+            MODELS = {"frozen": SimpleNamespace(build=frozen)}
+            """
+        )
+    )
+    (tmp_path / "search_strategy.py").write_text("raise SystemExit('the search must not start')\n")
+    r = cli("search", "--model", "frozen", "--np", "2", "--models-dir", str(tmp_path), "-o", str(tmp_path / "b.pbtxt"))
+    assert r.returncode == 2, r
+    assert r.stderr.strip().splitlines()[-1] == (
+        "kungfu-strategy: error: the model has no trainable variables: there is no strategy to search for"
+    )

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import StrategyError
@@ -147,3 +149,38 @@ def test_a_trial_that_raises_in_a_step_fails_without_running_the_rest():
 
     result = TrialRunner(lambda s: None, step, warmup=2, trial_steps=3).run(0, strategy_pb2.Strategy(id="x"))
     assert result.failed and calls == [1] and result.error == "step 0: MemoryError: out of memory"
+
+
+def test_auto_with_one_worker_is_a_precise_error_at_the_first_searching_step():
+    import keras
+
+    from kungfu_tf.elastic import function as step_function
+    from kungfu_tf.optimizers import SynchronousSGDOptimizer
+    from kungfu_tf.strategy import builders, step_driver
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.Auto(budget=2))
+
+    @step_function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    x = np.ones((2, 3), "float32")
+    step(x)  # builds the optimizer on the starting all-reduce strategy
+    with pytest.raises(StrategyError, match="needs at least 2 workers .* the job has 1"):
+        step(x)
+    assert step_driver.installed() is None  # the search left: training can go on
+    step(x)
+
+
+def test_auto_on_a_model_without_trainable_variables_is_a_precise_error():
+    import keras
+
+    from kungfu_tf.optimizers import SynchronousSGDOptimizer
+    from kungfu_tf.strategy import builders
+
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.Auto(budget=2))
+    with pytest.raises(StrategyError, match="no trainable variables"):
+        opt.build([])

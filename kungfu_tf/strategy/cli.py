@@ -4,6 +4,7 @@
     kungfu-strategy explain ps.pbtxt --model digits-mlp --np 4    # checked against a model and job
     kungfu-strategy explain ps.pbtxt --model ncf --np 4 --hosts 2 --cross-host-gbps 1   # + cost model breakdown
     kungfu-strategy build --builder NAME --model digits-mlp --np 4 --hosts 2 -o ps.pbtxt
+    kungfu-strategy search --model ncf --np 4 --budget 8 -o best.pbtxt --log search.jsonl
 
 Models are the ones of ``models/registry.py`` (``--models-dir``). Problems
 (a malformed file, a strategy that does not fit the model, an unknown model or
@@ -159,6 +160,45 @@ def _build(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}: {len(strategy.node_config)} nodes for {args.np} replicas (builder {args.builder})")
 
 
+def _search(args: argparse.Namespace) -> int:
+    """Runs the search in a ``kungfu-run -np N`` job on this machine; returns the job's exit status."""
+    import subprocess
+
+    from kungfu_tf.strategy.auto.search import check_searchable
+
+    if args.hosts > args.np:
+        raise CliError(f"cannot spread {args.np} replicas over {args.hosts} hosts")
+    if args.warmup < 0:
+        raise CliError(f"--warmup must be >= 0 steps, got {args.warmup}")
+    script = args.models_dir / "search_strategy.py"
+    if not script.is_file():
+        raise CliError(f"no search worker in {args.models_dir} (expected {script}); see --models-dir")
+    # Checked here, before any worker starts: the same precise errors the workers would raise.
+    check_searchable(_model_variables(args.model, args.models_dir), args.np)
+    output = args.output.resolve()
+    worker = [
+        sys.executable, str(script), "--model", args.model, "--budget", str(args.budget),
+        "--trial-steps", str(args.trial_steps), "--warmup", str(args.warmup),
+        "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--hosts", str(args.hosts),
+        "--output", str(output),
+    ]  # fmt: skip
+    if args.seconds is not None:
+        worker += ["--seconds", str(args.seconds)]
+    if args.bandwidth_gbps is not None:
+        worker += ["--bandwidth-gbps", str(args.bandwidth_gbps)]
+    if args.log is not None:
+        worker += ["--log", str(args.log.resolve())]
+    if output.exists():
+        output.unlink()  # a file left by an earlier search must not pass for this one's
+    job = [sys.executable, "-m", "kungfu_tf.run", "-np", str(args.np), *worker]
+    status = subprocess.run(job, stdin=subprocess.DEVNULL, check=False).returncode
+    if status != 0:
+        raise CliError(f"the search job (kungfu-run -np {args.np}) failed with exit status {status}; see its output above")
+    if not output.is_file():
+        raise CliError(f"the search job ended without writing {output}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -233,6 +273,41 @@ def make_parser() -> argparse.ArgumentParser:
     )
     add_models_dir(build)
     build.set_defaults(run=_build)
+
+    search = commands.add_parser(
+        "search",
+        help="search for a model's fastest strategy with trial runs on this machine (builders.Auto)",
+        description=(
+            "Starts kungfu-run -np NP on this machine (loopback); its workers train MODEL on synthetic data "
+            "while builders.Auto samples candidates, scores them with the cost model and measures the most "
+            "promising in real trial steps. Rank 0 prints one line per trial and writes the fastest strategy "
+            "measured to -o, for kungfu-strategy explain and SynchronousSGDOptimizer(strategy=FILE)."
+        ),
+    )
+    search.add_argument("--model", required=True, help="model name in the registry")
+    search.add_argument("--np", type=_positive_int, required=True, help="workers (at least 2)")
+    search.add_argument("--budget", type=_positive_int, default=8, help="trials (default %(default)s)")
+    search.add_argument("--seconds", type=_positive_float, help="also stop after this many seconds of trials")
+    search.add_argument(
+        "--hosts",
+        type=_positive_int,
+        default=1,
+        help=(
+            "rank candidates for this many hosts (ranks in blocks) at --bandwidth-gbps between them, as "
+            "declared rates. The trials still run here, on one host: their measurements, and the ranker "
+            "trained on them, are this machine's. For a real multi-host search use builders.Auto in a job "
+            "launched on those hosts."
+        ),
+    )
+    search.add_argument("--bandwidth-gbps", type=_positive_float, help="declared inter-host bandwidth in Gbit/s")
+    search.add_argument("--trial-steps", type=_positive_int, default=5, help="timed steps per trial")
+    search.add_argument("--warmup", type=int, default=2, help="untimed steps per trial before the timed ones")
+    search.add_argument("--batch-size", type=_positive_int, default=32, help="per-worker batch size")
+    search.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    search.add_argument("-o", "--output", type=Path, required=True, help="best strategy file (.json: JSON)")
+    search.add_argument("--log", type=Path, help="search log: one JSON line per trial (predicted, measured)")
+    add_models_dir(search)
+    search.set_defaults(run=_search)
     return parser
 
 
@@ -244,13 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = make_parser().parse_args(argv)
     try:
-        args.run(args)
+        status = args.run(args)
     except (StrategyError, CliError) as e:
         # One line, no traceback: these are the user's mistakes, not ours.
         message = " ".join(str(e).split("\n"))
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

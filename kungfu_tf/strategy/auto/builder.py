@@ -92,6 +92,10 @@ class Auto(StrategyBuilder):
             search's start on every worker (collective); None: the sampler, cost
             model and ranker of ``kungfu_tf.strategy.auto``.
         extra_candidates: strategies tried first, before the sampled ones.
+        cluster: the cluster the search model ranks candidates for, with
+            declared rates (``ClusterSpec.bandwidth_gbps`` between its hosts)
+            instead of calibrated ones; None (default): the running job's,
+            calibrated. The trials always run on the running job.
 
     Example:
         >>> Auto(budget=8).budget.trials, Auto(budget=None, seconds=60).budget.seconds
@@ -113,6 +117,7 @@ class Auto(StrategyBuilder):
         show_progress: bool = True,
         search_model: SearchModelFactory | None = None,
         extra_candidates: Sequence[strategy_pb2.Strategy] = (),
+        cluster: ClusterSpec | None = None,
     ) -> None:
         self.budget = SearchBudget(budget, seconds)
         if isinstance(trial_steps, bool) or not isinstance(trial_steps, int) or trial_steps < 1:
@@ -132,6 +137,7 @@ class Auto(StrategyBuilder):
         self.show_progress = show_progress
         self.search_model = search_model
         self.extra_candidates = list(extra_candidates)
+        self.cluster = cluster
         self.result: AutoResult | None = None
 
     def build(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> strategy_pb2.Strategy:
@@ -149,12 +155,19 @@ class Auto(StrategyBuilder):
         """The starting strategy: every variable all-reduced (the all-reduce builder's defaults)."""
         return AllReduce().nodes(variables, cluster)
 
-    def make_search_model(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> SearchModel:
-        """The search model for this search (collective: it calibrates the links)."""
+    def make_search_model(self, variables: Sequence[VariableInfo], running: ClusterSpec) -> SearchModel:
+        """The search model for this search on the ``running`` cluster (collective: it calibrates the links)."""
+        if self.cluster is not None and self.cluster.replicas != running.replicas:
+            raise StrategyError(
+                f"Auto(cluster=...) describes {self.cluster.replicas} replicas, the job has {running.replicas}"
+            )
+        cluster = self.cluster or running
         if self.search_model is not None:
             return self.search_model(variables, cluster)
         from kungfu_tf.strategy.auto.search_model import AutoDistModel
 
+        if self.cluster is not None:
+            return AutoDistModel.declared(variables, cluster)
         return AutoDistModel.calibrated(variables, cluster)
 
 
