@@ -29,6 +29,13 @@ from kungfu_tf.strategy.variable_info import VariableInfo
 TRUE_SECONDS = {f"s{i}": 0.010 + 0.001 * ((7 * i) % 13) for i in range(13)}
 
 
+def candidate(name: str) -> strategy_pb2.Strategy:
+    """A strategy named ``name`` whose nodes differ from every other name's (the search ignores ids)."""
+    s = strategy_pb2.Strategy(id=name)
+    s.node_config.add(var_name=name).all_reduce.group = 0
+    return s
+
+
 class FakeModel:
     """Samples from TRUE_SECONDS (deterministic by seed), predicts a noisy time, records what it learned."""
 
@@ -37,10 +44,13 @@ class FakeModel:
 
     def sample(self, count, seed):
         ids = sorted(TRUE_SECONDS)
-        return [strategy_pb2.Strategy(id=ids[(seed * 5 + j) % len(ids)]) for j in range(count)]
+        return [candidate(ids[(seed * 5 + j) % len(ids)]) for j in range(count)]
 
     def predict(self, strategies):
         return [TRUE_SECONDS[s.id] * (1.5 if int(s.id[1:]) % 2 else 1.0) for s in strategies]
+
+    def cost_model_predict(self, strategies):
+        return [TRUE_SECONDS[s.id] * 2 for s in strategies]
 
     def learn(self, strategies, measured):
         self.learned.append(len(strategies))
@@ -75,6 +85,7 @@ def test_search_spends_exactly_the_trial_budget_and_returns_the_fastest_tried(tm
     for x in lines:
         assert x["measured_seconds"] == pytest.approx(TRUE_SECONDS[x["strategy_id"]])
         assert x["predicted_seconds"] > 0 and x["fidelity"] == 0.5
+        assert x["cost_model_seconds"] == pytest.approx(2 * TRUE_SECONDS[x["strategy_id"]])
     assert [x["round"] for x in lines] == [0, 0, 0, 1, 1, 1, 2]
 
 
@@ -101,11 +112,14 @@ def test_every_trial_failed_is_a_precise_error():
 
 
 def test_initial_candidates_come_first_and_the_search_stops_when_nothing_new_is_left():
+    renamed = candidate("s2")
+    renamed.id = "the same nodes as s2"
+
     class Few(FakeModel):
         def sample(self, count, seed):
-            return [strategy_pb2.Strategy(id="s1"), strategy_pb2.Strategy(id="s2")]
+            return [candidate("s1"), candidate("s2"), candidate("s1"), renamed]
 
-    start = strategy_pb2.Strategy(id="s3")
+    start = candidate("s3")
     search = Search(Few(), SearchBudget(trials=10), initial=[start], show_progress=False)
     tried = run(search)
     assert tried[0] == "s3" and sorted(tried[1:]) == ["s1", "s2"]

@@ -27,8 +27,10 @@ Example:
     >>> from kungfu_tf.proto import strategy_pb2
     >>> from kungfu_tf.strategy.auto.trials import TrialResult
     >>> class Two:  # a search model with two candidates and a fixed score
-    ...     def sample(self, count, seed): return [strategy_pb2.Strategy(id=i) for i in ("a", "b")]
+    ...     def sample(self, count, seed):
+    ...         return [strategy_pb2.Strategy(id=i, node_config=[strategy_pb2.Node(var_name=i)]) for i in "ab"]
     ...     def predict(self, strategies): return [1.0 for _ in strategies]
+    ...     def cost_model_predict(self, strategies): return [1.0 for _ in strategies]
     ...     def learn(self, strategies, measured): pass
     ...     def fidelity(self): return 0.0
     ...     def select(self, candidates, scores, k): return list(range(min(k, len(candidates))))
@@ -68,6 +70,9 @@ class SearchModel(Protocol):
 
     def predict(self, strategies: Sequence[strategy_pb2.Strategy]) -> list[float]:
         """Predicted seconds per step of each strategy (the ranker's once it has learned, else the cost model's)."""
+
+    def cost_model_predict(self, strategies: Sequence[strategy_pb2.Strategy]) -> list[float]:
+        """The predefined cost model's seconds per step alone (logged beside ``predict``'s, to compare them)."""
 
     def learn(self, strategies: Sequence[strategy_pb2.Strategy], measured: Sequence[float]) -> None:
         """Refines the ranker with every trial so far (``math.inf``: the trial failed)."""
@@ -109,7 +114,8 @@ class SearchRecord:
     trial: int
     round: int
     strategy_id: str
-    predicted_seconds: float
+    predicted_seconds: float  # the search model's prediction when it chose the trial (the ranker's, once trained)
+    cost_model_seconds: float  # the predefined cost model's alone
     measured_seconds: float | None  # None: the trial failed (JSON has no infinity)
     fidelity: float
     elapsed_seconds: float
@@ -209,6 +215,7 @@ class Search:
             round=self.round,
             strategy_id=candidate.id,
             predicted_seconds=predicted,
+            cost_model_seconds=float(self.model.cost_model_predict([candidate])[0]),
             measured_seconds=None if result.failed else result.seconds_per_step,
             fidelity=self._fidelity,
             elapsed_seconds=round(time.monotonic() - self._started, 3),
@@ -247,7 +254,11 @@ class Search:
             self._log = None
 
     def _is_new(self, strategy: strategy_pb2.Strategy) -> bool:
-        key = canonical_bytes(strategy)
+        # The same nodes under another name (a builder's strategy drawn again by the sampler) are not new.
+        unnamed = strategy_pb2.Strategy()
+        unnamed.CopyFrom(strategy)
+        unnamed.ClearField("id")
+        key = canonical_bytes(unnamed)
         if key in self._seen:
             return False
         self._seen.add(key)
