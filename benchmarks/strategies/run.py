@@ -13,6 +13,12 @@ For every selected model, in one run, 4 workers (``--np``) train with
     a 1 GbE network looks like. Needs root (``ip netns``); without it the
     setting is reported as skipped.
 
+``Auto`` (``builders.Auto``) is a column like the builders: its searches run
+first in the same workers (benchmarks/strategies/auto_searches.py), then its
+chosen strategy is timed in the same rounds; the report adds its targets,
+the search's cost, the ranking accuracy by bucket and a plot of the search
+(benchmarks/strategies/auto_report.py).
+
 All builders of one (model, setting) run in the same worker processes, each
 with its own optimizer and traced step, timed in rotating rounds (see the
 worker), so they are compared side by side under the same conditions. The
@@ -55,6 +61,9 @@ EXP_DIR = Path(__file__).resolve().parent
 BENCH_DIR = EXP_DIR.parent
 REPO = BENCH_DIR.parent
 BUILD_DIR = REPO / "build" / "bench"
+from benchmarks.harness.paths import RESULTS_DIR
+from benchmarks.strategies.auto_report import print_auto_report
+from benchmarks.strategies.auto_searches import AUTO
 from benchmarks.strategies.worker import DEFAULT
 from kungfu_tf.strategy.builders import BUILDERS
 
@@ -104,6 +113,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--inter-op", type=int, default=2, help="TF inter-op threads (intra-op is 1)"
     )
+    p.add_argument("--auto-budget", type=int, default=8, help="trials of each Auto search")
+    p.add_argument("--auto-trials-per-round", type=int, default=4, help="Auto trials between ranker refits")
+    p.add_argument(
+        "--plot", type=Path, default=RESULTS_DIR / "strategies_auto.png", help="Auto's search plot"
+    )
     p.add_argument(
         "--launch-timeout", type=float, default=1800.0, help="kill a launch after this"
     )
@@ -119,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
 
     args.models = comma_choices(p, "--models", args.models, ALL_MODELS)
-    args.builders = comma_choices(p, "--builders", args.builders, [DEFAULT, *BUILDERS])
+    args.builders = comma_choices(p, "--builders", args.builders, [DEFAULT, *BUILDERS, AUTO])
     args.settings = comma_choices(
         p, "--settings", args.settings, SETTINGS, allow_all=False
     )
@@ -141,6 +155,7 @@ def worker_argv(model: str, setting: str, args: argparse.Namespace) -> list[str]
         "--model", model, "--builders", ",".join(args.builders), "--setting", setting,
         "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
         "--steps", str(steps), "--rounds", str(args.rounds),
+        "--auto-budget", str(args.auto_budget), "--auto-trials-per-round", str(args.auto_trials_per_round),
         "--intra-op", "1", "--inter-op", str(args.inter_op),
     ]  # fmt: skip
 
@@ -197,8 +212,8 @@ def verdict_of(ratio: float) -> str:
 
 
 def fastest_builders(timed: dict[str, float]) -> list[str]:
-    """The builders (not the default) within TIE_FRACTION of the fastest one, fastest first."""
-    builders = {b: t for b, t in timed.items() if b != DEFAULT}
+    """The builders (not the default, not Auto) within TIE_FRACTION of the fastest one, fastest first."""
+    builders = {b: t for b, t in timed.items() if b not in (DEFAULT, AUTO)}
     if not builders:
         return []
     best = min(builders.values())
@@ -306,6 +321,7 @@ def print_report(
             f"'no strategy' is SynchronousSGDOptimizer without a strategy (fused all-reduce buckets of at most "
             f"64 MiB), the baseline; it is not counted as a builder. Bold: within {TIE_FRACTION:.0%} of the fastest builder."
         )
+    print_auto_report(points, [b for b in args.builders if b in BUILDERS], args.plot)
     foreign = [
         p["foreign_cpu_cores"] for p in points if p.get("foreign_cpu_cores") is not None
     ]
@@ -337,7 +353,9 @@ def _argv_of(saved_args: dict[str, str]) -> list[str]:
     argv = []
     for key in ("models", "builders", "settings"):
         argv += [f"--{key}", ",".join(ast.literal_eval(saved_args[key]))]
-    for key in ("np", "link", "batch_size", "warmup", "rounds", "inter_op"):
+    for key in ("np", "link", "batch_size", "warmup", "rounds", "inter_op", "auto_budget", "auto_trials_per_round"):
+        if key not in saved_args:  # a run from before the option existed
+            continue
         argv += [f"--{key.replace('_', '-')}", saved_args[key]]
     return argv
 

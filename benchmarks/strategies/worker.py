@@ -6,7 +6,10 @@ rank 0's initial weights, then for each builder makes its own
 ``SynchronousSGDOptimizer(SGD, strategy=NAME)`` (the builder's default
 settings, on the cluster of the running job: ranks and their hosts from
 ``kungfu-run``'s peer list) and its own ``tf.function`` step. The name
-``default`` stands for no strategy at all (today's plain S-SGD).
+``default`` stands for no strategy at all (today's plain S-SGD); ``Auto``
+for ``builders.Auto``: its searches run first, on the same model and batches
+(benchmarks/strategies/auto_searches.py), and its best strategy is then timed
+beside the builders.
 
 Builders are timed in rounds, the order rotating every round, so slow drift
 of the machine does not favour the builder that happens to run first. Each
@@ -27,6 +30,7 @@ import time
 from typing import Any
 
 from benchmarks.harness.timing import emit_result
+from benchmarks.strategies.auto_searches import AUTO, run_searches
 
 # The pseudo-builder for SynchronousSGDOptimizer without a strategy: what a
 # user gets by default (fused all-reduce buckets), the baseline of the table.
@@ -50,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--pool", type=int, default=4, help="distinct batches per worker")
+    p.add_argument("--auto-budget", type=int, default=8, help="trials of each Auto search")
+    p.add_argument("--auto-trials-per-round", type=int, default=4, help="trials between ranker refits")
+    p.add_argument("--auto-seed", type=int, default=0, help="the Auto sampler's seed")
     p.add_argument("--intra-op", type=int, default=1)
     p.add_argument("--inter-op", type=int, default=2)
     return p.parse_args()
@@ -122,8 +129,13 @@ def main() -> None:
         return time.perf_counter() - t0, last, sent_bytes() - before
 
     steps: dict[str, Any] = {}
+    auto_info: dict[str, Any] = {}
+    if AUTO in names:
+        # First: every switch of a search makes the steps traced before it stale.
+        steps[AUTO], auto_info = run_searches(model, loss_fn, batches, args)
     for name in names:
-        _, steps[name] = make_step(name)
+        if name != AUTO:
+            _, steps[name] = make_step(name)
         # Trace, build the optimizer, open the connections the strategy uses.
         for i in range(max(1, args.warmup)):
             float(steps[name](*batches[i % len(batches)]))
@@ -145,8 +157,10 @@ def main() -> None:
     if rank != 0:
         return
     for name in names:
+        extra = {"auto": auto_info} if name == AUTO else {}
         emit_result(
             {
+                **extra,
                 "model": args.model,
                 "builder": name,
                 "setting": args.setting,
