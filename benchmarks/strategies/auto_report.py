@@ -119,7 +119,7 @@ def print_ranking_accuracy(points: Sequence[dict[str, Any]]) -> None:
         trials = p["auto"]["ranker"]["trials"]
         later = [t for t in _measured(trials) if t["round"] > 0]  # chosen by a ranker trained on earlier rounds
         scored_trials += len(later)
-        for acc, key in ((cost, "cost_model_seconds"), (ranker, "predicted_seconds")):
+        for acc, key in ((cost, "predicted_seconds"), (ranker, "score")):
             for b, (right, pairs) in enumerate(pair_accuracy(trials, key, later)):
                 acc[b] = (acc[b][0] + right, acc[b][1] + pairs)
     print("### Ranking accuracy by performance bucket (AutoDist Fig. 4)\n")

@@ -155,7 +155,8 @@ def main() -> None:
         with open(log_path, encoding="utf-8") as f:
             lines = [json.loads(x) for x in f]
         chk.equal(len(lines), BUDGET, "log lines")
-        chk.true(all(x["predicted_seconds"] is not None for x in lines), "a prediction per trial")
+        chk.true(all(x["predicted_seconds"] is not None for i, x in enumerate(lines) if i != 1),
+                 "a prediction per trial (but the broken one's, which the cost model cannot score)")  # fmt: skip
         chk.equal(sum(x["measured_seconds"] is None for x in lines), 1, "trials without a measurement")
     print(f"ran {len(distinct)} strategies: {[r.strategy_id for r in records]} best {auto.result.best.id}", flush=True)
     chk.done()

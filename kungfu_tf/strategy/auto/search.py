@@ -19,9 +19,10 @@ The search model — sampler, calibrated cost model, ranker, trial selection —
 is behind :class:`SearchModel`; :class:`AutoDistModel` is the one of
 ``kungfu_tf.strategy.auto``.
 
-A JSON line per trial goes to ``log_path`` (trial, round, strategy id,
-predicted and measured seconds per step, the ranker's fidelity, elapsed
-seconds), and rank 0 prints one progress line per trial.
+A JSON line per trial goes to ``log_path`` (trial, round, strategy id, the
+cost model's predicted and the measured seconds per step, the score the
+search chose it by, the fidelity, elapsed seconds), and rank 0 prints one
+progress line per trial.
 
 Example:
     >>> from kungfu_tf.proto import strategy_pb2
@@ -63,22 +64,22 @@ log = logging.getLogger("kungfu_tf.strategy.auto")
 
 
 class SearchModel(Protocol):
-    """What Algorithm 1 needs of its search model (lower scores are faster: seconds per step)."""
+    """What Algorithm 1 needs of its search model (lower scores are faster)."""
 
     def sample(self, count: int, seed: int) -> list[strategy_pb2.Strategy]:
         """About ``count`` valid candidates, the same for the same seed on every worker."""
 
     def predict(self, strategies: Sequence[strategy_pb2.Strategy]) -> list[float]:
-        """Predicted seconds per step of each strategy (the ranker's once it has learned, else the cost model's)."""
+        """A score per strategy, lower for faster (the ranker's once trusted, else the cost model's seconds)."""
 
     def cost_model_predict(self, strategies: Sequence[strategy_pb2.Strategy]) -> list[float]:
-        """The predefined cost model's seconds per step alone (logged beside ``predict``'s, to compare them)."""
+        """The predefined cost model's seconds per step (logged beside the scores, to compare them)."""
 
     def learn(self, strategies: Sequence[strategy_pb2.Strategy], measured: Sequence[float]) -> None:
         """Refines the ranker with every trial so far (``math.inf``: the trial failed)."""
 
     def fidelity(self) -> float:
-        """How far the ranker is trusted now (0: not at all, 1: fully)."""
+        """How far the scores are trusted now (pairwise accuracy: 0.5 a coin, 1 perfect)."""
 
     def select(self, candidates: Sequence[strategy_pb2.Strategy], scores: Sequence[float], k: int) -> list[int]:
         """Indices of at most ``k`` candidates to try (score vs diversity at this fidelity)."""
@@ -114,8 +115,8 @@ class SearchRecord:
     trial: int
     round: int
     strategy_id: str
-    predicted_seconds: float  # the search model's prediction when it chose the trial (the ranker's, once trained)
-    cost_model_seconds: float  # the predefined cost model's alone
+    predicted_seconds: float | None  # the cost model's step time (None: it cannot score the candidate)
+    score: float | None  # what the search ranked it by when it chose it (the ranker's score, once trusted)
     measured_seconds: float | None  # None: the trial failed (JSON has no infinity)
     fidelity: float
     elapsed_seconds: float
@@ -175,7 +176,7 @@ class Search:
         self._round_start = 0
         if initial:
             initial = [s for s in initial if self._is_new(s)]
-            self._queue = list(zip(initial, self.model.predict(initial)))
+            self._queue = list(zip(initial, self._safely(self.model.predict, initial)))
 
     @property
     def trials_done(self) -> int:
@@ -214,8 +215,8 @@ class Search:
             trial=len(self._tried) - 1,
             round=self.round,
             strategy_id=candidate.id,
-            predicted_seconds=predicted,
-            cost_model_seconds=float(self.model.cost_model_predict([candidate])[0]),
+            predicted_seconds=_finite(self._safely(self.model.cost_model_predict, [candidate])[0]),
+            score=_finite(predicted),
             measured_seconds=None if result.failed else result.seconds_per_step,
             fidelity=self._fidelity,
             elapsed_seconds=round(time.monotonic() - self._started, 3),
@@ -252,6 +253,21 @@ class Search:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    @staticmethod
+    def _safely(predict: Any, strategies: Sequence[strategy_pb2.Strategy]) -> list[float]:
+        """``predict(strategies)``; a strategy the model cannot score (it does not fit the model) scores ``inf``."""
+        try:
+            return [float(x) for x in predict(strategies)]
+        except StrategyError:
+            out = []
+            for strategy in strategies:
+                try:
+                    out.append(float(predict([strategy])[0]))
+                except StrategyError as e:
+                    log.warning("kungfu auto: cannot score candidate %r: %s", strategy.id, e)
+                    out.append(math.inf)
+            return out
 
     def _is_new(self, strategy: strategy_pb2.Strategy) -> bool:
         # The same nodes under another name (a builder's strategy drawn again by the sampler) are not new.
@@ -292,13 +308,17 @@ class Search:
         limit = f"/{self.budget.trials}" if self.budget.trials is not None else ""
         measured = "failed" if r.measured_seconds is None else f"{r.measured_seconds * 1e3:.1f} ms/step"
         best = "-" if r.best_measured_seconds is None else f"{r.best_measured_seconds * 1e3:.1f} ms"
+        predicted = "-" if r.predicted_seconds is None else f"{r.predicted_seconds * 1e3:.1f} ms"
         print(
-            f"kungfu auto: trial {r.trial + 1}{limit} round {r.round} {r.strategy_id}: predicted "
-            f"{r.predicted_seconds * 1e3:.1f} ms, measured {measured} (best {best}, fidelity {r.fidelity:.2f}, "
-            f"{self._spent_seconds:.1f} s of trials)",
+            f"kungfu auto: trial {r.trial + 1}{limit} round {r.round} {r.strategy_id}: predicted {predicted}, "
+            f"measured {measured} (best {best}, fidelity {r.fidelity:.2f}, {self._spent_seconds:.1f} s of trials)",
             file=out,
             flush=True,
         )
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isinf(x) or math.isnan(x) else x
 
 
 def no_trainable_variables_error() -> StrategyError:
