@@ -157,6 +157,7 @@ def plot_searches(points: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         ax.set_title(f"{p['model']}, {p['setting']}", fontsize=9)
         ax.set_xlabel("trials")
+        ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0][0].set_ylabel("best found / best hand builder (speed)")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()

@@ -139,7 +139,7 @@ def main() -> None:
     chk.true(auto.result is not None, "the search finished within the steps")
     records = auto.result.records
     chk.equal(len(records), BUDGET, "trials run")
-    chk.equal([r.strategy_id for r in records[:2]], ["Auto", "broken"], "the starting and the extra candidate first")
+    chk.equal([r.strategy_id for r in records[:2]], ["AllReduce", "broken"], "the starting and the extra candidate first")
     chk.true(records[1].measured_seconds is None and "StrategyError" in (records[1].error or ""),
              f"the broken candidate failed: {records[1]}")  # fmt: skip
     chk.true(all(r.measured_seconds and r.measured_seconds > 0 for i, r in enumerate(records) if i != 1),

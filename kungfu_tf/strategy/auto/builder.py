@@ -35,7 +35,7 @@ Example:
     >>> auto = Auto(budget=4, trial_steps=3)
     >>> s = auto.build([VariableInfo("w", (4,)), VariableInfo("b", (1,))], ClusterSpec(2))
     >>> s.id, [n.WhichOneof("synchronizer") for n in s.node_config]
-    ('Auto', ['all_reduce', 'all_reduce'])
+    ('AllReduce', ['all_reduce', 'all_reduce'])
     >>> Auto(budget=0)
     Traceback (most recent call last):
     ...
@@ -149,10 +149,11 @@ class Auto(StrategyBuilder):
             best.CopyFrom(self.result.best)
             best.graph_config.replicas = cluster.replicas
             return best
-        return super().build(variables, cluster)
+        # The starting strategy is the all-reduce builder's, under its name (it is that strategy).
+        return AllReduce().build(variables, cluster)
 
     def nodes(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> list[strategy_pb2.Node]:
-        """The starting strategy: every variable all-reduced (the all-reduce builder's defaults)."""
+        """The starting strategy's nodes: every variable all-reduced (the all-reduce builder's defaults)."""
         return AllReduce().nodes(variables, cluster)
 
     def make_search_model(self, variables: Sequence[VariableInfo], running: ClusterSpec) -> SearchModel:
