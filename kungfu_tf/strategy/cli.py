@@ -164,8 +164,9 @@ def _search(args: argparse.Namespace) -> int:
     """Runs the search in a ``kungfu-run -np N`` job on this machine; returns the job's exit status."""
     import subprocess
 
-    from kungfu_tf.strategy.auto.search import check_searchable
+    from kungfu_tf.strategy.auto.search import check_searchable, check_workers
 
+    check_workers(args.np)  # before the model is built: that takes seconds
     if args.hosts > args.np:
         raise CliError(f"cannot spread {args.np} replicas over {args.hosts} hosts")
     if args.warmup < 0:

@@ -53,12 +53,14 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from kungfu_tf.proto import strategy_pb2
-from kungfu_tf.strategy.auto.trials import TrialResult
 from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
+
+if TYPE_CHECKING:  # trials import TensorFlow; the search itself does not need it
+    from kungfu_tf.strategy.auto.trials import TrialResult
 
 log = logging.getLogger("kungfu_tf.strategy.auto")
 
@@ -337,6 +339,11 @@ def check_searchable(variables: Sequence[Any], replicas: int) -> None:
     """
     if not variables:
         raise no_trainable_variables_error()
+    check_workers(replicas)
+
+
+def check_workers(replicas: int) -> None:
+    """``StrategyError`` for fewer than 2 workers: no link to calibrate, no strategy differs from another."""
     if replicas < 2:
         raise StrategyError(
             f"the strategy search needs at least 2 workers to calibrate links and compare strategies, the job has "
