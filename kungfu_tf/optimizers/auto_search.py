@@ -32,16 +32,18 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import step_driver
 from kungfu_tf.strategy.auto.builder import Auto, AutoResult
-from kungfu_tf.strategy.auto.search import Search, check_searchable
+from kungfu_tf.strategy.auto.search import Search, SearchModel, check_searchable
+from kungfu_tf.strategy.auto.search_model import AutoDistModel
 from kungfu_tf.strategy.auto.trials import Trial
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
-from kungfu_tf.strategy.variable_info import describe_variables
+from kungfu_tf.strategy.errors import StrategyError
+from kungfu_tf.strategy.variable_info import VariableInfo, describe_variables
 
 log = logging.getLogger("kungfu_tf.strategy.auto")
 
@@ -103,7 +105,7 @@ class AutoSearchSession:
             self._leave()
             raise
         self._cluster = ClusterSpec.current()
-        model = self.auto.make_search_model(variables, self._cluster)
+        model = make_search_model(self.auto, variables, self._cluster)
         first = kungfu_tf.rank() == 0
         self.search = Search(
             model,
@@ -142,6 +144,18 @@ class AutoSearchSession:
     def _leave(self) -> None:
         self.finished = True
         step_driver.uninstall(self)
+
+
+def make_search_model(auto: Auto, variables: Sequence[VariableInfo], running: ClusterSpec) -> SearchModel:
+    """The search model of ``auto`` on the ``running`` cluster (collective: it calibrates the links)."""
+    view = auto.cluster
+    if view is not None and view.replicas != running.replicas:
+        raise StrategyError(f"Auto(cluster=...) describes {view.replicas} replicas, the job has {running.replicas}")
+    if auto.search_model is not None:
+        return auto.search_model(variables, view or running)
+    if view is not None:  # declared rates for the hosts described, nothing measured
+        return AutoDistModel.declared(variables, view)
+    return AutoDistModel.calibrated(variables, running)
 
 
 def _switch(optimizer: Any, strategy: strategy_pb2.Strategy) -> None:

@@ -90,7 +90,8 @@ class Auto(StrategyBuilder):
         show_progress: rank 0 prints one line per trial.
         search_model: ``(variables, cluster) -> SearchModel``, called at the
             search's start on every worker (collective); None: the sampler, cost
-            model and ranker of ``kungfu_tf.strategy.auto``.
+            model and ranker of ``kungfu_tf.strategy.auto``
+            (:class:`~kungfu_tf.strategy.auto.search_model.AutoDistModel`).
         extra_candidates: strategies tried first, before the sampled ones.
         cluster: the cluster the search model ranks candidates for, with
             declared rates (``ClusterSpec.bandwidth_gbps`` between its hosts)
@@ -155,21 +156,6 @@ class Auto(StrategyBuilder):
     def nodes(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> list[strategy_pb2.Node]:
         """The starting strategy's nodes: every variable all-reduced (the all-reduce builder's defaults)."""
         return AllReduce().nodes(variables, cluster)
-
-    def make_search_model(self, variables: Sequence[VariableInfo], running: ClusterSpec) -> SearchModel:
-        """The search model for this search on the ``running`` cluster (collective: it calibrates the links)."""
-        if self.cluster is not None and self.cluster.replicas != running.replicas:
-            raise StrategyError(
-                f"Auto(cluster=...) describes {self.cluster.replicas} replicas, the job has {running.replicas}"
-            )
-        cluster = self.cluster or running
-        if self.search_model is not None:
-            return self.search_model(variables, cluster)
-        from kungfu_tf.strategy.auto.search_model import AutoDistModel
-
-        if self.cluster is not None:
-            return AutoDistModel.declared(variables, cluster)
-        return AutoDistModel.calibrated(variables, cluster)
 
 
 def _same_cluster(a: ClusterSpec, b: ClusterSpec) -> bool:
