@@ -75,6 +75,15 @@ class AutoSearchSession:
         if optimizer is None:  # the optimizer is gone: nothing left to search for
             self._leave()
             return call()
+        try:
+            return self._search_step(optimizer, call)
+        except Exception:
+            # Not a failed trial (those are scored): the workers disagree on a candidate, no trial
+            # succeeded, a collective failed. The search is over; training may go on as it stands.
+            self._leave()
+            raise
+
+    def _search_step(self, optimizer: Any, call: Callable[[], Any]) -> Any:
         if self.search is None:
             self._start(optimizer)
         assert self.search is not None
@@ -99,11 +108,7 @@ class AutoSearchSession:
 
         self._started = time.monotonic()
         variables = describe_variables(list(optimizer._kungfu_model_variables))
-        try:
-            check_searchable(variables, kungfu_tf.size())
-        except Exception:
-            self._leave()
-            raise
+        check_searchable(variables, kungfu_tf.size())
         self._cluster = ClusterSpec.current()
         model = make_search_model(self.auto, variables, self._cluster)
         first = kungfu_tf.rank() == 0
@@ -123,11 +128,9 @@ class AutoSearchSession:
 
         assert self.search is not None and self._cluster is not None
         search = self.search
-        try:
-            best = search.best  # the same on every worker: it depends only on agreed measurements
-        finally:
-            search.close()
-            self._leave()
+        search.close()
+        self._leave()
+        best = search.best  # the same on every worker: it depends only on agreed measurements
         _switch(optimizer, best)
         self.auto.result = AutoResult(
             best, self._cluster, search.best_seconds, list(search.records), time.monotonic() - self._started
