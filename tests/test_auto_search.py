@@ -100,3 +100,17 @@ def test_search_of_a_model_without_trainable_variables(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (
         "kungfu-strategy: error: the model has no trainable variables: there is no strategy to search for"
     )
+
+
+def test_a_membership_change_during_the_search_ends_it_and_training_stays_exact(tmp_path):
+    # models/elastic_train.py with strategy="Auto" (8 trials of 2 + 5 steps: trial 1, under a sampled candidate
+    # the optimizer switched to, runs steps 8-14), SGD with momentum: the job shrinks to 2 at step 12, mid-trial.
+    # The search stops there on both survivors; the change re-built the strategy through Auto (not the candidate,
+    # which was written for 3 replicas: the shrink refused it, and every worker died, before this was so).
+    from test_elastic_strategy import LAUNCHER, MODELS, check_trained_like_one_process, train_args
+
+    args = train_args(tmp_path, "Auto", "momentum") + ["--resize-at", "12:2"]
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=300, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 3, 3, 3, 3, 2], "momentum")
+    assert "the cluster changed during the search (after 1 trials)" in err, err[-3000:]
+    assert "kungfu auto: trial 1/8 round 0 AllReduce" in out, out[-3000:]

@@ -14,7 +14,12 @@ is installed as the step driver (kungfu_tf/strategy/step_driver.py), and
   the next candidate, so no batch is lost;
 * when the budget is spent, every worker switches to the fastest strategy
   measured, the session leaves, and later membership changes re-build
-  through ``Auto.build`` (the best strategy for this cluster).
+  through ``Auto.build`` (the best strategy for this cluster);
+* a membership change during the search ends it at the next step, on every
+  member alike and without a collective (a joiner never started it):
+  the change re-built the strategy through ``Auto.build`` (no result yet:
+  the all-reduce builder's strategy for the new cluster) and training goes
+  on with it.
 
 Example:
     >>> import keras
@@ -65,6 +70,7 @@ class AutoSearchSession:
         self.trial: Trial | None = None
         self.finished = False
         self._cluster: ClusterSpec | None = None
+        self._version = -1
         self._started = 0.0
 
     def run_step(self, call: Callable[[], Any]) -> Any:
@@ -86,6 +92,12 @@ class AutoSearchSession:
     def _search_step(self, optimizer: Any, call: Callable[[], Any]) -> Any:
         if self.search is None:
             self._start(optimizer)
+        elif _cluster_version() != self._version:
+            # A membership change between two steps: the trials so far measured another cluster, and a
+            # joiner never started this search (its next collective would wait for ever). Every member sees
+            # the new version at this same step, so they all stop here, without a collective.
+            self._abandon(optimizer)
+            return call()
         assert self.search is not None
         while True:
             if self.trial is None or self.trial.done:
@@ -96,7 +108,7 @@ class AutoSearchSession:
                     self._finish(optimizer)
                     return call()
                 self.trial = Trial(self.search.trials_done, candidate, self.auto.warmup, self.auto.trial_steps)
-                self.trial.begin(lambda s: _switch(optimizer, s))
+                self.trial.begin(lambda s: self._switch(optimizer, s))
                 continue  # a failed switch ends the trial at once
             ok, out = self.trial.run_step(call)
             if ok:
@@ -110,6 +122,7 @@ class AutoSearchSession:
         variables = describe_variables(list(optimizer._kungfu_model_variables))
         check_searchable(variables, kungfu_tf.size())
         self._cluster = ClusterSpec.current()
+        self._version = _cluster_version()
         model = make_search_model(self.auto, variables, self._cluster)
         first = kungfu_tf.rank() == 0
         self.search = Search(
@@ -131,18 +144,37 @@ class AutoSearchSession:
         search.close()
         self._leave()
         best = search.best  # the same on every worker: it depends only on agreed measurements
-        _switch(optimizer, best)
+        self._switch(optimizer, best)
         self.auto.result = AutoResult(
             best, self._cluster, search.best_seconds, list(search.records), time.monotonic() - self._started
         )
-        # Later membership changes re-build through Auto.build (the best strategy, for this cluster).
-        object.__setattr__(optimizer, "_kungfu_strategy", self.auto)
         if self.auto.show_progress and kungfu_tf.rank() == 0:
             print(
                 f"kungfu auto: training on {best.id!r} ({search.best_seconds * 1e3:.1f} ms/step measured), chosen "
                 f"from {search.trials_done} trials in {self.auto.result.search_seconds:.1f} s",
                 flush=True,
             )
+
+    def _switch(self, optimizer: Any, strategy: strategy_pb2.Strategy) -> None:
+        from kungfu_tf.optimizers.strategy_switch import switch_strategy
+
+        switch_strategy(optimizer, strategy)
+        # What a membership change re-builds: Auto (a builder), not the candidate switch_strategy keeps,
+        # a strategy written for this cluster's size that a shrink would refuse to re-map.
+        object.__setattr__(optimizer, "_kungfu_strategy", self.auto)
+
+    def _abandon(self, optimizer: Any) -> None:
+        import kungfu_tf
+
+        assert self.search is not None
+        self.search.close()
+        self._leave()
+        if kungfu_tf.rank() == 0:
+            log.warning(
+                "kungfu auto: the cluster changed during the search (after %d trials): search abandoned, training "
+                "goes on with %r re-built for the new cluster", self.search.trials_done,
+                optimizer._kungfu_plan.strategy.id,
+            )  # fmt: skip
 
     def _leave(self) -> None:
         self.finished = True
@@ -161,10 +193,10 @@ def make_search_model(auto: Auto, variables: Sequence[VariableInfo], running: Cl
     return AutoDistModel.calibrated(variables, running)
 
 
-def _switch(optimizer: Any, strategy: strategy_pb2.Strategy) -> None:
-    from kungfu_tf.optimizers.strategy_switch import switch_strategy
+def _cluster_version() -> int:
+    from kungfu_tf.ops import cluster_version
 
-    switch_strategy(optimizer, strategy)
+    return int(cluster_version())
 
 
 def start_auto_search(optimizer: Any, auto: Auto) -> AutoSearchSession:
