@@ -23,6 +23,12 @@ import textwrap
 
 import pytest
 from conftest import REPO_ROOT, assert_job_ok, run_job, worker_env
+from test_elastic_strategy import (
+    LAUNCHER,
+    MODELS,
+    check_trained_like_one_process,
+    train_args,
+)
 
 from kungfu_tf.strategy import format as strategy_format
 
@@ -107,8 +113,6 @@ def test_a_membership_change_during_the_search_ends_it_and_training_stays_exact(
     # the optimizer switched to, runs steps 8-14), SGD with momentum: the job shrinks to 2 at step 12, mid-trial.
     # The search stops there on both survivors; the change re-built the strategy through Auto (not the candidate,
     # which was written for 3 replicas: the shrink refused it, and every worker died, before this was so).
-    from test_elastic_strategy import LAUNCHER, MODELS, check_trained_like_one_process, train_args
-
     args = train_args(tmp_path, "Auto", "momentum") + ["--resize-at", "12:2"]
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=300, extra_launcher_args=LAUNCHER)
     check_trained_like_one_process(tmp_path, rc, out, err, [3, 3, 3, 3, 3, 2], "momentum")
