@@ -158,6 +158,16 @@ uint64_t Runtime::shm_connections() const {
   return g->transport ? g->transport->shm_connections() : 0;
 }
 
+size_t Runtime::sender_threads() const {
+  GenPtr g = gen();
+  return g->transport ? g->transport->sender_threads() : 0;
+}
+
+size_t Runtime::receiver_threads() const {
+  GenPtr g = gen();
+  return g->transport ? g->transport->receiver_threads() : 0;
+}
+
 bool Runtime::on_frame(Generation &g, int src, const FrameHeader &header, std::string key, const PartialReader &read) {
   switch (static_cast<FrameType>(header.type)) {
     case FrameType::kCollective:

@@ -99,6 +99,10 @@ class Runtime {
   // AUTO's measured choices on the current version, by size class
   // (auto_topology.h); empty until a probe has finished.
   std::map<int, TopologyKind> auto_choices() const { return gen()->auto_choices.measured(); }
+  // Threads serving the current version's links (Transport::sender_threads,
+  // receiver_threads): a worker has them only for the peers it talks to.
+  size_t sender_threads() const;
+  size_t receiver_threads() const;
 
   void all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneCallback done);
   // Same, but on a fixed topology (control messages must not depend on the switchable one).

@@ -87,9 +87,8 @@ Status Transport::start(Listeners inherited) {
   wake_read_.reset(pipefd[0]);
   wake_write_.reset(pipefd[1]);
   acceptor_ = std::thread([this] { accept_loop(); });
-  for (int r = 0; r < opt_.cluster.size(); ++r) {
-    if (r != opt_.self_rank) links_[r]->sender = std::thread([this, r] { sender_loop(r); });
-  }
+  // Sender threads start with each link's first frame (send()): a worker
+  // holds threads only for the peers its topologies talk to.
   return Status::OK();
 }
 

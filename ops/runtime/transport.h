@@ -1,7 +1,9 @@
 // Persistent, authenticated connections between the workers of one cluster.
 //
-// Every ordered pair of peers has one outgoing connection (opened lazily by the
-// sender, retried until the timeout while the other side starts up) over which
+// Every ordered pair of peers that talks has one outgoing connection (opened
+// by the link's sender thread, which starts with the link's first frame, so a
+// worker holds threads and descriptors only for the peers its topologies
+// use; retried until the timeout while the other side starts up) over which
 // frames travel in FIFO order. Same-host peers use a Unix domain socket, which
 // is faster than loopback TCP, and, once its handshake is done, move its
 // frames into a shared-memory ring (shm_ring.h) that the dialer hands over
@@ -155,6 +157,12 @@ class Transport {
   static constexpr int kAcceptBurst = 256;
   // Handshake slots taken now (for tests and diagnostics).
   size_t handshakes_in_progress();
+  // Threads serving links, for tests and diagnostics: sender threads started
+  // (one per peer we have sent to: they start with a link's first frame),
+  // and accepted connections being served (one thread each, a peer that
+  // has sent to us, or a stranger still in its handshake).
+  size_t sender_threads() const { return senders_started_.load(); }
+  size_t receiver_threads();
   // Connections shut down by evict_stalled_handshake().
   uint64_t evicted_handshakes() const { return evicted_.load(); }
 
@@ -190,7 +198,7 @@ class Transport {
     Status broken;                             // once set, every send fails with it
     bool closing = false;                      // we are leaving: our goodbye is queued, nothing may follow it
     bool goodbye_written = false;
-    std::thread sender;
+    std::thread sender;     // started by the link's first frame; guarded by mu until stop()
     void *order = nullptr;  // socket_order_key of this connection; set once, in the constructor
     int connecting = -1;    // the socket connect_to() is dialing (not owned); stop() shuts it down
   };
@@ -248,6 +256,8 @@ class Transport {
   Status offer_shm_ring(int dst, int fd, std::unique_ptr<ShmRing> *ring);
 
   // transport_send.cc
+  // With link.mu held: starts the link's sender thread (its first frame).
+  Status start_sender(int dst, Link &link);
   void sender_loop(int dst);
   // Writes what is left of `item`. `wait`: until all is written (or the
   // send timeout passes with no progress); otherwise only what fits in the
@@ -284,6 +294,7 @@ class Transport {
   std::atomic<uint64_t> evicted_{0};
   std::atomic<uint64_t> authenticated_{0};
   std::atomic<uint64_t> shm_{0};
+  std::atomic<size_t> senders_started_{0};
   std::atomic<bool> shm_unavailable_logged_{false};
 };
 

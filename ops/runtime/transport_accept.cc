@@ -95,6 +95,13 @@ bool Transport::evict_stalled_handshake() {
   return true;
 }
 
+size_t Transport::receiver_threads() {
+  std::lock_guard<std::mutex> lock(conn_mu_);
+  size_t n = 0;
+  for (const auto &c : connections_) n += !c->done;
+  return n;
+}
+
 size_t Transport::handshakes_in_progress() {
   std::lock_guard<std::mutex> lock(conn_mu_);
   return handshaking_;

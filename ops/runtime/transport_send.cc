@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <system_error>
 
 #include "socket_order.h"
 
@@ -149,6 +150,14 @@ void Transport::send(int dst, FrameHeader header, std::string key, const void *d
     item.on_sent(s);
     return;
   }
+  if (!link.sender.joinable()) {
+    Status s = start_sender(dst, link);
+    if (!s.ok()) {
+      lock.unlock();
+      item.on_sent(s);
+      return;
+    }
+  }
   if (len <= kInlineSendLimit && link.queue.empty() && !link.busy && link.fd.valid()) {
     // Written by the caller without ever blocking it: what does not fit in
     // the socket now is left to the sender thread.
@@ -158,6 +167,19 @@ void Transport::send(int dst, FrameHeader header, std::string key, const void *d
   link.queue.push_back(std::move(item));
   lock.unlock();
   link.cv.notify_all();
+}
+
+Status Transport::start_sender(int dst, Link &link) {
+  try {
+    link.sender = std::thread([this, dst] { sender_loop(dst); });
+  } catch (const std::system_error &e) {
+    // No thread to be had (resource limits): this frame fails, the link
+    // stays usable, and a later send tries again.
+    return Unavailable("cannot send to " + opt_.cluster.describe(dst) +
+                       ": cannot start its sender thread: " + e.what());
+  }
+  ++senders_started_;
+  return Status::OK();
 }
 
 void Transport::sender_loop(int dst) {
