@@ -5,7 +5,9 @@
 // all-reduce on a fixed topology, and the fastest candidate wins. Every
 // worker receives the same sums, so every worker picks the same topology;
 // calls of the class wait for the decision and then run on it. The decision
-// lives with the generation: a cluster change probes again.
+// lives with the generation; after a cluster change the class is decided
+// again on its first call, recalled without probing if the workers measured
+// the new layout before (auto_memory.h), probed otherwise.
 //
 // The probe is named by the size class, not by the call that started it, so
 // workers that issue their collectives in different orders still run the

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "accumulator.h"
+#include "auto_memory.h"
 #include "collective_op.h"
 #include "generation.h"
 #include "mailbox.h"
@@ -99,6 +100,9 @@ class Runtime {
   // AUTO's measured choices on the current version, by size class
   // (auto_topology.h); empty until a probe has finished.
   std::map<int, TopologyKind> auto_choices() const { return gen()->auto_choices.measured(); }
+  // Probes that timed the candidates, over every version so far: a class on
+  // a layout measured before is recalled instead (auto_memory.h).
+  uint64_t auto_probes_run() const { return auto_probes_.load(); }
   // Threads serving the current version's links (Transport::sender_threads,
   // receiver_threads): a worker has them only for the peers it talks to.
   size_t sender_threads() const;
@@ -229,6 +233,8 @@ class Runtime {
   // runtime_auto.cc: AUTO's probe of one size class on generation `g`
   // (auto_topology.h); `state` is the probe's progress.
   void probe_auto(const GenPtr &g, int size_class);
+  // Times the candidates (no worker remembered a choice for this layout).
+  void start_probe(const GenPtr &g, int size_class);
   void probe_step(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_decide(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_failed(const GenPtr &g, int size_class);
@@ -266,6 +272,9 @@ class Runtime {
   AccumulatorStore accumulators_;
   RowStore rows_;
   std::atomic<uint64_t> next_request_{0};
+  // AUTO's choices of the layouts measured so far, across versions.
+  AutoMemory auto_memory_;
+  std::atomic<uint64_t> auto_probes_{0};
 
   mutable std::mutex gen_mu_;  // guards current_ (the pointer, not the object)
   GenPtr current_;

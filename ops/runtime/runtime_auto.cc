@@ -1,8 +1,11 @@
-// AUTO's probe (auto_topology.h): times every candidate topology on one size
-// class, agrees on the fastest with one all-reduce of the timings, and hands
-// the choice to the calls that wait for it.
+// AUTO's probe (auto_topology.h): recalls the class's choice if the workers
+// measured this layout before (auto_memory.h); otherwise times every
+// candidate topology on the size class, agrees on the fastest with one
+// all-reduce of the timings, and hands the choice to the calls that wait
+// for it.
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "runtime.h"
 
@@ -45,6 +48,31 @@ double median(std::vector<double> v) {
 }  // namespace
 
 void Runtime::probe_auto(const GenPtr &g, int size_class) {
+  // First the workers pool what they remember of this layout (auto_memory.h):
+  // one small all-reduce, the same sums everywhere, hence the same verdict.
+  const std::string layout = auto_layout(g->cluster);
+  AutoMemory::Vote mine = AutoMemory::vote(auto_memory_.recall(size_class, layout));
+  auto votes = std::make_shared<std::vector<int32_t>>(std::vector<int32_t>{mine.first, mine.second});
+  Buffer buf{votes->data(), votes->data(), TensorDesc{DType::kInt32, {2}, 2}, votes};
+  const std::string name =
+      "\x01"
+      "auto-recall/" +
+      std::to_string(size_class);
+  all_reduce_in(g, TopologyKind::kStar, name, buf, ReduceOp::kMax,
+                [this, g, size_class, layout, votes](const Status &s) {
+                  if (!s.ok()) return probe_failed(g, size_class);
+                  std::optional<TopologyKind> known = AutoMemory::agreed({(*votes)[0], (*votes)[1]});
+                  if (known) {
+                    auto_memory_.remember(size_class, layout, *known);  // a joiner learns it too
+                    g->auto_choices.decide(size_class, *known, true);
+                    return;
+                  }
+                  start_probe(g, size_class);
+                });
+}
+
+void Runtime::start_probe(const GenPtr &g, int size_class) {
+  ++auto_probes_;
   auto p = std::make_shared<Probe>();
   p->size_class = size_class;
   p->candidates = auto_candidates(g->cluster);
@@ -84,7 +112,9 @@ void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) 
   Buffer buf{p->totals.data(), p->totals.data(), TensorDesc{DType::kFloat64, {static_cast<int64_t>(n)}, n}, p};
   all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
-    g->auto_choices.decide(p->size_class, fastest(p->candidates, p->totals), true);
+    TopologyKind best = fastest(p->candidates, p->totals);
+    auto_memory_.remember(p->size_class, auto_layout(g->cluster), best);
+    g->auto_choices.decide(p->size_class, best, true);
   });
 }
 

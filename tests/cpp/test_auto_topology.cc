@@ -3,11 +3,14 @@
 // every worker decides the same topology per size class even when the
 // workers issue their all-reduces in different orders, every result stays
 // exact, and a probe that cannot finish leaves the class on the fixed rule,
-// the waiting calls failing with their own errors.
+// the waiting calls failing with their own errors. After a membership change
+// a layout measured before is recalled, not probed again (auto_memory.h).
 #include <algorithm>
 #include <future>
+#include <optional>
 #include <random>
 
+#include "auto_memory.h"
 #include "test_util.h"
 
 using namespace kungfu;
@@ -159,6 +162,101 @@ void test_probing_off() {
   CHECK(rts[0]->auto_choices().empty() && rts[1]->auto_choices().empty());
 }
 
+// The agreement on a remembered choice (auto_memory.h): a topology only when
+// somebody remembers one and everybody who remembers agrees.
+void test_recall_votes() {
+  auto pool = [](const std::vector<std::optional<TopologyKind>> &known) {
+    AutoMemory::Vote max{0, 0};
+    for (const auto &k : known) {
+      AutoMemory::Vote v = AutoMemory::vote(k);
+      max = {std::max(max.first, v.first), std::max(max.second, v.second)};
+    }
+    return AutoMemory::agreed(max);
+  };
+  const auto ring = TopologyKind::kRing, star = TopologyKind::kStar;
+  CHECK(!pool({std::nullopt, std::nullopt}));
+  CHECK(pool({ring, ring}) == ring);
+  CHECK(pool({std::nullopt, ring, std::nullopt}) == ring);  // a joiner adopts it
+  CHECK(!pool({ring, star}));                               // disagreement: probe again
+  CHECK(!pool({std::nullopt, ring, star}));
+  CHECK(auto_layout(hosts({"a", "a", "b"})) != auto_layout(hosts({"a", "b", "b"})));
+  CHECK(auto_layout(hosts({"a", "a", "b"})) != auto_layout(hosts({"a", "a"})));
+  CHECK(auto_layout(hosts({"a", "b"})) == auto_layout(hosts({"a", "b"})));
+  AutoMemory m;
+  CHECK(!m.recall(3, "a*2\n"));
+  m.remember(3, "a*2\n", ring);
+  CHECK(m.recall(3, "a*2\n") == ring && !m.recall(4, "a*2\n") && !m.recall(3, "a*3\n"));
+}
+
+// All-reduce (sum) of a 10-float tensor on the given runtimes; true if every
+// result is right.
+bool all_reduce_right(const std::vector<Runtime *> &rts, const std::string &name) {
+  std::vector<std::vector<float>> in(rts.size(), std::vector<float>(10));
+  std::vector<std::future<Status>> fs;
+  for (size_t r = 0; r < rts.size(); ++r) {
+    for (size_t i = 0; i < 10; ++i) in[r][i] = static_cast<float>(r + i);
+    auto p = std::make_shared<std::promise<Status>>();
+    fs.push_back(p->get_future());
+    Buffer b{in[r].data(), in[r].data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
+    rts[r]->all_reduce(name, b, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
+  }
+  bool right = true;
+  for (size_t r = 0; r < rts.size(); ++r) {
+    Status s = fs[r].get();
+    CHECK_OK(s);
+    right = right && s.ok();
+    for (size_t i = 0; i < 10; ++i) {
+      float want = 0;
+      for (size_t q = 0; q < rts.size(); ++q) want += static_cast<float>(q + i);
+      right = right && in[r][i] == want;
+    }
+  }
+  return right;
+}
+
+// update_cluster(c) on every runtime at once.
+void switch_all(const std::vector<Runtime *> &rts, const Cluster &c) {
+  std::vector<Status> out(rts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < rts.size(); ++i) threads.emplace_back([&, i] { out[i] = rts[i]->update_cluster(c); });
+  for (auto &t : threads) t.join();
+  for (const Status &s : out) CHECK_OK(s);
+}
+
+// Shrink 3 -> 2 (a new layout: probed), grow back to 3 with a fresh joiner
+// (the first layout again: recalled by the survivors, adopted by the
+// joiner, nobody probes), all-reducing correctly on the same topology
+// everywhere each time.
+void test_seen_layout_is_recalled() {
+  auto rts = make_cluster(3, TopologyKind::kAuto, 60);
+  std::vector<Runtime *> three{rts[0].get(), rts[1].get(), rts[2].get()};
+  CHECK(all_reduce_right(three, "first"));
+  for (Runtime *rt : three) CHECK(rt->auto_probes_run() == 1);
+  const std::map<int, TopologyKind> at_three = rts[0]->auto_choices();
+  CHECK(at_three.size() == 1);
+
+  const PeerID p0 = rts[0]->self(), p1 = rts[1]->self();
+  std::thread leave([&] { rts[2]->shutdown(); });
+  switch_all({rts[0].get(), rts[1].get()}, Cluster(1, {p0, p1}));
+  leave.join();
+  CHECK(all_reduce_right({rts[0].get(), rts[1].get()}, "shrunk"));
+  for (int r = 0; r < 2; ++r) CHECK(rts[r]->auto_probes_run() == 2);  // two workers: not seen before
+  CHECK(rts[0]->auto_choices().size() == 1 && rts[1]->auto_choices() == rts[0]->auto_choices());
+
+  // A pre-warmed joiner: listening alone on a fresh port, then in the cluster.
+  std::vector<PeerID> fresh = kftest::local_peers(1);
+  std::unique_ptr<Runtime> joiner;
+  CHECK_OK(Runtime::create(kftest::options(fresh, 0, TopologyKind::kAuto, 60), &joiner));
+  if (!joiner) return;
+  std::vector<Runtime *> grown{rts[0].get(), rts[1].get(), joiner.get()};
+  switch_all(grown, Cluster(2, {p0, p1, fresh[0]}));
+  CHECK(all_reduce_right(grown, "grown"));
+  CHECK(rts[0]->auto_probes_run() == 2 && rts[1]->auto_probes_run() == 2);
+  CHECK(joiner->auto_probes_run() == 0);
+  for (Runtime *rt : grown) CHECK(rt->auto_choices() == at_three);
+  for (Runtime *rt : grown) CHECK(rt->pending_messages() == 0);
+}
+
 }  // namespace
 
 int main() {
@@ -169,5 +267,7 @@ int main() {
       {"every_worker_picks_the_same", test_every_worker_picks_the_same},
       {"failed_probe_falls_back_to_the_fixed_rule", test_failed_probe_falls_back_to_the_fixed_rule},
       {"probing_off", test_probing_off},
+      {"recall_votes", test_recall_votes},
+      {"seen_layout_is_recalled", test_seen_layout_is_recalled},
   });
 }
