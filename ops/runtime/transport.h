@@ -116,6 +116,8 @@ class Transport {
   // peer we are connected to gets a goodbye and the end of our stream, so it
   // can tell this from a crash. Waits until then or `deadline`, whichever
   // comes first; later sends fail. The destructor then closes everything.
+  // On a cluster change a link still dialing its peer is not waited for
+  // (its frames are of ops that fail with the change).
   // `next_version`: we move on to that cluster version (0: we leave the
   // job); the goodbye says so, for the peers' error messages.
   void leave(std::chrono::steady_clock::time_point deadline, uint32_t next_version = 0);

@@ -268,7 +268,12 @@ void Transport::leave(std::chrono::steady_clock::time_point deadline, uint32_t n
     Link &link = *links_[r];
     std::unique_lock<std::mutex> lock(link.mu);
     // Peers we never opened a stream to are waiting for nothing from us.
-    bool connected = link.fd.valid() || !link.queue.empty();
+    // On a cluster change (next_version > 0) that includes a link still
+    // dialing: what it queued belongs to ops of this version, which all
+    // fail now, and it may be dialing a dead peer it never talked to (told
+    // of a crash by an abort), which would hold up the change until the
+    // deadline. stop() cuts the dial short and fails what it queued.
+    bool connected = link.fd.valid() || (next_version == 0 && !link.queue.empty());
     if (link.closing || !link.broken.ok() || !connected) continue;
     link.closing = true;
     FrameHeader h;

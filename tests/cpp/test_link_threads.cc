@@ -6,8 +6,13 @@
 // threads each one serves must be exactly its peers in the topology's
 // graphs, the whole process must hold no other new threads, a resize
 // afterwards must work (peers never talked to must not hold it up), and
-// once every runtime is gone no thread or descriptor may be left.
+// once every runtime is gone no thread or descriptor may be left. A peer
+// SIGKILLed in a RING is one that most workers never talked to: telling it
+// of the failure must not hold up the next cluster change.
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <set>
 
@@ -139,6 +144,59 @@ void threads_only_for_topology_peers(TopologyKind kind) {
   }
 }
 
+// Ranks 0..n-2 in this process, rank n-1 in a child that is SIGKILLed after
+// one all-reduce on RING (4 bytes: one rooted chain, so each rank talks to
+// its two neighbours only). The survivors' next all-reduce fails; the
+// workers that notice tell every peer, the dead one included, which most
+// of them never dialed. The shrink that follows must not wait for those
+// dials (it waited for the leave deadline, 10 s).
+void test_crash_of_a_peer_never_talked_to() {
+  constexpr int n = 6;
+  const int victim = n - 1;
+  std::vector<PeerID> peers = kftest::local_peers(n);
+  pid_t child = ::fork();
+  if (child == 0) {
+    std::unique_ptr<Runtime> rt;
+    if (!Runtime::create(kftest::options(peers, victim, TopologyKind::kRing, 60), &rt).ok()) std::_Exit(2);
+    float x = 1;
+    Buffer b{&x, &x, TensorDesc{DType::kFloat32, {1}, 1}, nullptr};
+    if (!kftest::wait_for([&](DoneCallback d) { rt->all_reduce("before", b, ReduceOp::kSum, d); }).ok()) std::_Exit(3);
+    for (;;) ::pause();
+  }
+  std::vector<std::vector<float>> in(n - 1, std::vector<float>(1, 1.0f));
+  Runtimes rts(n - 1);
+  for (int r = 0; r < n - 1; ++r) {
+    CHECK_OK(Runtime::create(kftest::options(peers, r, TopologyKind::kRing, 60), &rts[r]));
+    if (!rts[r]) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, nullptr, 0);
+      return;
+    }
+  }
+  for (const Status &s : kftest::all_reduce_everywhere(rts, "before", in)) CHECK_OK(s);
+  CHECK(in[0][0] == static_cast<float>(n));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  for (const Status &s : kftest::all_reduce_everywhere(rts, "doomed", in)) CHECK(!s.ok());
+
+  auto start = std::chrono::steady_clock::now();
+  Cluster survivors(1, std::vector<PeerID>(peers.begin(), peers.end() - 1));
+  std::vector<Status> switched(n - 1);
+  std::vector<std::thread> updates;
+  for (int r = 0; r < n - 1; ++r) updates.emplace_back([&, r] { switched[r] = rts[r]->update_cluster(survivors); });
+  for (auto &t : updates) t.join();
+  for (const Status &s : switched) CHECK_OK(s);
+  in.assign(n - 1, std::vector<float>(1, 1.0f));
+  for (const Status &s : kftest::all_reduce_everywhere(rts, "after", in)) CHECK_OK(s);
+  for (const auto &v : in) CHECK(v[0] == static_cast<float>(n - 1));
+  // Milliseconds, against the leave deadline of kMaxLeaveSeconds (10 s)
+  // that a dial to the dead rank used to hold every change up for: half of
+  // it tells them apart on any machine.
+  const double took = kftest::seconds_since(start);
+  CHECK(took < Runtime::kMaxLeaveSeconds / 2);
+  if (took >= Runtime::kMaxLeaveSeconds / 2) std::fprintf(stderr, "the shrink took %.1f s\n", took);
+}
+
 void test_star() { threads_only_for_topology_peers(TopologyKind::kStar); }
 void test_ring() { threads_only_for_topology_peers(TopologyKind::kRing); }
 void test_binary_tree() { threads_only_for_topology_peers(TopologyKind::kBinaryTree); }
@@ -150,5 +208,6 @@ int main() {
       {"star", test_star},
       {"ring", test_ring},
       {"binary_tree", test_binary_tree},
+      {"crash_of_a_peer_never_talked_to", test_crash_of_a_peer_never_talked_to},
   });
 }
