@@ -41,11 +41,12 @@ using kungfu::DoneCallback;
 using kungfu::Runtime;
 using kungfu::Status;
 
-// Waits for an op the way the runtime's own receivers wait for a peer: a
-// short spin on a flag (a futex wake-up of a sleeping caller costs tens of
-// microseconds on a VM, more than a small all-reduce), then sleeping. Both
-// transports' rows are timed this way.
-Status wait_op(const std::function<void(DoneCallback)> &start) {
+// Waits for an op as a TF kernel does: first reading same-host peers'
+// rings on this thread (Runtime::poll_until: nothing to read over Unix
+// sockets, so there it returns at once), then as the runtime's receivers
+// wait for a peer, a short spin on a flag, then sleeping. Both transports'
+// rows are timed this way.
+Status wait_op(Runtime &rt, const std::function<void(DoneCallback)> &start) {
   struct Result {
     std::atomic<bool> done{false};
     std::mutex mu;
@@ -59,6 +60,9 @@ Status wait_op(const std::function<void(DoneCallback)> &start) {
     r->done.store(true, std::memory_order_release);
     r->cv.notify_one();
   });
+  if (rt.poll_until([&r] { return r->done.load(std::memory_order_acquire); })) return r->status;
+  // Then a short spin on the flag (a futex wake-up of a sleeping caller
+  // costs tens of microseconds on a VM, more than a small all-reduce).
   auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
   while (!r->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
   }
@@ -78,15 +82,16 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
   Buffer buf{in.data(), out.data(), kungfu::TensorDesc{kungfu::DType::kFloat32, {int64_t(count)}, count}, nullptr};
   int op_id = 0;
   auto all_reduce = [&]() {
-    return wait_op(
-        [&](DoneCallback d) { rt->all_reduce("op" + std::to_string(op_id++), buf, kungfu::ReduceOp::kSum, d); });
+    return wait_op(*rt, [&](DoneCallback d) {
+      rt->all_reduce("op" + std::to_string(op_id++), buf, kungfu::ReduceOp::kSum, d);
+    });
   };
   for (int i = 0; i < 3; ++i) {  // warm-up: connections, pools
     if (!(s = all_reduce()).ok()) break;
   }
   std::vector<double> samples;
   for (int r = 0; r < repeats && s.ok(); ++r) {
-    s = wait_op([&](DoneCallback d) { rt->barrier("barrier" + std::to_string(r), d); });
+    s = wait_op(*rt, [&](DoneCallback d) { rt->barrier("barrier" + std::to_string(r), d); });
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters && s.ok(); ++i) s = all_reduce();
     samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);

@@ -8,7 +8,9 @@
 // dependencies do not serialise them in program order, so many all-reduces can
 // be in flight at once and overlap with backprop. Ops with side effects of
 // their own (barrier, consensus) are stateful.
+#include <atomic>
 #include <cstring>
+#include <memory>
 
 #include "output_cache.h"
 #include "runtime_access.h"
@@ -146,6 +148,26 @@ kungfu::DoneCallback finish_reduce(OpKernelContext *ctx, tensorflow::AsyncOpKern
   };
 }
 
+// All-reduces up to this size wait for their answer on the kernel's thread
+// a moment, reading same-host peers' rings themselves (Runtime::poll_until):
+// their frames then skip the receiving thread's hand-off and wake-up, which
+// cost more than the whole exchange. Larger ones return at once, as before.
+constexpr size_t kPolledAllReduceBytes = 64 * 1024;
+
+// Runs `start` (an op that calls the callback it is given when done), then
+// polls for its completion as above when `bytes` is small. `done` runs once,
+// on whichever thread completes the op (this one when polling caught it).
+void run_polled(kungfu::Runtime *rt, size_t bytes, const std::function<void(kungfu::DoneCallback)> &start,
+                kungfu::DoneCallback done) {
+  if (bytes > kPolledAllReduceBytes || rt->size() == 1) return start(std::move(done));
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  start([done = std::move(done), finished](const kungfu::Status &s) {
+    done(s);
+    finished->store(true, std::memory_order_release);
+  });
+  rt->poll_until([&finished] { return finished->load(std::memory_order_acquire); });
+}
+
 // A cluster of one: every reduction (sum, mean, min, max, prod) of a single
 // contribution is that contribution, so inputs 0..n-1 become the outputs as
 // they are, without a copy. The size is read at run time (clusters resize).
@@ -196,7 +218,11 @@ class AllReduceOp : public AsyncOpKernel {
     if (!begin(ctx, 1, ctx->input(0).dtype(), Described::kAsInput0, &st)) return done();
     if (alone(ctx, st.rt, 1)) return done();
     if (!same_shape_output(ctx, st, &cache_, &buf)) return done();
-    topology_.all_reduce(st.rt, st.key, buf, spec_.op, finish_reduce(ctx, done, spec_, st.rt, buf));
+    const size_t bytes = buf.desc.count * kungfu::dtype_size(buf.desc.dtype);
+    run_polled(
+        st.rt, bytes,
+        [&](kungfu::DoneCallback finished) { topology_.all_reduce(st.rt, st.key, buf, spec_.op, std::move(finished)); },
+        finish_reduce(ctx, done, spec_, st.rt, buf));
   }
 
  private:

@@ -116,6 +116,22 @@ class Runtime {
   // buf.recv holds size() * desc.count elements: rank r's input lands at r * count.
   void all_gather(const std::string &name, Buffer buf, DoneCallback done);
   void barrier(const std::string &name, DoneCallback done);
+  // Waits on the calling thread for `done()` (set by an op's callback) by
+  // reading same-host peers' shared-memory rings itself, for at most a
+  // short, adaptive budget (runtime_poll.cc): a small collective's frames
+  // then reach it without a thread hand-off, and its callback runs here.
+  // True if done() came within the budget; otherwise the receiving threads
+  // carry on and the caller waits as before (never required: every op
+  // completes without it). The budget shrinks to nothing while waits
+  // outlast it (a host with more busy threads than cores, a large op), so a
+  // loaded host does not spin; it is tried again now and then.
+  bool poll_until(const std::function<bool()> &done);
+  // The same with a fixed budget (tests; nothing adapts).
+  bool poll_until(const std::function<bool()> &done, std::chrono::nanoseconds budget);
+  // Polls for at most this long.
+  static constexpr std::chrono::microseconds kPollFor{50};
+  // Frames taken by poll_until() on the current version (for tests).
+  uint64_t polled_frames() const;
   // KungFu Alg. 1: true iff every worker passed the same bytes.
   void consensus(const std::string &name, std::vector<char> bytes, ConsensusCallback done);
   // Consistent topology switch: consensus on the name, switch, barrier. Every

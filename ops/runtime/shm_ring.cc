@@ -31,6 +31,10 @@ constexpr size_t kControlBytes = 4096;
 constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr int kPauseTurns = 64;  // between looks at the clock
 
+// What a sleeping side publishes in its *_sleeping flag.
+constexpr uint32_t kIdleSleep = 1;   // reader between frames: a poller may read for it
+constexpr uint32_t kFrameSleep = 2;  // in the middle of a frame: only this side reads on
+
 // Spinning pays only when the wait is short. Each waiting thread (a ring has
 // one reader thread, and its writer waits only on its link's sender thread)
 // keeps its own budget: a wait that ended within kSpinFor (spinning or not)
@@ -105,7 +109,12 @@ struct ShmRing::Control {
   uint64_t magic;
   uint64_t capacity;
   alignas(64) std::atomic<uint64_t> tail;  // written by the writer: bytes published
-  std::atomic<uint32_t> reader_sleeping;   // the reader is in (or entering) poll()
+  // The reader is in (or entering) poll(): kIdleSleep between frames,
+  // kFrameSleep in the middle of one (then only it can read on).
+  std::atomic<uint32_t> reader_sleeping;
+  // Threads polling the ring besides its reader (begin_polling()): while
+  // any does, a writer need not wake the sleeping reader.
+  std::atomic<uint32_t> reader_polled;
   alignas(64) std::atomic<uint64_t> head;  // written by the reader: bytes consumed
   std::atomic<uint32_t> writer_sleeping;   // the writer is in (or entering) poll()
 };
@@ -183,7 +192,7 @@ Status ShmRing::attach(Descriptors fds, std::unique_ptr<ShmRing> *out) {
   }
   // The reader starts where the writer is now (a fresh ring: 0); a position
   // that is not a valid start is caught by the first read.
-  ring->own_pos_ = ring->ctl_->head.load(std::memory_order_acquire);
+  ring->own_pos_.store(ring->ctl_->head.load(std::memory_order_acquire), std::memory_order_relaxed);
   *out = std::move(ring);
   return Status::OK();
 }
@@ -222,10 +231,11 @@ Status ShmRing::export_descriptors(Descriptors *out) const {
 
 size_t ShmRing::write_some(const struct iovec *iov, int iovcnt, size_t skip, Status *status) {
   const uint64_t head = ctl_->head.load(std::memory_order_acquire);
-  const uint64_t used = own_pos_ - head;
+  const uint64_t pos = own_pos_.load(std::memory_order_relaxed);
+  const uint64_t used = pos - head;
   if (used > capacity_) {
     *status = InvalidArgument("shared-memory ring corrupt: the reader is at " + std::to_string(head) +
-                              ", the writer at " + std::to_string(own_pos_));
+                              ", the writer at " + std::to_string(pos));
     return 0;
   }
   size_t room = capacity_ - used, written = 0;
@@ -237,7 +247,7 @@ size_t ShmRing::write_some(const struct iovec *iov, int iovcnt, size_t skip, Sta
     const char *src = static_cast<const char *>(iov[i].iov_base) + skip;
     size_t n = std::min(iov[i].iov_len - skip, room);
     skip = 0;
-    size_t off = (own_pos_ + written) & (capacity_ - 1);
+    size_t off = (pos + written) & (capacity_ - 1);
     size_t first = std::min(n, capacity_ - off);
     std::memcpy(data_ + off, src, first);
     std::memcpy(data_, src + first, n - first);
@@ -245,21 +255,25 @@ size_t ShmRing::write_some(const struct iovec *iov, int iovcnt, size_t skip, Sta
     room -= n;
   }
   if (written == 0) return 0;
-  own_pos_ += written;
-  // seq_cst pairs with the reader's store of reader_sleeping then load of
-  // tail: either it sees our bytes or we see that it sleeps.
-  ctl_->tail.store(own_pos_, std::memory_order_seq_cst);
-  if (ctl_->reader_sleeping.load(std::memory_order_seq_cst) != 0) signal_eventfd(fds_.data_ready.get());
+  own_pos_.store(pos + written, std::memory_order_relaxed);
+  // seq_cst pairs with the reader's store of reader_sleeping (or a poller's
+  // end of reader_polled) then load of tail: either it sees our bytes or we
+  // see that it sleeps unpolled.
+  ctl_->tail.store(pos + written, std::memory_order_seq_cst);
+  const uint32_t sleeping = ctl_->reader_sleeping.load(std::memory_order_seq_cst);
+  if (sleeping == kFrameSleep || (sleeping != 0 && ctl_->reader_polled.load(std::memory_order_seq_cst) == 0)) {
+    signal_eventfd(fds_.data_ready.get());
+  }
   return written;
 }
 
 size_t ShmRing::readable(Status *status) const {
   const uint64_t tail = ctl_->tail.load(std::memory_order_acquire);
-  const uint64_t avail = tail - own_pos_;
+  const uint64_t pos = own_pos_.load(std::memory_order_relaxed);
+  const uint64_t avail = tail - pos;
   if (avail > capacity_) {
     *status = InvalidArgument("shared-memory ring corrupt: the writer is at " + std::to_string(tail) +
-                              ", the reader at " + std::to_string(own_pos_) + ", capacity " +
-                              std::to_string(capacity_));
+                              ", the reader at " + std::to_string(pos) + ", capacity " + std::to_string(capacity_));
     return 0;
   }
   return static_cast<size_t>(avail);
@@ -268,20 +282,59 @@ size_t ShmRing::readable(Status *status) const {
 size_t ShmRing::read_some(void *dst, size_t len, Status *status) {
   const size_t n = std::min(readable(status), len);
   if (n == 0) return 0;
-  size_t off = own_pos_ & (capacity_ - 1);
+  size_t off = own_pos_.load(std::memory_order_relaxed) & (capacity_ - 1);
   size_t first = std::min(n, capacity_ - off);
   std::memcpy(dst, data_ + off, first);
   std::memcpy(static_cast<char *>(dst) + first, data_, n - first);
-  own_pos_ += n;
-  ctl_->head.store(own_pos_, std::memory_order_seq_cst);
-  if (ctl_->writer_sleeping.load(std::memory_order_seq_cst) != 0) signal_eventfd(fds_.space_ready.get());
+  consume(n);
   return n;
 }
 
-bool ShmRing::sleep_on(int efd, int socket, std::atomic<uint32_t> &sleeping, const std::function<bool()> &ready,
-                       int timeout_ms, bool *ended) {
+bool ShmRing::peek(size_t offset, void *dst, size_t len, Status *status) const {
+  const size_t avail = readable(status);
+  if (!status->ok() || avail < offset || avail - offset < len) return false;
+  size_t off = (own_pos_.load(std::memory_order_relaxed) + offset) & (capacity_ - 1);
+  size_t first = std::min(len, capacity_ - off);
+  std::memcpy(dst, data_ + off, first);
+  std::memcpy(static_cast<char *>(dst) + first, data_, len - first);
+  return true;
+}
+
+const char *ShmRing::view(size_t len, Status *status) const {
+  const size_t avail = readable(status);
+  if (!status->ok() || avail < len) return nullptr;
+  size_t off = own_pos_.load(std::memory_order_relaxed) & (capacity_ - 1);
+  return len <= capacity_ - off ? data_ + off : nullptr;
+}
+
+void ShmRing::consume(size_t len) {
+  const uint64_t pos = own_pos_.load(std::memory_order_relaxed) + len;
+  own_pos_.store(pos, std::memory_order_relaxed);
+  ctl_->head.store(pos, std::memory_order_seq_cst);
+  if (ctl_->writer_sleeping.load(std::memory_order_seq_cst) != 0) signal_eventfd(fds_.space_ready.get());
+}
+
+void ShmRing::begin_polling() { ctl_->reader_polled.fetch_add(1, std::memory_order_seq_cst); }
+
+void ShmRing::end_polling() {
+  ctl_->reader_polled.fetch_sub(1, std::memory_order_seq_cst);
+  // Pairs with write_some(): a writer that saw the ring polled did not wake
+  // the reader, so whatever is in the ring now is left to it here.
+  if (maybe_readable()) wake_reader();
+}
+
+bool ShmRing::maybe_readable() const {
+  return ctl_->tail.load(std::memory_order_seq_cst) != own_pos_.load(std::memory_order_relaxed);
+}
+
+void ShmRing::wake_reader() {
+  if (ctl_->reader_sleeping.load(std::memory_order_seq_cst) != 0) signal_eventfd(fds_.data_ready.get());
+}
+
+bool ShmRing::sleep_on(int efd, int socket, std::atomic<uint32_t> &sleeping, uint32_t how,
+                       const std::function<bool()> &ready, int timeout_ms, bool *ended) {
   *ended = false;
-  sleeping.store(1, std::memory_order_seq_cst);
+  sleeping.store(how, std::memory_order_seq_cst);
   bool woke = ready();
   if (!woke) {
     struct pollfd fds[2] = {{efd, POLLIN, 0}, {socket, POLLIN | POLLRDHUP, 0}};
@@ -300,7 +353,7 @@ bool ShmRing::sleep_on(int efd, int socket, std::atomic<uint32_t> &sleeping, con
 Status ShmRing::wait_for_space(int socket, double timeout_seconds) {
   Status corrupt;
   auto has_space = [&] {
-    const uint64_t used = own_pos_ - ctl_->head.load(std::memory_order_seq_cst);
+    const uint64_t used = own_pos_.load(std::memory_order_relaxed) - ctl_->head.load(std::memory_order_seq_cst);
     return used != capacity_;  // a corrupt position counts as space: write_some reports it
   };
   const auto began = std::chrono::steady_clock::now();
@@ -316,7 +369,7 @@ Status ShmRing::wait_for_space(int socket, double timeout_seconds) {
                               std::to_string(static_cast<int>(timeout_seconds)) + "s");
     }
     bool ended = false;
-    bool woke = sleep_on(fds_.space_ready.get(), socket, ctl_->writer_sleeping, has_space,
+    bool woke = sleep_on(fds_.space_ready.get(), socket, ctl_->writer_sleeping, kFrameSleep, has_space,
                          static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)), &ended);
     if (has_space()) {
       learn_from_wait(std::chrono::steady_clock::now() - began);
@@ -346,7 +399,7 @@ bool ShmRing::read_exact(void *dst, size_t len, int socket, const std::atomic<bo
       continue;
     }
     bool ended = false;
-    sleep_on(fds_.data_ready.get(), socket, ctl_->reader_sleeping, has_data, -1, &ended);
+    sleep_on(fds_.data_ready.get(), socket, ctl_->reader_sleeping, kFrameSleep, has_data, -1, &ended);
     learn_from_wait(std::chrono::steady_clock::now() - began);
     if (stopping.load()) {
       *err = "transport stopping";
@@ -358,6 +411,41 @@ bool ShmRing::read_exact(void *dst, size_t len, int socket, const std::atomic<bo
       *err = "connection closed by peer";
       return false;
     }
+  }
+  return true;
+}
+
+}  // namespace kungfu
+
+namespace kungfu {
+
+bool ShmRing::wait_readable(int socket, const std::atomic<bool> &stopping, std::string *err) {
+  // Not readable(): a poller may move the read position between its two
+  // loads, which would look like a corrupt ring. Whether the bytes are
+  // sound is checked under the reader's lock.
+  auto has_data = [&] { return maybe_readable(); };
+  const auto began = std::chrono::steady_clock::now();
+  // A poller takes what comes while it polls: spinning beside it would only
+  // take a core from it (or from the peer that has to answer).
+  auto polled = [&] { return ctl_->reader_polled.load(std::memory_order_relaxed) != 0; };
+  if (spin_until([&] { return has_data() || polled(); }) && has_data()) {
+    learn_from_wait(std::chrono::steady_clock::now() - began);
+  } else {
+    while (!has_data()) {
+      bool ended = false;
+      sleep_on(fds_.data_ready.get(), socket, ctl_->reader_sleeping, kIdleSleep, has_data, -1, &ended);
+      if (stopping.load()) {
+        *err = "transport stopping";
+        return false;
+      }
+      // The writer publishes everything before it ends its socket: what
+      // the ring holds now is all there will be.
+      if (ended && !has_data()) {
+        *err = "connection closed by peer";
+        return false;
+      }
+    }
+    if (!polled()) learn_from_wait(std::chrono::steady_clock::now() - began);
   }
   return true;
 }

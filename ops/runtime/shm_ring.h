@@ -94,13 +94,47 @@ class ShmRing {
   // Bytes published and not yet read (0 and *status set when corrupt).
   size_t readable(Status *status) const;
 
+  // ----- reader, shared with a thread that polls the ring (Transport's
+  // RingReader): the reading side is then used by several threads, one at a
+  // time under the RingReader's lock, except wait_readable() and the
+  // polling marks, which take no lock.
+  // Copies `len` published bytes from `offset` past the read position
+  // without consuming them. False when they are not all published yet (or,
+  // with *status set, when the ring is corrupt).
+  bool peek(size_t offset, void *dst, size_t len, Status *status) const;
+  // The next `len` bytes in place, when they are published and do not wrap
+  // around the ring's end (null otherwise); consumes nothing. A reduction
+  // reads them from here instead of from a copy.
+  const char *view(size_t len, Status *status) const;
+  // Frees the next `len` bytes (they must be readable) for the writer.
+  void consume(size_t len);
+  // Bytes read since the ring began (names a frame's place in the stream).
+  uint64_t position() const { return own_pos_.load(std::memory_order_relaxed); }
+  // Whether the writer published past the read position (without the
+  // checks of readable(): safe while a poller moves the position).
+  bool maybe_readable() const;
+  // Waits until bytes may be readable (spinning first only while no other
+  // thread polls the ring: that one takes them), `socket` ends or
+  // `stopping` is set. False with *err set when nothing is readable and
+  // will be (the socket ended, or stopping).
+  bool wait_readable(int socket, const std::atomic<bool> &stopping, std::string *err);
+  // Another thread polls the ring from now on: the writer need not wake the
+  // sleeping reader for what it publishes (the poller sees it first).
+  void begin_polling();
+  // That thread stopped polling: bytes it left in the ring (or that came
+  // meanwhile) wake the sleeping reader, so none are left unread.
+  void end_polling();
+  // Wakes the sleeping reader now: a poller leaves it a frame it does not take.
+  void wake_reader();
+
  private:
   struct Control;
   ShmRing() = default;
   Status map(bool writer);
   // Waits on `efd` and `socket`: true when `efd` fired (or `ready` says
   // so), false when the socket ended or the deadline passed (*ended says which).
-  bool sleep_on(int efd, int socket, std::atomic<uint32_t> &sleeping, const std::function<bool()> &ready,
+  // `how`: the value published in `sleeping` meanwhile (shm_ring.cc).
+  bool sleep_on(int efd, int socket, std::atomic<uint32_t> &sleeping, uint32_t how, const std::function<bool()> &ready,
                 int timeout_ms, bool *ended);
 
   Descriptors fds_;
@@ -110,8 +144,9 @@ class ShmRing {
   Control *ctl_ = nullptr;
   char *data_ = nullptr;
   // The position this side owns, kept privately (the shared one is only
-  // published for the other side to read).
-  uint64_t own_pos_ = 0;
+  // published for the other side to read). Atomic: a reader's position is
+  // read by wait_readable() while a poller may move it.
+  std::atomic<uint64_t> own_pos_{0};
 };
 
 }  // namespace kungfu

@@ -143,6 +143,20 @@ class Transport {
   // shared-memory ring.
   uint64_t shm_connections() const { return shm_.load(); }
 
+  // Reads, on the calling thread, the frames that same-host peers sent
+  // through shared memory, until `done()` or `budget` passes: a caller
+  // waiting for a small collective takes its frames (and runs what they
+  // complete, its own callback included) without the hand-off through the
+  // connection's receiving thread and its wake-up. Only whole frames that
+  // are waiting in a ring are taken, in order, with the same checks as the
+  // receiving thread makes; the first frame it does not take (still
+  // arriving, a goodbye, another cluster version, a bad header) and every
+  // frame behind it stay for that thread, which is woken for them
+  // (transport_poll.cc). Returns done().
+  bool poll_rings(const std::function<bool()> &done, std::chrono::nanoseconds budget);
+  // Frames poll_rings() handed on (for tests: proves the path was taken).
+  uint64_t polled_frames() const { return polled_frames_.load(); }
+
   // At most this many accepted connections may be in their handshake at
   // once; more are closed at once. A cluster's own peers connect once each
   // (and retry), so only a flood of strangers ever reaches it.
@@ -243,8 +257,32 @@ class Transport {
   // Joins the threads of finished connections.
   void reap_connections();
 
+  // The reading side of an accepted connection's ring, shared by the
+  // connection's receiving thread and the threads in poll_rings(): `mu` is
+  // held by whichever of them reads a frame, from its header to its last
+  // byte, so frames are taken whole and in order.
+  struct RingReader {
+    RingReader(int src, int fd, void *order, std::unique_ptr<ShmRing> ring)
+        : src(src), fd(fd), order(order), ring(std::move(ring)) {}
+    const int src;
+    const int fd;  // the connection's socket (owned by its thread; valid while !closed)
+    void *const order;
+    const std::unique_ptr<ShmRing> ring;
+    std::mutex mu;
+    bool closed = false;  // (mu) the receiving thread ended: nobody may hand on frames
+    std::string broken;   // (mu) why a polled frame broke the connection
+  };
+
   // transport_receive.cc
   void serve_connection(Fd fd, Connection *conn);
+
+  // transport_poll.cc
+  // Takes the frame at the head of `r`'s ring if it is whole and for us;
+  // true if it did. One it leaves wakes the receiving thread, once per
+  // frame: `*left_at` is the ring position the last wake-up was for.
+  bool poll_ring(RingReader &r, uint64_t *left_at);
+  void add_ring_reader(const std::shared_ptr<RingReader> &r);
+  void remove_ring_reader(const RingReader *r);
 
   // transport_connect.cc
   // Opens our connection to `dst`. A peer still at an older cluster version
@@ -297,6 +335,9 @@ class Transport {
   std::atomic<uint64_t> authenticated_{0};
   std::atomic<uint64_t> shm_{0};
   std::atomic<size_t> senders_started_{0};
+  std::atomic<uint64_t> polled_frames_{0};
+  std::mutex rings_mu_;  // guards rings_
+  std::vector<std::shared_ptr<RingReader>> rings_;
   std::atomic<bool> shm_unavailable_logged_{false};
 };
 

@@ -73,23 +73,54 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
   }
   // Set by the connection's first frame when the dialer moves its frames
   // into shared memory; the socket then only tells us when the peer ends.
-  std::unique_ptr<ShmRing> ring;
+  // Shared with threads that poll the ring (transport_poll.cc): we read a
+  // frame only while we hold its turn.
+  std::shared_ptr<RingReader> ring;
+  std::unique_lock<std::mutex> turn;
+  struct ForgetRingWhenDone {
+    Transport *t;
+    std::shared_ptr<RingReader> &ring;
+    std::unique_lock<std::mutex> &turn;
+    ~ForgetRingWhenDone() {
+      if (!ring) return;
+      if (!turn.owns_lock()) turn = std::unique_lock<std::mutex>(ring->mu);
+      ring->closed = true;  // before the socket closes: no poller uses it after this
+      turn.unlock();
+      t->remove_ring_reader(ring.get());
+    }
+  } forget_ring_when_done{this, ring, turn};
   auto recv_bytes = [&](void *dst, size_t len) {
-    return ring ? ring->read_exact(dst, len, fd.get(), stopping_, &why) : recv_all(fd.get(), dst, len, &why);
+    return ring ? ring->ring->read_exact(dst, len, fd.get(), stopping_, &why) : recv_all(fd.get(), dst, len, &why);
   };
   bool first_frame = true;
   while (true) {
     FrameHeader h;
+    if (ring) {
+      // Between frames the turn is free, so a poller may take the next one.
+      if (turn.owns_lock()) turn.unlock();
+      bool readable = ring->ring->wait_readable(fd.get(), stopping_, &why);
+      turn = std::unique_lock<std::mutex>(ring->mu);
+      if (!ring->broken.empty()) {
+        why = ring->broken;
+        break;
+      }
+      if (!readable) break;
+      Status corrupt;
+      if (ring->ring->readable(&corrupt) == 0 && corrupt.ok()) continue;  // a poller took it
+    }
     if (first_frame && !auth) {
       // Only a same-host dialer's first frame may bring descriptors.
       ShmRing::Descriptors fds;
       if (!recv_first_header(fd.get(), &h, &fds, &why)) break;
       if (h.type == static_cast<uint8_t>(FrameType::kShmRing)) {
-        Status s = accept_shm_ring(h, std::move(fds), &ring);
+        std::unique_ptr<ShmRing> accepted;
+        Status s = accept_shm_ring(h, std::move(fds), &accepted);
         if (!s.ok()) {
           why = s.message();
           break;
         }
+        ring = std::make_shared<RingReader>(src, fd.get(), order, std::move(accepted));
+        add_ring_reader(ring);
         ++shm_;
         first_frame = false;
         continue;
@@ -158,6 +189,12 @@ void Transport::serve_connection(Fd fd, Connection *conn) {
       consumed += n;
     }
     if (!read_ok) break;
+  }
+  if (ring) {
+    // No poller hands on a frame of a connection that ended here.
+    if (!turn.owns_lock()) turn = std::unique_lock<std::mutex>(ring->mu);
+    ring->closed = true;
+    turn.unlock();
   }
   // After a goodbye the end of the stream is expected; while we leave, so is
   // a peer closing on us. Anything else is a crash.

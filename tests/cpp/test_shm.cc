@@ -13,8 +13,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "shm_ring.h"
 #include "test_util.h"
@@ -312,6 +315,126 @@ void test_peer_killed_while_waiting() {
   ::close(ready[1]);
 }
 
+// Waits for an op the way a waiting caller does on the fast path: reading
+// the rings itself (Runtime::poll_until, budget long enough to never give
+// up in a test), then through the receiving threads if it did not finish.
+Status poll_for(Runtime &rt, const std::function<void(DoneCallback)> &start,
+                std::chrono::nanoseconds budget = std::chrono::seconds(30)) {
+  struct Result {
+    std::atomic<bool> done{false};
+    Status status;
+  };
+  auto r = std::make_shared<Result>();
+  std::promise<void> finished;
+  auto f = finished.get_future();
+  auto p = std::make_shared<std::promise<void>>(std::move(finished));
+  start([r, p](const Status &s) {
+    r->status = s;
+    r->done.store(true, std::memory_order_release);
+    p->set_value();
+  });
+  if (!rt.poll_until([&r] { return r->done.load(std::memory_order_acquire); }, budget)) f.wait();
+  f.wait();
+  return r->status;
+}
+
+// Processes that wait by polling the rings (the small-message fast path:
+// the waiting caller reads its peers' frames and reduces them itself) while
+// the receiving threads also run: every size class (one float, a few, one
+// 4 KiB page, one piece over the ring's capacity so it must leave frames to
+// the receiving thread), each all-reduce bitwise equal to the sum computed
+// here, and the polled path really taken.
+void test_polled_all_reduce_between_processes() {
+  for (int n : {2, 4}) {
+    for (TopologyKind topo : {TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kClique}) {
+      auto peers = kftest::local_peers(n);
+      auto run_rank = [&](int rank) -> int {
+        std::unique_ptr<Runtime> rt;
+        if (!Runtime::create(kftest::options(peers, rank, topo, 30), &rt).ok()) return 2;
+        int op = 0;
+        for (size_t count : {size_t(1), size_t(3), size_t(1024), (size_t(3) << 20) / 4 + 1}) {
+          std::vector<float> want = expected_sum(n, count);
+          const int rounds = count > 4096 ? 3 : 100;
+          for (int round = 0; round < rounds; ++round) {
+            std::vector<float> v = rank_input(rank, count);
+            Status s = poll_for(
+                *rt,
+                [&](DoneCallback d) {
+                  rt->all_reduce("p" + std::to_string(op++), buffer_of(v), kungfu::ReduceOp::kSum, d);
+                },
+                std::chrono::milliseconds(200));
+            if (!s.ok()) {
+              std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+              return 3;
+            }
+            if (std::memcmp(v.data(), want.data(), count * sizeof(float)) != 0) return 4;
+          }
+        }
+        if (rt->polled_frames() == 0) return 5;
+        return rt->shm_connections() >= 2 ? 0 : 6;
+      };
+      std::vector<pid_t> children;
+      for (int r = 1; r < n; ++r) {
+        pid_t c = ::fork();
+        if (c == 0) std::_Exit(run_rank(r));
+        children.push_back(c);
+      }
+      int mine = run_rank(0);
+      if (mine != 0) std::fprintf(stderr, "np=%d %s: rank 0 exited %d\n", n, kungfu::topology_name(topo), mine);
+      CHECK(mine == 0);
+      for (pid_t c : children) {
+        int status = 0;
+        CHECK(::waitpid(c, &status, 0) == c);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+          std::fprintf(stderr, "np=%d %s: a rank exited %d\n", n, kungfu::topology_name(topo), WEXITSTATUS(status));
+        }
+      }
+    }
+  }
+}
+
+// A peer killed (SIGKILL) while we poll its ring for our piece: the poll
+// gives up when its budget ends and the op fails, through the receiving
+// thread that sees the socket end, as fast as without polling.
+void test_peer_killed_while_polling() {
+  auto peers = kftest::local_peers(2);
+  int ready[2];
+  CHECK(::pipe(ready) == 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    std::unique_ptr<Runtime> rt;
+    if (!Runtime::create(kftest::options(peers, 1, TopologyKind::kStar, 60), &rt).ok()) std::_Exit(2);
+    std::vector<float> v(4, 1.0f);
+    Status s = poll_for(*rt, [&](DoneCallback d) { rt->all_reduce("warm", buffer_of(v), kungfu::ReduceOp::kSum, d); });
+    char c = s.ok() ? 1 : 0;
+    (void)!::write(ready[1], &c, 1);
+    for (;;) ::pause();
+  }
+  std::unique_ptr<Runtime> rt;
+  CHECK_OK(Runtime::create(kftest::options(peers, 0, TopologyKind::kStar, 60), &rt));
+  std::vector<float> v(4, 1.0f);
+  CHECK_OK(poll_for(*rt, [&](DoneCallback d) { rt->all_reduce("warm", buffer_of(v), kungfu::ReduceOp::kSum, d); }));
+  char c = 0;
+  CHECK(::read(ready[0], &c, 1) == 1 && c == 1);
+  std::thread killer([child] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::kill(child, SIGKILL);
+  });
+  std::vector<float> w(4, 1.0f);
+  // Rank 1 never joins this one; we poll its ring for 1 s (the kill comes
+  // at 0.2 s), then wait as any caller does. Only a hang fails here.
+  Status s = poll_for(
+      *rt, [&](DoneCallback d) { rt->all_reduce("never", buffer_of(w), kungfu::ReduceOp::kSum, d); },
+      std::chrono::seconds(1));
+  killer.join();
+  ::waitpid(child, nullptr, 0);
+  CHECK(s.code() == kungfu::Code::kUnavailable);
+  CHECK(kftest::contains(s.message(), "lost connection") || kftest::contains(s.message(), "broke"));
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
 // KUNGFU_SHM=0 (same_host_shm = false): the same all-reduces, over Unix
 // sockets only, with no ring anywhere.
 void test_forced_socket_fallback() {
@@ -377,5 +500,7 @@ int main() {
       {"all_reduce_between_threads", test_all_reduce_between_threads},
       {"all_reduce_between_processes", test_all_reduce_between_processes},
       {"peer_killed_while_waiting", test_peer_killed_while_waiting},
+      {"polled_all_reduce_between_processes", test_polled_all_reduce_between_processes},
+      {"peer_killed_while_polling", test_peer_killed_while_polling},
   });
 }
