@@ -45,17 +45,22 @@ void __tsan_ignore_thread_end();
 
 namespace kungfu {
 
-// The synchronisation object of the connection from peer `from` to peer
-// `to` ("host:port" each): both ends compute the same one, and nothing
-// else is ordered through it (no lock is taken to find it).
+// The synchronisation object of the connections between peers `from` and
+// `to` ("host:port" each), both directions: both ends compute the same one
+// (no lock is taken to find it). One for both directions, because a peer
+// in another process (a forked test rank) releases nothing in ours: what
+// we sent it happens before its reply only through our own send's release,
+// which the reply's reader then acquires. It orders a pair's two
+// directions more than needed, never less.
 inline void *socket_order_key(const std::string &from, const std::string &to) {
 #ifdef KUNGFU_TSAN
-  // One cell per connection, found by hash; a collision only orders two
-  // connections' frames more than needed, never less.
+  // One cell per pair, found by hash; a collision only orders two pairs'
+  // frames more than needed, never less.
   constexpr size_t kCells = size_t(1) << 16;
   alignas(8) static uint64_t cells[kCells];
   uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (char c : from + ">" + to) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  const std::string pair = from < to ? from + "|" + to : to + "|" + from;
+  for (char c : pair) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return &cells[h % kCells];
 #else
   (void)from;

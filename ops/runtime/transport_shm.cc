@@ -46,7 +46,13 @@ Status Transport::write_frame_to_ring(int dst, int fd, ShmRing &ring, SendItem &
   }
   while (item.written < total) {
     Status corrupt;
-    item.written += ring.write_some(iov, 3, item.written, &corrupt);
+    {
+      // Counted as read by socket_order_before_send, like a socket's kernel
+      // copy: seen here, after that release, the copy would look racy with
+      // the reply's write into the same buffer (TSAN only).
+      SocketCopyUnseen unseen;
+      item.written += ring.write_some(iov, 3, item.written, &corrupt);
+    }
     if (!corrupt.ok()) {
       return Unavailable("connection to " + opt_.cluster.describe(dst) + " broke: " + corrupt.message());
     }
