@@ -8,7 +8,10 @@
 // is faster than loopback TCP, and, once its handshake is done, move its
 // frames into a shared-memory ring (shm_ring.h) that the dialer hands over
 // on that socket; the socket stays open so that either side's end is seen
-// at once. A connection is accepted only after the client
+// at once. A thread waiting for a small collective may read those rings
+// itself (poll_rings, transport_poll.cc) instead of waiting for the
+// connection's receiving thread to hand it the frames. A connection is
+// accepted only after the client
 // proves it holds the job secret (handshake.h); anything else is dropped
 // without disturbing the job.
 #pragma once

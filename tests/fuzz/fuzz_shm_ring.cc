@@ -7,6 +7,9 @@
 // check_frame_header, key, payload in pieces) until the ring reports an
 // error or runs dry. Nothing it reads may go outside the mapping (ASan),
 // and a dry ring must end the read (the writer's socket is closed), not hang.
+// Steps with bit 2 of their op set read the way a polling caller does
+// instead (Transport::poll_ring): peek at the header, take the frame only
+// when it is whole, read the payload in place (view) or copied, consume.
 //
 // Script: repeated [op byte][8-byte little-endian argument][bytes...]:
 //   op % 4 == 0: write the next (argument % 8192) input bytes into the ring
@@ -61,6 +64,37 @@ bool read_frames(kungfu::ShmRing &ring, int socket) {
   }
 }
 
+// Takes whole frames as Transport::poll_ring does; false once the ring failed.
+bool poll_frames(kungfu::ShmRing &ring) {
+  std::vector<char> piece(1000);
+  while (true) {
+    kungfu::Status s;
+    if (!ring.maybe_readable()) return true;
+    kungfu::FrameHeader h;
+    if (!ring.peek(0, &h, sizeof(h), &s)) return s.ok();
+    const size_t avail = ring.readable(&s);
+    if (!s.ok()) return false;
+    if (!kungfu::check_frame_header(h).ok()) return false;
+    if (avail - sizeof(h) < h.key_len || avail - sizeof(h) - h.key_len < h.payload_len) return true;  // not whole
+    ring.consume(sizeof(h));
+    std::string key(h.key_len, '\0');
+    if (ring.read_some(key.data(), key.size(), &s) != key.size() || !s.ok()) return false;
+    uint64_t left = h.payload_len;
+    volatile char sink = 0;
+    if (const char *in_place = ring.view(static_cast<size_t>(left), &s)) {
+      for (uint64_t i = 0; i < left; ++i) sink = sink ^ in_place[i];  // every byte must be mapped (ASan)
+      ring.consume(static_cast<size_t>(left));
+      continue;
+    }
+    if (!s.ok()) return false;
+    while (left > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, piece.size()));
+      if (ring.read_some(piece.data(), n, &s) != n || !s.ok()) return false;
+      left -= n;
+    }
+  }
+}
+
 uint64_t take_u64(const uint8_t *&data, size_t &size) {
   uint64_t v = 0;
   size_t n = std::min<size_t>(8, size);
@@ -110,7 +144,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 2: std::memcpy(words + kHeadOffset, &arg, 8); break;
       default: std::memcpy(words + (arg & 1) * 8, &arg, 8); break;
     }
-    alive = read_frames(*reader, sv[1]);
+    alive = (op & 4) ? poll_frames(*reader) : read_frames(*reader, sv[1]);
   }
   ::close(sv[1]);
   ::munmap(ctl, 4096);
