@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "shm_ring.h"
+#include "socket_order.h"
 #include "test_util.h"
 
 using kftest::seconds_since;
@@ -238,7 +239,11 @@ Buffer buffer_of(std::vector<float> &v) {
 // Ranks in separate processes (the real setting: the ring crosses an
 // address space). Each child checks its result and reports by exit status.
 void test_all_reduce_between_processes() {
+#ifdef KUNGFU_TSAN
+  const int n = 2;  // TSAN sees causality between processes of a pair only (below)
+#else
   const int n = 3;
+#endif
   const size_t count = (size_t(5) << 20) / 4 + 3;  // 5 MiB and a bit: more than two rings' worth
   auto peers = kftest::local_peers(n);
   auto run_rank = [&](int rank) -> int {
@@ -345,7 +350,16 @@ Status poll_for(Runtime &rt, const std::function<void(DoneCallback)> &start,
 // the receiving thread), each all-reduce bitwise equal to the sum computed
 // here, and the polled path really taken.
 void test_polled_all_reduce_between_processes() {
-  for (int n : {2, 4}) {
+#ifdef KUNGFU_TSAN
+  // TSAN sees causality between processes only through the pair's own
+  // connection (socket_order.h): at np=4 a reply reaches us through a third
+  // process, and our send's read of a buffer looks unordered with the
+  // reply's write into it. The pairs of np=2 are fully visible.
+  const std::vector<int> sizes{2};
+#else
+  const std::vector<int> sizes{2, 4};
+#endif
+  for (int n : sizes) {
     for (TopologyKind topo : {TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kClique}) {
       auto peers = kftest::local_peers(n);
       auto run_rank = [&](int rank) -> int {
