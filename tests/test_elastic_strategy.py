@@ -42,9 +42,9 @@ BUILDERS = ("AllReduce", "PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartit
 LAUNCHER = ["--elastic", "--max-np", "3"]
 
 
-def written_strategy(tmp_path, replicas: int = 0) -> str:
-    """A PartitionedPS strategy for 3 workers (every weight matrix cut into 3 shards, one per owner), as a file
-    (``graph_config.replicas``: ``replicas``)."""
+def written_strategy(tmp_path, replicas: int = 0, workers: int = 3) -> str:
+    """A PartitionedPS strategy for ``workers`` workers (every weight matrix cut into that many shards, one per
+    owner), as a file (``graph_config.replicas``: ``replicas``)."""
     import sys
 
     import keras
@@ -60,8 +60,8 @@ def written_strategy(tmp_path, replicas: int = 0) -> str:
     keras.backend.clear_session()  # the variables' names, as the workers' first model has them
     model = build_digits_mlp(hidden=(HIDDEN,), seed=1)
     variables = describe_variables(model.trainable_variables)
-    strategy = builders.PartitionedPS(min_partition_bytes=64).build(variables, ClusterSpec(3))
-    assert sum(len(n.part_config) for n in strategy.node_config) >= 6, strategy  # both kernels cut
+    strategy = builders.PartitionedPS(min_partition_bytes=64).build(variables, ClusterSpec(workers))
+    assert sum(len(n.part_config) for n in strategy.node_config) >= 2 * workers, strategy  # both kernels cut
     strategy.graph_config.replicas = replicas
     path = tmp_path / "strategy.pbtxt"
     strategy_format.save(strategy, path)
@@ -138,6 +138,21 @@ def test_a_strategy_written_for_3_replicas_refuses_a_shrink_before_it_commits(tm
     # Nothing changed: no worker applied a new cluster (the launcher drops the workers after they failed).
     changes = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "change"]
     assert not changes and "3 -> 2 workers" not in out, report
+
+
+def test_a_strategy_written_for_2_replicas_refuses_a_growth_before_it_is_requested(tmp_path):
+    # Before, the growth was requested and committed (the launcher's joiner admitted), and then every worker
+    # failed in the strategy's re-build for 3 workers: the cluster had changed under a refused strategy.
+    args = train_args(tmp_path, written_strategy(tmp_path, replicas=2, workers=2)) + ["--resize-at", "4:3", "--resize-wait"]
+    rc, out, err = run_job(2, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
+    report = describe(rc, out, err)
+    assert rc != 0, report
+    lines = rank_lines(err)
+    for rank in range(2):
+        text = "\n".join(lines.get(rank, []))
+        assert "was written for 2 replicas (graph_config.replicas) and the cluster changed to 3 workers" in text, report
+    changes = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "change"]
+    assert not changes and "2 -> 3 workers" not in out, report
 
 
 def test_a_plain_tf_function_refuses_to_run_a_stale_plan(tmp_path):

@@ -158,6 +158,22 @@ def add_shrink_preparation(prepare: Callable[[tuple[str, ...], tuple[str, ...], 
     return remove
 
 
+# Run on every member before a growth to ``n`` workers is requested: ``check(n)`` raises to refuse
+# it (a strategy written for a fixed number of replicas), so that nothing changes.
+_growth_checks: list[Callable[[int], None]] = []
+
+
+def add_growth_check(check: Callable[[int], None]) -> Callable[[], None]:
+    """Calls ``check(new_size)`` on every member before each ``resize`` growth is requested; returns a remover."""
+    _growth_checks.append(check)
+
+    def remove() -> None:
+        if check in _growth_checks:
+            _growth_checks.remove(check)
+
+    return remove
+
+
 def _shrink_to(target: tuple[str, ...], version: int, peers: tuple[str, ...]) -> tuple[bool, bool]:
     """Commits ``target`` (a subset of the members) as version + 1 and applies it everywhere."""
     for prepare in _shrink_preparations:
@@ -227,6 +243,8 @@ def _set_target_everywhere(n: int, state, version: int, peers: tuple[str, ...], 
 
 
 def _grow_to(n: int, state, wait: bool, plain: bool, timeout: float) -> tuple[bool, bool]:
+    for check in _growth_checks:
+        check(n)  # raises on every member alike (the same strategy everywhere): nothing requested yet
     version, peers = em.current()
     _set_target_everywhere(n, state, version, peers, "request_size", f"the config service refused target size {n}",
                            plain=plain)  # fmt: skip

@@ -47,7 +47,7 @@ from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan
 from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
-from kungfu_tf.strategy.remap import remap_owners
+from kungfu_tf.strategy.remap import check_replicas, remap_owners
 from kungfu_tf.strategy.source import StrategySource, resolve_strategy
 from kungfu_tf.strategy.variable_info import describe_variables
 
@@ -123,6 +123,16 @@ def prepare_shrink(opt: Any, old_peers: Sequence[str], new_peers: Sequence[str],
     prefix = f"kungfu/strategy/handover/v{version}"
     kinds, full = gather_slots(opt, old, contributes=True, first=_rank() == 0, prefix=prefix)
     object.__setattr__(opt, "_kungfu_handover", (version + 1, tuple(new_peers), kinds, full))
+
+
+def refuse_fixed_replicas(opt: Any, new_size: int) -> None:
+    """Before a growth is requested: ``StrategyError`` if the written strategy in force fits only another size.
+
+    The shrink is refused in :func:`prepare_shrink`; without this a growth
+    committed first and every worker failed after it, in the re-build.
+    """
+    if not is_builder(opt._kungfu_strategy):
+        check_replicas(opt._kungfu_plan.strategy, new_size)
 
 
 def rebuild_for_cluster(opt: Any, change: em.Change) -> None:

@@ -24,13 +24,14 @@ import keras
 import tensorflow as tf
 
 from kungfu_tf.ops import elastic_membership as em
-from kungfu_tf.ops.resize import add_shrink_preparation
+from kungfu_tf.ops.resize import add_growth_check, add_shrink_preparation
 from kungfu_tf.optimizers._wrapping import wrap_keras
 from kungfu_tf.optimizers.auto_search import start_auto_search
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
     prepare_shrink,
     rebuild_for_cluster,
+    refuse_fixed_replicas,
 )
 from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
@@ -95,8 +96,14 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                         if opt is not None:
                             prepare_shrink(opt, old_peers, new_peers, version)
 
+                    def check_growth(new_size: int) -> None:
+                        opt = this()
+                        if opt is not None:
+                            refuse_fixed_replicas(opt, new_size)
+
                     em.add_apply_listener(rebuild, first=True)
                     add_shrink_preparation(prepare)
+                    add_growth_check(check_growth)
                 if isinstance(self._kungfu_strategy, Auto) and not self._kungfu_warm_up_plan:
                     # The first steps of training are the search's trials (auto_search.py).
                     start_auto_search(self, self._kungfu_strategy)

@@ -22,6 +22,22 @@ from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.errors import StrategyError
 
 
+def check_replicas(strategy: strategy_pb2.Strategy, new_size: int) -> None:
+    """``StrategyError`` if ``strategy`` was written for a fixed number of replicas other than ``new_size``.
+
+    Example:
+        >>> from kungfu_tf.strategy import format as strategy_format
+        >>> check_replicas(strategy_format.parse('graph_config { replicas: 2 }'), 2)   # fits: nothing raised
+    """
+    written = strategy.graph_config.replicas
+    if written > 0 and written != new_size:
+        raise StrategyError(
+            f"strategy {strategy.id!r} was written for {written} replicas (graph_config.replicas) and the cluster "
+            f"changed to {new_size} workers; set graph_config.replicas to 0 (any) to let kungfu_tf re-map "
+            "its owners, or pass a builder (re-run at every change)"
+        )
+
+
 def remap_owners(
     strategy: strategy_pb2.Strategy, old_peers: Sequence[str], new_peers: Sequence[str]
 ) -> strategy_pb2.Strategy:
@@ -31,13 +47,7 @@ def remap_owners(
         StrategyError: the strategy was written for ``graph_config.replicas``
             workers and the cluster now has another number.
     """
-    written = strategy.graph_config.replicas
-    if written > 0 and written != len(new_peers):
-        raise StrategyError(
-            f"strategy {strategy.id!r} was written for {written} replicas (graph_config.replicas) and the cluster "
-            f"changed to {len(new_peers)} workers; set graph_config.replicas to 0 (any) to let kungfu_tf re-map "
-            "its owners, or pass a builder (re-run at every change)"
-        )
+    check_replicas(strategy, len(new_peers))
     out = strategy_pb2.Strategy()
     out.CopyFrom(strategy)
     new_rank = {peer: r for r, peer in enumerate(new_peers)}
