@@ -22,7 +22,7 @@ from elastic_records import (
 
 LAUNCHER = ["--elastic", "--max-np", "3"]
 
-RUNS = ("function", "refusals", "fit", "policy")
+RUNS = ("function", "refusals", "fit", "policy", "cost-model")
 
 
 def test_switches_train_like_one_process_and_refusals_change_nothing():

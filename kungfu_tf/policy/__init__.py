@@ -25,6 +25,7 @@ from kungfu_tf.policy.runner import Decision, PolicyRunner
 from kungfu_tf.policy.scaling_search import ScalingSearch
 from kungfu_tf.policy.straggler import StragglerPolicy
 from kungfu_tf.policy.strategy_policy import StrategyPolicy
+from kungfu_tf.policy.strategy_scoring import CostModelScorer
 from kungfu_tf.policy.utility import (
     ConcaveUtility,
     LinearUtility,
@@ -38,6 +39,7 @@ __all__ = [
     "AutoscalingPolicy",
     "BasePolicy",
     "ConcaveUtility",
+    "CostModelScorer",
     "Decision",
     "GNSBatchSizePolicy",
     "GNSResizePolicy",

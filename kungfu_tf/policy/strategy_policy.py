@@ -27,10 +27,11 @@ from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.builders.base import StrategyBuilder
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.source import StrategySource, check_source, resolve_strategy
-from kungfu_tf.strategy.variable_info import describe_variables
+from kungfu_tf.strategy.variable_info import VariableInfo, describe_variables
 
-# Predicted seconds per step of each candidate (resolved for the running cluster), lower is better.
-Scorer = Callable[[list[strategy_pb2.Strategy], PolicyContext], Sequence[float]]
+# scorer(candidates resolved for the running cluster, the model's variables, ctx): predicted seconds per step of
+# each candidate, lower is better (e.g. strategy_scoring.CostModelScorer).
+Scorer = Callable[[list[strategy_pb2.Strategy], list[VariableInfo], PolicyContext], Sequence[float]]
 RATES_GATHER = "kungfu_policy/strategy_link_rates"
 SCORES_REDUCE = "kungfu_policy/strategy_scores"
 TRIAL_REDUCE = "kungfu_policy/strategy_trial_time"
@@ -83,9 +84,10 @@ class StrategyPolicy(BasePolicy):
       so the reference is measured again after each);
     * every ``rescore_every`` steps, if set.
 
-    Scoring: with ``scorer`` (e.g. a cost model: it gets the candidates
-    resolved for the running cluster and returns predicted seconds per
-    step), the scores are averaged over the workers and the lowest wins.
+    Scoring: with ``scorer`` (e.g. :class:`~kungfu_tf.policy.CostModelScorer`,
+    AutoDist's cost model on link rates measured then; any callable that
+    takes the candidates resolved for the running cluster, the model's
+    variables and the context, and returns predicted seconds per step), the scores are averaged over the workers and the lowest wins.
     Without one, each candidate is measured: a trial switches to it, skips
     ``settle_steps`` steps (the re-trace), times ``trial_steps`` steps
     (``metrics["step_time"]``, averaged over the workers) and the fastest
@@ -228,13 +230,11 @@ class StrategyPolicy(BasePolicy):
 
     # --------------------------------------------------------------- scoring
 
-    def _resolved(self) -> list[strategy_pb2.Strategy]:
+    def _decide_by_scores(self, ctx: PolicyContext, reason: str) -> None:
         variables = describe_variables(list(self.optimizer._kungfu_model_variables))
         cluster = ClusterSpec.current()
-        return [resolve_strategy(c, variables, cluster) for c in self.candidates]
-
-    def _decide_by_scores(self, ctx: PolicyContext, reason: str) -> None:
-        scores = [float(s) for s in self.scorer(self._resolved(), ctx)]  # type: ignore[misc]
+        resolved = [resolve_strategy(c, variables, cluster) for c in self.candidates]
+        scores = [float(s) for s in self.scorer(resolved, variables, ctx)]  # type: ignore[misc]
         if len(scores) != len(self.candidates):
             raise ValueError(f"StrategyPolicy: the scorer gave {len(scores)} scores for {len(self.candidates)} candidates")
         agreed = [float(s) for s in ctx.all_reduce(np.asarray(scores, np.float64), op="mean", name=SCORES_REDUCE)]

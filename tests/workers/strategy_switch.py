@@ -18,6 +18,9 @@ every worker holds the same.
 * policy: Keras ``fit`` with a ``StrategyPolicy`` whose scorer (injected
   scores that change at step 3) makes it switch twice; the decision log
   names both switches.
+* cost-model: the same with ``CostModelScorer`` (AutoDist's cost model on
+  link rates calibrated at each scoring): whatever it picks, the weights
+  equal the reference.
 * refusals, each the same precise ``StrategyError`` on every worker with
   nothing changed (plan, generation, weights), and training goes on: the
   workers ask for different strategies; an unknown builder name (on every
@@ -33,7 +36,7 @@ from _setup import Checker, np, ops, tf
 import kungfu_tf
 from kungfu_tf.keras import PolicyCallback
 from kungfu_tf.optimizers import SynchronousSGDOptimizer, switch_strategy
-from kungfu_tf.policy import StrategyPolicy
+from kungfu_tf.policy import CostModelScorer, StrategyPolicy
 from kungfu_tf.strategy import builders, plan_generation
 from kungfu_tf.strategy import format as strategy_format
 from kungfu_tf.strategy.errors import StrategyError
@@ -173,7 +176,7 @@ def fit(model: keras.Model, opt, x, y, batch: int, callbacks=()) -> keras.Model:
     return model
 
 
-def injected_scores(candidates, ctx) -> list[float]:
+def injected_scores(candidates, variables, ctx) -> list[float]:
     """Seconds per step as a cost model might predict them: AllReduce best until step 3, PartitionedPS after."""
     chk_ids = [c.id for c in candidates]
     assert chk_ids == ["PS", "AllReduce", "PartitionedPS"], chk_ids
@@ -212,6 +215,22 @@ def run_fit(chk: Checker, rank: int, size: int, reference: list | None) -> None:
     if rank == 0:
         close(chk, got, reference, "policy")
     print("ran policy", flush=True)
+
+    # The cost model on link rates measured then: whichever it picks, training stays exact.
+    model = fresh_model()
+    opt = SynchronousSGDOptimizer(keras.optimizers.Adam(LR), strategy=candidate("PS", size), name="switch_cost")
+    policy = StrategyPolicy(opt, [candidate(n, size) for n in ("PS", "AllReduce", "PartitionedPS")],
+                            scorer=CostModelScorer(probe_bytes=1 << 16, repeats=2), rescore_every=3)  # fmt: skip
+    callback = PolicyCallback([policy])
+    fit(model, opt, xs, ys, B, [callback])
+    lines = [line for line in callback.runner.log_lines if "every 3 steps; scores" in line]
+    print("cost-model log:\n  " + "\n  ".join(lines), flush=True)
+    chk.true(len(lines) == 2, f"cost-model: {len(lines)} decisions, expected 2 (steps 2 and 5)")
+    got = weights(model)
+    agree(chk, got, "cost-model")
+    if rank == 0:
+        close(chk, got, reference, "cost-model")
+    print("ran cost-model", flush=True)
 
 
 def main() -> None:
