@@ -14,7 +14,7 @@
 #                  latency, resize times, and what they predict for 1,024 (~5-10 min)
 #   make bench-frame-auth  cost of per-frame authentication (GMAC, HMAC) vs memcpy
 #   make bench-training    training throughput: ours, MWMS, no-comm ceiling
-#   make bench-strategies  strategy builders x models, one host and two (root)
+#   make bench-strategies  strategy builders and builders.Auto x models, one host and two (root)
 #   make bench-adaptive    the three adaptive-training experiments: GNS batch size vs static
 #                  batches, monitoring overhead, adaptive topology (the last needs root)
 #   make bench-listing-one  KungFu's Listing 1: GNSResizePolicy grows an elastic job 1 -> 4 workers
