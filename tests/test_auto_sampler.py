@@ -193,8 +193,14 @@ def test_compressors_only_on_floating_variables():
 
 
 def test_a_tiny_model_gives_fewer_candidates_than_asked():
-    out = sample_strategies([VariableInfo("b", (3,))], ClusterSpec(2), 50, 0)
+    """A 12-byte variable has few distinct strategies: the sampler returns each once and stops, never pads."""
+    vs, cluster = [VariableInfo("b", (3,))], ClusterSpec(2)
+    out = sample_strategies(vs, cluster, 50, 0)
     assert 1 <= len(out) < 50
+    assert len({canonical_bytes(s) for s in out}) == len(out), "a candidate came twice"
+    # The space is exhausted: asking for ten times more gives the very same candidates.
+    more = sample_strategies(vs, cluster, 500, 0)
+    assert [canonical_bytes(s) for s in more] == [canonical_bytes(s) for s in out]
 
 
 @pytest.mark.parametrize(

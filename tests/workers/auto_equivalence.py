@@ -1,6 +1,6 @@
 """Worker for tests/test_auto_search.py: training through builders.Auto's trials equals one process.
 
-Usage: auto_equivalence.py SEARCH_MODEL LOG   (np = 2; SEARCH_MODEL: "auto" or "hand-builders")
+Usage: auto_equivalence.py auto LOG   (np = 2)
 
 N workers train a small model (dense layers and an embedding, whose
 gradient is sparse) for STEPS steps with SGD + momentum wrapped in
@@ -19,9 +19,8 @@ computed synchronous SGD exactly — and the workers must hold identical
 weights (consensus). Rank 0's search log must have a line per trial with
 the prediction, and the measurement of every trial but the broken one.
 
-"auto" uses the search model of kungfu_tf.strategy.auto (sampler, cost
-model, ranker); "hand-builders" a stand-in that proposes the hand builders'
-strategies (partitioned PS, PS load balancing, ...).
+The search model is kungfu_tf.strategy.auto's own (sampler, cost model,
+ranker).
 """
 
 from __future__ import annotations
@@ -64,40 +63,9 @@ def global_batch(step: int, n: int) -> tuple[list[np.ndarray], np.ndarray]:
     return [ids, x], y
 
 
-class HandBuilders:
-    """A stand-in search model: the hand builders' strategies (small thresholds, so they really partition)."""
-
-    def __init__(self, variables, cluster):
-        self.variables, self.cluster = variables, cluster
-
-    def sample(self, count, seed):
-        made = [
-            builders.PartitionedPS(min_partition_bytes=64),
-            builders.PS(owner=1),
-            builders.PSLoadBalancing(),
-            builders.PartitionedAR(min_partition_bytes=64),
-            builders.Parallax(chunk_size=2, min_partition_bytes=64),
-        ]
-        return [b.build(self.variables, self.cluster) for b in made][:count]
-
-    def predict(self, strategies):
-        return [0.001 * (i + 1) for i in range(len(strategies))]
-
-    def cost_model_predict(self, strategies):
-        return self.predict(strategies)
-
-    def learn(self, strategies, measured):
-        pass
-
-    def fidelity(self):
-        return 0.0
-
-    def select(self, candidates, scores, k):
-        return list(range(min(k, len(candidates))))
-
-
 def main() -> None:
-    which, log_path = sys.argv[1], sys.argv[2]
+    assert sys.argv[1] == "auto", sys.argv
+    log_path = sys.argv[2]
     rank, size = _setup.env_rank(), _setup.env_size()
     chk = Checker(rank)
     broken = strategy_pb2.Strategy(id="broken")
@@ -105,7 +73,6 @@ def main() -> None:
     auto = builders.Auto(
         budget=BUDGET, trial_steps=TRIAL_STEPS, warmup=WARMUP, candidates_per_round=8, trials_per_round=2,
         log_path=log_path, extra_candidates=[broken],
-        search_model=HandBuilders if which == "hand-builders" else None,
     )  # fmt: skip
     model = build_model()
     opt = SynchronousSGDOptimizer(keras.optimizers.SGD(LR, momentum=MOMENTUM), strategy=auto)
