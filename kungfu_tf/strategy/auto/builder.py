@@ -53,6 +53,7 @@ from kungfu_tf.strategy.auto.search import (
     SearchBudget,
     SearchModel,
     SearchRecord,
+    check_round_sizes,
     no_trainable_variables_error,
 )
 from kungfu_tf.strategy.builders.all_reduce import AllReduce
@@ -125,10 +126,7 @@ class Auto(StrategyBuilder):
             raise StrategyError(f"trial_steps must be an int >= 1, got {trial_steps!r}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise StrategyError(f"warmup must be an int >= 0, got {warmup!r}")
-        if candidates_per_round < 1 or trials_per_round < 1:
-            raise StrategyError(
-                f"candidates_per_round and trials_per_round must be >= 1, got {candidates_per_round}, {trials_per_round}"
-            )
+        check_round_sizes(candidates_per_round, trials_per_round)
         self.trial_steps = trial_steps
         self.warmup = warmup
         self.candidates_per_round = candidates_per_round

@@ -87,6 +87,14 @@ class SearchModel(Protocol):
         """Indices of at most ``k`` candidates to try (score vs diversity at this fidelity)."""
 
 
+
+def check_round_sizes(candidates_per_round: int, trials_per_round: int) -> None:
+    """StrategyError unless a round samples and tries at least one candidate."""
+    if candidates_per_round < 1 or trials_per_round < 1:
+        raise StrategyError(
+            f"candidates_per_round and trials_per_round must be >= 1, got {candidates_per_round} and {trials_per_round}"
+        )
+
 @dataclass(frozen=True)
 class SearchBudget:
     """How much the search may spend: ``trials`` trials and/or ``seconds`` of trial time (whichever ends first).
@@ -153,10 +161,7 @@ class Search:
         out: IO[str] | None = None,
         initial: Sequence[strategy_pb2.Strategy] = (),
     ) -> None:
-        if candidates_per_round < 1 or trials_per_round < 1:
-            raise StrategyError(
-                f"candidates_per_round and trials_per_round must be >= 1, got {candidates_per_round} and {trials_per_round}"
-            )
+        check_round_sizes(candidates_per_round, trials_per_round)
         self.model = model
         self.budget = budget
         self.candidates_per_round = candidates_per_round
