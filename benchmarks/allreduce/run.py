@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -95,6 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"subset of {','.join(PARTS)} to run (default: all)",
     )
     p.add_argument("--quick", action="store_true", help="fast smoke run")
+    p.add_argument(
+        "--prebuilt",
+        action="store_true",
+        help="use the programs already in build/bench instead of compiling them "
+        "(for a host with no compiler or no mpicc: build here, run there)",
+    )
     p.add_argument("--repeats", type=int, help="timed loops per point (default 7)")
     p.add_argument(
         "--target-seconds", type=float, help="duration of one timed loop (default 0.25)"
@@ -189,12 +196,16 @@ def run_raw(args: argparse.Namespace, errors: list[str]) -> dict[str, Any]:
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     exe = str(BUILD_DIR / "raw_transport")
     cmd = ["cc", "-O2", "-pthread", "-o", exe, str(EXP_DIR / "raw_transport.c")]
-    log("compiling " + " ".join(cmd))
-    try:
-        subprocess.run(cmd, check=True, timeout=120)
-    except (subprocess.SubprocessError, OSError) as e:
-        errors.append(f"raw: compile failed: {e}")
-        return {}
+    if args.prebuilt:
+        if prebuilt_program("raw_transport", errors) is None:
+            return {}
+    else:
+        log("compiling " + " ".join(cmd))
+        try:
+            subprocess.run(cmd, check=True, timeout=120)
+        except (subprocess.SubprocessError, OSError) as e:
+            errors.append(f"raw: compile failed: {e}")
+            return {}
 
     # Ping-pong on two different CPUs is the reference for the targets: it
     # is where concurrently running workers are, and on a VM the cross-vCPU
@@ -233,13 +244,26 @@ def run_raw(args: argparse.Namespace, errors: list[str]) -> dict[str, Any]:
     return raw
 
 
-def compile_with_runtime(name: str, errors: list[str]) -> str | None:
+def prebuilt_program(name: str, errors: list[str]) -> str | None:
+    """build/bench/<name> as an earlier run compiled it (--prebuilt), or None and an error."""
+    exe = BUILD_DIR / name
+    if not os.access(exe, os.X_OK):
+        errors.append(f"{name}: --prebuilt but {exe.relative_to(REPO)} is missing or not executable")
+        return None
+    return str(exe)
+
+
+def compile_with_runtime(name: str, errors: list[str], prebuilt: bool = False) -> str | None:
     """Compiles benchmarks/allreduce/<name>.cc with the runtime; the program's path.
+
+    With ``prebuilt`` the program an earlier run compiled is used as it is.
 
     The runtime comes from the C++ tests' objects (build/cpp/obj, -O2, built
     by make only where a source changed): compiling every source again in
     one g++ call took over 5 minutes on the loaded 2-core machine.
     """
+    if prebuilt:
+        return prebuilt_program(name, errors)
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     exe = str(BUILD_DIR / name)
     sources = sorted((REPO / "ops" / "runtime").glob("*.cc"))
@@ -260,7 +284,7 @@ def run_raw_shm(
     args: argparse.Namespace, placements: dict[str, str], errors: list[str]
 ) -> dict[str, Any]:
     """The raw shared-memory limit: memcpy, and the ring alone (raw_shm.cc)."""
-    exe = compile_with_runtime("raw_shm", errors)
+    exe = compile_with_runtime("raw_shm", errors, args.prebuilt)
     if exe is None:
         return {}
     secs = str(args.raw_seconds)
@@ -293,7 +317,7 @@ def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, A
     Every point twice, shared memory then Unix sockets (KUNGFU_SHM=0), one
     right after the other so that the ratio sees the same machine load.
     """
-    exe = compile_with_runtime("runtime_allreduce", errors)
+    exe = compile_with_runtime("runtime_allreduce", errors, args.prebuilt)
     if exe is None:
         return []
     points: list[dict[str, Any]] = []
@@ -434,12 +458,19 @@ def run_mwms(
 # ----------------------------------------------------------------- Open MPI
 
 
-def build_mpi(errors: list[str]) -> tuple[Path | None, str | None]:
+def build_mpi(errors: list[str], prebuilt: bool = False) -> tuple[Path | None, str | None]:
     """(program, None) or (None, why the MPI column stays empty).
 
     A missing Open MPI is not an error of the run (the rest is measured and
-    the table says why the column is empty); a compile failure is.
+    the table says why the column is empty); a compile failure is. With
+    ``prebuilt`` only ``mpirun`` is needed: the program is an earlier build's.
     """
+    if prebuilt:
+        if shutil.which("mpirun") is None:
+            log(f"mpi: mpirun not found ({bench_mpi.INSTALL_HINT})")
+            return None, f"mpirun not found ({bench_mpi.INSTALL_HINT})"
+        exe = prebuilt_program("mpi_allreduce", errors)
+        return (Path(exe), None) if exe else (None, "no prebuilt program")
     try:
         exe = bench_mpi.build(BUILD_DIR)
     except bench_mpi.MpiMissing as e:
@@ -548,7 +579,7 @@ def measure_all(
     have_kungfu = (
         "kungfu" in args.only or "socket" in args.only
     ) and kungfu_importable(errors)
-    mpi_exe, mpi_note = build_mpi(errors) if "mpi" in args.only else (None, None)
+    mpi_exe, mpi_note = build_mpi(errors, args.prebuilt) if "mpi" in args.only else (None, None)
     points: list[dict[str, Any]] = []
     for n in args.np:
         if have_kungfu and "kungfu" in args.only:
