@@ -254,8 +254,9 @@ class ContentionSchedule:
     in run_group's reader thread.
     """
 
-    def __init__(self, traffic: BackgroundTraffic, before: int, during: int):
-        self.traffic, self.before, self.during = traffic, before, during
+    def __init__(self, traffic: BackgroundTraffic, before: int, during: int, what: str = "background traffic"):
+        # what: the log's name of what is switched (benchmarks/strategy_policy throttles the link instead)
+        self.traffic, self.before, self.during, self.what = traffic, before, during, what
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
@@ -270,10 +271,10 @@ class ContentionSchedule:
             try:
                 if done == self.before:
                     self.traffic.start()
-                    log(f"  step {done}: background traffic on")
+                    log(f"  step {done}: {self.what} on")
                 elif done == self.before + self.during:
                     self.traffic.stop()
-                    log(f"  step {done}: background traffic off")
+                    log(f"  step {done}: {self.what} off")
             except BaseException as e:  # noqa: BLE001 -- reported by the main thread
                 self.error = e
 

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import secrets
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,17 +25,17 @@ from benchmarks.harness.proc import worker_env
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from netns import NamespacesUnavailable, TwoHosts, create_two_hosts
 
-__all__ = ["TwoHosts", "make_limited_hosts", "two_host_commands", "two_host_env"]
+__all__ = ["TwoHosts", "make_limited_hosts", "set_link_rate", "two_host_commands", "two_host_env"]
+
+# The token bucket's defaults: about 1 ms at 1 Gbit/s (at least the 64 KiB of a TSO segment), and how long tbf
+# queues before it drops.
+BURST, LATENCY = "256kb", "50ms"
 
 
 def make_limited_hosts(
-    subnet: str, tag: str, rate: str, burst: str = "256kb", latency: str = "50ms"
+    subnet: str, tag: str, rate: str, burst: str = BURST, latency: str = LATENCY
 ) -> tuple[TwoHosts | None, str | None]:
-    """The two hosts (``<subnet>.1`` and ``.2``) with ``rate`` on both ends of the link, or (None, why not).
-
-    The default burst is about 1 ms at 1 Gbit/s (at least the 64 KiB of a
-    TSO segment); ``latency`` is how long tbf queues before it drops.
-    """
+    """The two hosts (``<subnet>.1`` and ``.2``) with ``rate`` on both ends of the link, or (None, why not)."""
     try:
         hosts = create_two_hosts(subnet, tag)
     except (NamespacesUnavailable, AssertionError) as e:
@@ -45,6 +46,20 @@ def make_limited_hosts(
         hosts.destroy()
         raise
     return hosts, None
+
+
+def set_link_rate(hosts: TwoHosts, rate: str, burst: str = BURST, latency: str = LATENCY) -> None:
+    """Changes the link's rate on both ends while jobs run over it (``tc qdisc replace``: a throttled link).
+
+    Raises:
+        RuntimeError: ``tc`` refused (its message and the command included).
+    """
+    for ns, dev in zip(hosts.namespaces, hosts.devices):
+        cmd = ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", burst]
+        cmd += ["latency", latency]
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
 
 
 def two_host_commands(
