@@ -24,6 +24,8 @@
 #                  link contention on two emulated hosts (root, ~7 min)
 #   make bench-elastic  idle time of elastic shrink/grow/crash vs checkpoint-restart, 3 models (~45 min)
 #   make bench-strategy-resize  what a membership change costs a job with a strategy (re-build, re-trace; ~5 min)
+#   make bench-strategy-policy  StrategyPolicy vs each candidate strategy held static while the link between
+#                  two emulated hosts is throttled 1 Gbit/s -> 100 Mbit/s -> 1 Gbit/s (root, ~5 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
 #   make lint      ruff, then mypy over the public API and the launcher ([tool.mypy] in pyproject.toml; ~10 s),
@@ -136,7 +138,7 @@ CLANG_FORMAT ?= clang-format
 CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-config-store bench-etcd-security bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-strategy-policy bench-config-store bench-etcd-security bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -324,6 +326,11 @@ bench-elastic: install
 
 bench-strategy-resize: install
 	$(PY) -m benchmarks.strategy_resize
+
+# StrategyPolicy against each of its candidates held static, np=4 on two emulated hosts whose link is
+# throttled by tc mid-run (benchmarks/strategy_policy/run.py; root).
+bench-strategy-policy: install
+	$(PY) -m benchmarks.strategy_policy
 
 # Recovery times of an elastic job whose state is in etcd (--config-store):
 # 3 real etcd members on loopback, launchers killed, the etcd leader killed,

@@ -1,0 +1,1 @@
+"""StrategyPolicy under a throttled link: the policy against each candidate strategy held static."""
