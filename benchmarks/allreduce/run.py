@@ -28,6 +28,7 @@ raw results as JSON.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -571,7 +572,13 @@ def measure_all(
     raw: dict[str, Any] = {}
     if "raw" in args.only:
         raw = phases.run("raw", lambda: run_raw(args, errors))
-        floor = phases.run("floor", lambda: run_floor(args, errors))
+        # A host without TensorFlow (the 16-core one: --prebuilt) measures
+        # the rest; its report says the floor was not measured.
+        floor = None
+        if importlib.util.find_spec("tensorflow") is None:
+            log("tf.function dispatch floor: not measured (TensorFlow is not installed)")
+        else:
+            floor = phases.run("floor", lambda: run_floor(args, errors))
         if floor is not None:
             raw["tf_function_floor"] = floor
     if "runtime" in args.only:

@@ -13,8 +13,10 @@
 //
 // Prints one line from rank 0:
 //   RESULT {"np": 2, "topology": "STAR", "auto_choice": "", "transport": "shm", "size": 4, "median_s": ...,
-//           "samples": [...]}
-// (auto_choice: for AUTO, the topology its probe chose for this size.)
+//           "polled_frames": ..., "timed_calls": ..., "samples": [...]}
+// (auto_choice: for AUTO, the topology its probe chose for this size;
+// polled_frames: frames rank 0's caller took from the rings itself during
+// the timed calls, the rest went through the receiving threads.)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,12 +92,14 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
     if (!(s = all_reduce()).ok()) break;
   }
   std::vector<double> samples;
+  const uint64_t polled_before = rt->polled_frames();
   for (int r = 0; r < repeats && s.ok(); ++r) {
     s = wait_op(*rt, [&](DoneCallback d) { rt->barrier("barrier" + std::to_string(r), d); });
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters && s.ok(); ++i) s = all_reduce();
     samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
   }
+  const uint64_t polled = rt->polled_frames() - polled_before;
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", opt.self_rank, s.ToString().c_str());
     return 1;
@@ -113,9 +117,9 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
     const char *auto_choice = it == chosen.end() ? "" : kungfu::topology_name(it->second);
     std::printf(
         "RESULT {\"np\": %d, \"topology\": \"%s\", \"auto_choice\": \"%s\", \"transport\": \"%s\", \"size\": %zu, "
-        "\"median_s\": %.9f, \"samples\": [",
+        "\"median_s\": %.9f, \"polled_frames\": %llu, \"timed_calls\": %d, \"samples\": [",
         opt.cluster.size(), topo_name, auto_choice, opt.same_host_shm ? "shm" : "unix", count * 4,
-        sorted[sorted.size() / 2]);
+        sorted[sorted.size() / 2], static_cast<unsigned long long>(polled), iters * repeats);
     for (size_t i = 0; i < samples.size(); ++i) std::printf("%s%.9f", i ? ", " : "", samples[i]);
     std::printf("]}\n");
   }
