@@ -163,6 +163,11 @@ size_t Runtime::sender_threads() const {
   return g->transport ? g->transport->sender_threads() : 0;
 }
 
+uint64_t Runtime::sender_idle_wakeups() const {
+  GenPtr g = gen();
+  return g->transport ? g->transport->sender_idle_wakeups() : 0;
+}
+
 size_t Runtime::receiver_threads() const {
   GenPtr g = gen();
   return g->transport ? g->transport->receiver_threads() : 0;

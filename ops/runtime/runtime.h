@@ -107,6 +107,9 @@ class Runtime {
   // receiver_threads): a worker has them only for the peers it talks to.
   size_t sender_threads() const;
   size_t receiver_threads() const;
+  // Wake-ups of the current version's sender threads that found nothing to
+  // send (Transport::sender_idle_wakeups).
+  uint64_t sender_idle_wakeups() const;
 
   void all_reduce(const std::string &name, Buffer buf, ReduceOp op, DoneCallback done);
   // Same, but on a fixed topology (control messages must not depend on the switchable one).

@@ -181,6 +181,10 @@ class Transport {
   // and accepted connections being served (one thread each, a peer that
   // has sent to us, or a stranger still in its handshake).
   size_t sender_threads() const { return senders_started_.load(); }
+  // Times a sender thread was woken and found nothing to do: a notification
+  // nobody needed (each costs the notifier a futex wake-up and the thread a
+  // context switch), or, rarely, a spurious wake-up.
+  uint64_t sender_idle_wakeups() const { return sender_idle_wakeups_.load(); }
   size_t receiver_threads();
   // Connections shut down by evict_stalled_handshake().
   uint64_t evicted_handshakes() const { return evicted_.load(); }
@@ -338,6 +342,7 @@ class Transport {
   std::atomic<uint64_t> authenticated_{0};
   std::atomic<uint64_t> shm_{0};
   std::atomic<size_t> senders_started_{0};
+  std::atomic<uint64_t> sender_idle_wakeups_{0};
   std::atomic<uint64_t> polled_frames_{0};
   std::mutex rings_mu_;  // guards rings_
   std::vector<std::shared_ptr<RingReader>> rings_;

@@ -129,8 +129,13 @@ void Transport::write_exclusively(int dst, Link &link, std::unique_lock<std::mut
     link.goodbye_written = true;
     ::shutdown(fd, SHUT_WR);
   }
+  // Someone waits for this write only if a frame queued behind it (the
+  // sender thread), we are leaving or stopping (leave(), stop()), or it
+  // failed. Waking the idle sender thread after every inline write cost
+  // each small frame a futex wake-up and that thread a context switch.
+  const bool awaited = !link.queue.empty() || link.closing || stopping_ || !s.ok();
   lock.unlock();
-  link.cv.notify_all();
+  if (awaited) link.cv.notify_all();
   if (!s.ok()) break_link(dst, s);
   item.on_sent(s);
 }
@@ -186,7 +191,11 @@ void Transport::sender_loop(int dst) {
   Link &link = *links_[dst];
   while (true) {
     std::unique_lock<std::mutex> lock(link.mu);
-    link.cv.wait(lock, [&] { return stopping_ || (!link.queue.empty() && !link.busy); });
+    auto has_work = [&] { return stopping_ || (!link.queue.empty() && !link.busy); };
+    while (!has_work()) {
+      link.cv.wait(lock);
+      if (!has_work()) ++sender_idle_wakeups_;
+    }
     if (stopping_) break;
     if (!link.fd.valid() && link.broken.ok()) {
       lock.unlock();
