@@ -31,10 +31,11 @@ std::vector<int> Generation::lost() const {
   return std::vector<int>(lost_.begin(), lost_.end());
 }
 
-void Generation::retire(const Status &why, std::chrono::steady_clock::time_point deadline, uint32_t next_version) {
+int Generation::retire(const Status &why, std::chrono::steady_clock::time_point deadline, uint32_t next_version) {
   registry.close(why);
+  int cut_short = 0;
   if (transport) {
-    transport->leave(deadline, next_version);
+    cut_short = transport->leave(deadline, next_version);
     transport->stop(why);
   }
   mailbox.close(why);
@@ -43,6 +44,7 @@ void Generation::retire(const Status &why, std::chrono::steady_clock::time_point
   std::lock_guard<std::mutex> lock(topologies_mu_);
   retired_ = true;
   for (auto &t : topologies_) t.reset();
+  return cut_short;
 }
 
 }  // namespace kungfu

@@ -70,7 +70,8 @@ class Generation {
   // (queued frames written, then goodbyes) until `deadline`, and stops every
   // thread. Waiters still in the mailbox are released.
   // `next_version`: the version we move on to (0: none, we leave the job).
-  void retire(const Status &why, std::chrono::steady_clock::time_point deadline, uint32_t next_version);
+  // Returns the links the deadline cut short (Transport::leave).
+  int retire(const Status &why, std::chrono::steady_clock::time_point deadline, uint32_t next_version);
 
  private:
   mutable std::mutex lost_mu_;

@@ -81,7 +81,7 @@ void Runtime::shutdown() {
       auto deadline = std::chrono::steady_clock::now() +
                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                           std::chrono::duration<double>(std::min(opt_.timeout_seconds, kMaxLeaveSeconds)));
-      g->transport->leave(deadline);
+      leaves_cut_by_deadline_ += g->transport->leave(deadline);
     }
     g->registry.close(Unavailable("the kungfu runtime of " + g->cluster.describe(g->self_rank) + " has shut down"));
   });

@@ -66,6 +66,12 @@ class Runtime {
   // kernels still run; the object stays usable (every op fails).
   void shutdown();
   static constexpr double kMaxLeaveSeconds = 10;
+  // Links whose orderly leave (shutdown() or update_cluster()) was still
+  // unfinished at the leave deadline, over every version so far. A leave
+  // that waits only on its own frames never reaches the deadline, so tests
+  // tell "left on its own" from "waited until the deadline" by this count,
+  // not by the clock (which a loaded machine stretches).
+  uint64_t leaves_cut_by_deadline() const { return leaves_cut_by_deadline_.load(); }
 
   // Switches this worker to `cluster` (a newer version that contains us)
   // atomically: operations in flight on the old version fail with
@@ -294,6 +300,7 @@ class Runtime {
   // AUTO's choices of the layouts measured so far, across versions.
   AutoMemory auto_memory_;
   std::atomic<uint64_t> auto_probes_{0};
+  std::atomic<uint64_t> leaves_cut_by_deadline_{0};
 
   mutable std::mutex gen_mu_;  // guards current_ (the pointer, not the object)
   GenPtr current_;

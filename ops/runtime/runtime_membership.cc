@@ -67,8 +67,8 @@ Status Runtime::update_cluster(const Cluster &cluster) {
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(std::min(opt_.timeout_seconds, kMaxLeaveSeconds)));
-  old->retire(Unavailable(me.str() + ": cluster changed to version " + std::to_string(cluster.version())), deadline,
-              cluster.version());
+  const Status changed = Unavailable(me.str() + ": cluster changed to version " + std::to_string(cluster.version()));
+  leaves_cut_by_deadline_ += old->retire(changed, deadline, cluster.version());
   retired_.push_back(std::move(old));
   return Status::OK();
 }

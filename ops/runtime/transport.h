@@ -123,7 +123,10 @@ class Transport {
   // (its frames are of ops that fail with the change).
   // `next_version`: we move on to that cluster version (0: we leave the
   // job); the goodbye says so, for the peers' error messages.
-  void leave(std::chrono::steady_clock::time_point deadline, uint32_t next_version = 0);
+  // Returns how many links were still unfinished at `deadline` (0 when every
+  // peer was done with in time: what a leave should cost is its own frames,
+  // never the deadline).
+  int leave(std::chrono::steady_clock::time_point deadline, uint32_t next_version = 0);
 
   // Sends header + key + payload to `dst` (never self). `data` must stay valid
   // until `on_sent` runs; `keepalive` is released after that. Frames to one

@@ -270,7 +270,7 @@ void Transport::peer_departed(int dst, const Status &why) {
   for (SendItem &item : failed) item.on_sent(why);
 }
 
-void Transport::leave(std::chrono::steady_clock::time_point deadline, uint32_t next_version) {
+int Transport::leave(std::chrono::steady_clock::time_point deadline, uint32_t next_version) {
   leaving_ = true;
   for (int r = 0; r < opt_.cluster.size(); ++r) {
     if (r == opt_.self_rank) continue;
@@ -293,12 +293,15 @@ void Transport::leave(std::chrono::steady_clock::time_point deadline, uint32_t n
     lock.unlock();
     link.cv.notify_all();
   }
+  int cut_short = 0;
   for (int r = 0; r < opt_.cluster.size(); ++r) {
     if (r == opt_.self_rank) continue;
     Link &link = *links_[r];
     std::unique_lock<std::mutex> lock(link.mu);
-    link.cv.wait_until(lock, deadline, [&] { return !link.closing || link.goodbye_written || !link.broken.ok(); });
+    auto done_with_peer = [&] { return !link.closing || link.goodbye_written || !link.broken.ok(); };
+    if (!link.cv.wait_until(lock, deadline, done_with_peer)) ++cut_short;
   }
+  return cut_short;
 }
 
 }  // namespace kungfu

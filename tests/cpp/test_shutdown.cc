@@ -10,7 +10,6 @@
 using namespace kungfu;
 using kftest::contains;
 using kftest::make_cluster;
-using kftest::seconds_since;
 using kftest::wait_for;
 
 namespace {
@@ -79,6 +78,9 @@ void test_finishers_do_not_fail_their_peers() {
 
 // A peer that leaves in order fails only what still needs data from it, at
 // once (not after the timeout), naming it; work among the others goes on.
+// "At once" is told by the failure itself, not the clock: a wait that ran
+// into the 30 s timeout ends DeadlineExceeded ("timed out"), a failure from
+// the goodbye Unavailable naming the leaver.
 void test_leaver_fails_only_what_needs_it() {
   Cluster_ rts = make_cluster(3, TopologyKind::kStar, 30);
   {
@@ -100,10 +102,8 @@ void test_leaver_fails_only_what_needs_it() {
   auto pa = std::make_shared<std::promise<Status>>();
   auto fa = pa->get_future();
   rts[0]->all_reduce("needs-rank-2", float_buffer(a), ReduceOp::kSum, [pa](const Status &s) { pa->set_value(s); });
-  auto start = std::chrono::steady_clock::now();
   rts[2].reset();
   Status s = fa.get();
-  CHECK(seconds_since(start) < 10);
   CHECK(s.code() == Code::kUnavailable);
   CHECK(contains(s.message(), "rank 2"));
   CHECK(contains(s.message(), "left"));
@@ -120,7 +120,6 @@ void test_leaver_fails_only_what_needs_it() {
   // remaining worker (rank 1 never talks to rank 2 in a star: it learns the
   // reason from rank 0), not after the timeout.
   std::vector<float> b0(10, 1), b1(10, 1);
-  start = std::chrono::steady_clock::now();
   auto p0 = std::make_shared<std::promise<Status>>();
   auto f0 = p0->get_future();
   rts[0]->all_reduce("after-leave", float_buffer(b0), ReduceOp::kSum, [p0](const Status &s) { p0->set_value(s); });
@@ -130,21 +129,22 @@ void test_leaver_fails_only_what_needs_it() {
   CHECK(late0.code() == Code::kUnavailable && late.code() == Code::kUnavailable);
   CHECK(contains(late0.message(), "rank 2") && contains(late0.message(), "left"));
   CHECK(contains(late.message(), "rank 2") && contains(late.message(), "left"));
-  CHECK(seconds_since(start) < 10);
 }
 
 // Shutdown is bounded: a worker with an op that can never complete (its
-// peer never joins) still shuts down quickly, and the op fails rather than
-// hanging its caller.
+// peer never joins) still shuts down without waiting for it, and the op
+// fails rather than hanging its caller. Told by events, not the clock: the
+// op fails from the shutdown ("shut"), not from its 60 s timeout, and the
+// leave gives up on no link at its deadline (it waits for nothing).
 void test_shutdown_is_bounded() {
   Cluster_ rts = make_cluster(2, TopologyKind::kStar, 60);
   std::vector<float> a(10, 1);
   auto pa = std::make_shared<std::promise<Status>>();
   auto fa = pa->get_future();
   rts[0]->all_reduce("never", float_buffer(a), ReduceOp::kSum, [pa](const Status &s) { pa->set_value(s); });
-  auto start = std::chrono::steady_clock::now();
+  rts[0]->shutdown();
+  CHECK(rts[0]->leaves_cut_by_deadline() == 0);
   rts[0].reset();
-  CHECK(seconds_since(start) < 15);  // leaving waits at most kMaxLeaveSeconds (10 s)
   // Failed by the shutdown itself (already, or within milliseconds): 30 s only rules out "never".
   CHECK(fa.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
   if (fa.valid() && fa.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
