@@ -8,9 +8,10 @@ from concurrent import futures
 
 import grpc
 import pytest
+from waiting import HANG_BOUND_SECONDS, NEVER_SECONDS, eventually, returns
 
 from kungfu_tf.proto import config_pb2
-from kungfu_tf.run.control import config_server
+from kungfu_tf.run.control import config_server, job_state
 from kungfu_tf.run.control.config_auth import (
     MAC_METADATA_KEY,
     NONCE_METADATA_KEY,
@@ -537,29 +538,36 @@ def test_new_client_calls_with_a_wrong_secret_are_denied(elastic_server):
     assert elastic_server.job_state().state_version == 1
 
 
-def test_long_poll_wakes_within_a_second_and_returns_at_the_timeout(elastic_client):
+def long_waits(monkeypatch) -> None:
+    """Let polls wait an hour (client and server caps): then only the event
+    a test waits for can end one within the hang bound, however slow the host."""
+    monkeypatch.setattr(config_server, "MAX_WAIT_SECONDS", NEVER_SECONDS)
+    monkeypatch.setattr(job_state, "MAX_WAIT_SECONDS", NEVER_SECONDS)
+
+
+def test_long_poll_wakes_on_a_change_and_returns_at_the_timeout(elastic_server, elastic_client, monkeypatch):
+    long_waits(monkeypatch)
     c = elastic_client
     got = {}
 
     def poll():
-        got["state"] = c.wait_job_state(1, 30)
-        got["at"] = time.monotonic()
+        got["state"] = c.wait_job_state(1, NEVER_SECONDS)
 
-    waiter = threading.Thread(target=poll)
+    waiter = threading.Thread(target=poll, daemon=True)
     waiter.start()
-    time.sleep(0.3)
+    assert eventually(lambda: elastic_server.long_polls_waiting == 1)  # it waits in the server
     assert "state" not in got
-    changed_at = time.monotonic()
     c.request_size(5)
-    waiter.join(5)
-    assert got["state"].target_size == 5 and got["at"] - changed_at < 10.0  # woken, not its 30 s timeout
+    waiter.join(HANG_BOUND_SECONDS)
+    assert not waiter.is_alive(), "the poll was not woken by the change"  # its timeout is an hour
+    assert got["state"].target_size == 5
 
+    state_version = got["state"].state_version
     start = time.monotonic()
-    state = c.wait_job_state(state_version := got["state"].state_version, 0.5)
-    assert 0.45 <= time.monotonic() - start < 10.0 and state.state_version == state_version
-    start = time.monotonic()
-    assert c.wait_job_state(0, 30).state_version == state_version  # already newer: at once
-    assert time.monotonic() - start < 10.0  # not its 30 s timeout
+    state = returns(lambda: c.wait_job_state(state_version, 0.5))  # ends at its timeout (the cap is an hour)
+    assert time.monotonic() - start >= 0.45 and state.state_version == state_version
+    # Already newer: at once (an hour's timeout could not end it in time).
+    assert returns(lambda: c.wait_job_state(0, NEVER_SECONDS)).state_version == state_version
 
 
 def test_long_poll_timeout_is_capped_by_the_server(elastic_server, monkeypatch):
@@ -569,35 +577,36 @@ def test_long_poll_timeout_is_capped_by_the_server(elastic_server, monkeypatch):
     start = time.monotonic()
     raw = raw_call(elastic_server.address, method, body, proof_metadata(elastic_server.address, method, body))
     assert config_pb2.JobState.FromString(raw).state_version == 1
-    assert time.monotonic() - start < 10.0  # capped at 0.3 s, not the ~50 days asked for
+    assert time.monotonic() - start < HANG_BOUND_SECONDS  # capped at 0.3 s, not the ~50 days asked for
 
 
-def test_64_long_polls_do_not_starve_other_calls(elastic_server, elastic_client):
+def test_64_long_polls_do_not_starve_other_calls(elastic_server, elastic_client, monkeypatch):
+    long_waits(monkeypatch)  # only a change or the hang bound can end a poll
     n = 64
     woken = []
     lock = threading.Lock()
 
     def poll():
-        state = elastic_client.wait_job_state(1, 30)
+        state = elastic_client.wait_job_state(1, NEVER_SECONDS)
         with lock:
-            woken.append((time.monotonic(), state.target_size))
+            woken.append(state.target_size)
 
-    threads = [threading.Thread(target=poll) for _ in range(n)]
+    threads = [threading.Thread(target=poll, daemon=True) for _ in range(n)]
     for t in threads:
         t.start()
-    time.sleep(1.0)  # all 64 are waiting in the server
+    assert eventually(lambda: elastic_server.long_polls_waiting == n)  # all 64 wait in the server
     assert woken == []
-    start = time.monotonic()
-    for _ in range(3):  # short calls, each with its Challenge, go through beside the polls
-        elastic_client.get_cluster()
-        elastic_client.get_job_state()
-    assert time.monotonic() - start < 10.0  # not after the polls' 30 s
-    changed_at = time.monotonic()
+
+    def short_calls() -> None:
+        for _ in range(3):  # each with its Challenge, beside the polls
+            elastic_client.get_cluster()
+            elastic_client.get_job_state()
+
+    returns(short_calls)  # served, not queued behind the polls (an hour)
+    assert woken == []
     elastic_client.request_size(6)
-    for t in threads:
-        t.join(10)
-    assert len(woken) == n and all(size == 6 for _, size in woken)
-    assert max(at for at, _ in woken) - changed_at < 10.0  # woken, not their 30 s timeout
+    assert eventually(lambda: len(woken) == n), f"{len(woken)} of {n} polls woken"  # not their hour
+    assert all(size == 6 for size in woken)
 
 
 def test_long_polls_beyond_the_limit_are_refused_and_cancelled_ones_free_their_slot():
@@ -630,24 +639,22 @@ def test_long_polls_beyond_the_limit_are_refused_and_cancelled_ones_free_their_s
                         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
 
 
-def test_stop_answers_long_polls_instead_of_waiting_them_out():
+def test_stop_answers_long_polls_instead_of_waiting_them_out(monkeypatch):
+    long_waits(monkeypatch)
     srv = ConfigServer(secret=SECRET, elastic=True, cluster=make_cluster(1, ["h:1"])).start()
     answers = []
 
     def poll():
         with ConfigClient(srv.address, secret=SECRET, timeout=5.0) as c:
-            answers.append(c.wait_job_state(1, 30))
+            answers.append(c.wait_job_state(1, NEVER_SECONDS))
 
-    waiter = threading.Thread(target=poll)
+    waiter = threading.Thread(target=poll, daemon=True)
     waiter.start()
-    deadline = time.monotonic() + 30
-    while srv.long_polls_waiting < 1:  # the poll waits in the server
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    start = time.monotonic()
-    srv.stop(grace=20)  # in-flight calls may finish: the poll answers at once
-    assert time.monotonic() - start < 10.0  # not after the poll's 30 s or the 20 s grace
-    waiter.join(5)
+    assert eventually(lambda: srv.long_polls_waiting == 1)  # the poll waits in the server
+    # In-flight calls may finish: the poll answers at once. Its timeout and
+    # the grace are an hour, so stop() returns in time only if it answered.
+    returns(lambda: srv.stop(grace=NEVER_SECONDS))
+    waiter.join(HANG_BOUND_SECONDS)
     assert [a.state_version for a in answers] == [1]
 
 

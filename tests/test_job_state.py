@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from waiting import HANG_BOUND_SECONDS, NEVER_SECONDS, returns
 
 from kungfu_tf.proto import config_pb2
 from kungfu_tf.run.control import job_state
@@ -503,41 +504,45 @@ def test_state_version_advances_once_per_change_only():
 # ------------------------------------------------------------------ long poll
 
 
-def test_wait_answers_at_once_when_already_newer():
+def test_wait_answers_at_once_when_already_newer(monkeypatch):
+    monkeypatch.setattr(job_state, "MAX_WAIT_SECONDS", NEVER_SECONDS)
     jobs = elastic("h:1")
-    start = time.monotonic()
-    assert jobs.wait(0, 10).state_version == 1
-    assert time.monotonic() - start < 5.0  # not its 10 s timeout
+    # At once: with an hour's timeout, only an answer that never waited
+    # returns within the hang bound (a clock bound raced the host's speed).
+    assert returns(lambda: jobs.wait(0, NEVER_SECONDS)).state_version == 1
 
 
-def test_wait_wakes_on_a_change_and_returns_at_the_timeout():
+def test_wait_wakes_on_a_change_and_returns_at_the_timeout(monkeypatch):
+    monkeypatch.setattr(job_state, "MAX_WAIT_SECONDS", NEVER_SECONDS)
     jobs = elastic("h:1", max_size=4)
     got = {}
 
     def poll():
-        got["state"] = jobs.wait(1, 10)
-        got["at"] = time.monotonic()
+        got["state"] = jobs.wait(1, NEVER_SECONDS)
 
-    waiter = threading.Thread(target=poll)
+    waiter = threading.Thread(target=poll, daemon=True)
     waiter.start()
     time.sleep(0.2)
     assert "state" not in got
-    changed_at = time.monotonic()
     jobs.request_size(3)
-    waiter.join(5)
+    # Woken, not timed out: its timeout is an hour, so only the change can
+    # end it within the hang bound.
+    waiter.join(HANG_BOUND_SECONDS)
+    assert not waiter.is_alive(), "the waiter was not woken by the change"
     assert got["state"].target_size == 3 and got["state"].state_version == 2
-    assert got["at"] - changed_at < 5.0  # woken, not its 10 s timeout
 
+    # Nothing changes: it returns at its timeout (never before it; an
+    # hour's cap means that only the timeout can end it in time).
     start = time.monotonic()
-    state = jobs.wait(2, 0.3)
-    assert 0.25 <= time.monotonic() - start < 10.0 and state.state_version == 2
+    state = returns(lambda: jobs.wait(2, 0.3))
+    assert time.monotonic() - start >= 0.25 and state.state_version == 2
 
 
 def test_wait_is_capped(monkeypatch):
     monkeypatch.setattr(job_state, "MAX_WAIT_SECONDS", 0.2)
     start = time.monotonic()
     elastic("h:1").wait(1, 3600)
-    assert time.monotonic() - start < 30.0  # capped at 0.2 s, not 3600 s
+    assert time.monotonic() - start < HANG_BOUND_SECONDS  # capped at 0.2 s, not 3600 s (a hang bound)
 
 
 @pytest.mark.parametrize("timeout", [-1, math.nan, "1", True])
