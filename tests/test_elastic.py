@@ -268,6 +268,10 @@ def test_resize_wait_with_joiners_admitted_in_separate_versions_and_a_member_fin
     ports = find_free_ports("127.0.0.1", 3)
     member, joiner_a, joiner_b = (f"127.0.0.1:{p}" for p in ports)
     server, base = _serve([member], "elastic-two-joins", 3)
+    # A runtime timeout longer than the whole test may take (JOB_TIMEOUT): a
+    # worker that waited for a version that never comes cannot finish in
+    # time, so finishing at all shows nobody did, however slow the host.
+    base = {**base, "KUNGFU_TIMEOUT": "600"}
     args = [steps, -1, -1, grow_at, -1, "none", "1:3"]
     procs: dict[str, subprocess.Popen] = {}
     try:
@@ -284,10 +288,8 @@ def test_resize_wait_with_joiners_admitted_in_separate_versions_and_a_member_fin
         last = procs.pop(joiner_b)
         out_b, _ = last.communicate(timeout=JOB_TIMEOUT)
         outputs = {joiner_b: (last.returncode, out_b)}
-        b_done = time.monotonic()
         outputs.update(_finish(procs, JOB_TIMEOUT))
         procs[joiner_b] = last
-        elapsed = time.monotonic() - b_done
         client = ConfigClient(server.address, secret=base["KUNGFU_JOB_SECRET"], job_id=base["KUNGFU_JOB_ID"])
         finished = {f"{p.host}:{p.port}" for p in client.get_job_state().finished}
         client.close()
@@ -311,7 +313,6 @@ def test_resize_wait_with_joiners_admitted_in_separate_versions_and_a_member_fin
         rc, out = outputs[peer]
         assert rc == 0 and re.search(rf"the job is ending: [0-9.:, ]*{joiner_b}[0-9.:, ]* finished training", out), report
         assert f"detached at step {steps - 1}" in out, report
-    assert elapsed < 60, report  # below KUNGFU_TIMEOUT (120 s): nobody waited for a version that never comes
 
 
 def test_a_failure_without_loss_after_a_joiner_only_version_restarts_it_and_nobody_waits():

@@ -253,7 +253,6 @@ def test_crashed_worker_is_reported_and_replaced():
 
 def test_min_np_without_elastic_survives_then_fails_below_it():
     # Rank 2 dies at v1 (survived, not replaced), rank 1 at v2: 1 < --min-np 2.
-    start = time.monotonic()
     rc, out, err = run_elastic("-np", "3", "--min-np", "2", "die", "2@1,1@2")
     assert rc == 1, err
     lines = events(err)
@@ -265,8 +264,8 @@ def test_min_np_without_elastic_survives_then_fails_below_it():
         f"kungfu-run: error: cluster fell to 1 worker, below --min-np 2 (lost {rank[1]}: killed by SIGKILL)" in err
     )
     assert "joiner" not in err  # no replacement without --elastic
-    # Rank 0 (sleeping) was stopped, not waited for.
-    assert time.monotonic() - start < 30
+    # Rank 0 (sleeping 600 s) was stopped, not waited for: the job ended
+    # within run_elastic's 60 s (a hang bound, not a race with the clock).
 
 
 def test_detached_worker_exits_cleanly_and_is_not_replaced():
@@ -378,15 +377,13 @@ def test_sigterm_stops_every_worker(tmp_path):
         ):
             assert time.monotonic() < deadline, "workers did not start"
             time.sleep(0.05)
-        start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        rc, _, err = finish_job(proc, 30)
+        rc, _, err = finish_job(proc, 30)  # the workers sleep 600 s: only the signal ends them in time
     finally:
         kill_tree(proc)
     assert rc == 128 + signal.SIGTERM, err
     assert "kungfu-run: received SIGTERM, stopping workers" in err
     assert "sending SIGKILL" not in err  # the workers ended on SIGTERM, within the grace
-    assert time.monotonic() - start < 20
     # Stopping is not a membership change.
     assert [line for line in events(err) if line.startswith("cluster v")] == [
         "cluster v1: 2 workers (min 1, max 2, target 2)"]
@@ -396,15 +393,14 @@ def test_sigterm_stops_every_worker(tmp_path):
 def test_unreachable_config_service_fails_fast():
     port = free_port()
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID="unreachable")
-    start = time.monotonic()
     res = subprocess.run(
         launcher("-np", "2", "--elastic", "-H", "127.0.0.1:1,127.0.0.2:1", "--self", "127.0.0.2",
                  "--config-server", f"127.0.0.1:{port}", "--timeout", "2", sys.executable, FAKE, "grow", "2"),
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
     )
     assert res.returncode == 2, res.stderr
+    # Failed at its --timeout (the message says so), within subprocess.run's 60 s hang bound.
     assert f"cannot reach the config service at 127.0.0.1:{port} (--config-server) within --timeout 2 s" in res.stderr
-    assert time.monotonic() - start < 20
 
 
 def test_launcher_with_another_secret_is_refused(tmp_path):
@@ -587,8 +583,10 @@ def test_job_ends_when_the_members_of_every_host_finished(request):
         start = time.monotonic()
         outputs = run_on_two_hosts(
             two, ["-np", "2", "-H", f"{HOST_A}:1,{HOST_B}:1", "--elastic", "--config-server", f"{HOST_A}:7070",
-                  "--timeout", "30"], "finish-apart", f"{rank_first}:1", f"netns-finish-{rank_first}")
-        assert time.monotonic() - start < 20  # 1 s of work; a lost service costs --timeout 30 s
+                  "--timeout", "600"], "finish-apart", f"{rank_first}:1", f"netns-finish-{rank_first}")
+        # 1 s of work; a wait for a lost service would cost --timeout 600 s:
+        # 120 s tells them apart on any host (a hang bound, not a race).
+        assert time.monotonic() - start < 120
         out_last = outputs[last][0]
         assert f"[{rank_last}] saw {member[first]} finished at v1" in out_last.splitlines()
         assert (

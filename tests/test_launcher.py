@@ -386,7 +386,7 @@ SLEEPER = """
         if mode == "selfkill":
             os.kill(os.getpid(), signal.SIGKILL)
         sys.exit(3)
-    time.sleep(60)
+    time.sleep(600)  # longer than any test waits: only a signal ends it in time
 """
 
 
@@ -398,13 +398,14 @@ def read_pids(tmp_path: Path, np: int) -> list[int]:
 
 def test_failing_worker_stops_the_job(tmp_path):
     script = write_script(tmp_path, "sleeper.py", SLEEPER)
-    start = time.monotonic()
     res = run_launcher("-np", "3", str(script), str(tmp_path), "fail")
     assert res.returncode == 3
     assert re.search(
         r"kungfu-run: rank 1 \(127\.0\.0\.1:\d+\) failed with exit code 3", res.stderr
     ), res.stderr
-    assert time.monotonic() - start < 20, "survivors were not terminated promptly"
+    # Terminated, not left to their 600 s sleep: the launcher returned within
+    # run_launcher's 60 s, and the sig-N files below show what ended them
+    # (a clock bound on the launcher raced the host's speed).
     pids = read_pids(tmp_path, 3)
     assert wait_dead(pids, timeout=1) == []
     # The survivors were asked politely first.

@@ -219,7 +219,7 @@ elif mode == "die":
     if str(env.rank) in plan:
         wait_until(lambda s: s.cluster.version >= int(plan[str(env.rank)]))
         die()
-    time.sleep(60)
+    time.sleep(600)  # longer than any test waits: only the launcher ends it in time
 elif mode == "shrink":
     if env.rank == 0:
         cluster = client.get_cluster()
