@@ -577,8 +577,6 @@ void test_handshake_replay() {
 }
 
 void test_handshake_timeouts() {
-  using Clock = std::chrono::steady_clock;
-  auto t0 = Clock::now();
   // A client that sends nothing, and hangs up only once the server has.
   expect_server_rejects([](int fd, const std::string &) { CHECK(closed_within(fd, 30)); },
                         "timed out waiting for client magic", 0.2);
@@ -601,11 +599,10 @@ void test_handshake_timeouts() {
         }
       },
       "timed out waiting for client ", 0.35);
+  // Both end at the server's deadline (0.2 s, 0.35 s), not the clients'
+  // (30 s, 46 s): the server's "timed out waiting for client" rejections,
+  // closed_within() seeing the server hang up, and cut_off say so, not the clock.
   CHECK(cut_off);
-  // Both end at the server's deadline (0.2 s, 0.35 s), long before the
-  // clients would give up (30 s, 46 s): 10 s tells them apart on any machine.
-  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  CHECK(secs < 10);
 
   // A server that goes silent after the hello cannot hold the client either
   // (it hangs up only once the client has).

@@ -87,17 +87,15 @@ void test_late_joiner_fails_its_instance_only() {
   CHECK_OK(taken);
   CHECK(pushed == 1);
   std::vector<float> late(3, 2.0f);
-  auto start = std::chrono::steady_clock::now();
   Status l = kftest::wait_for([&](DoneCallback d) {
     rts[1]->all_reduce("solo", Buffer{late.data(), late.data(), desc3, nullptr}, ReduceOp::kSum, d);
   });
   CHECK(l.code() == Code::kDeadlineExceeded);
   CHECK(contains(l.message(), "timed out"));
-  // The peer's reason, not a timeout of rank 1's own: rank 0's message,
-  // named as reported by it, and long before rank 1's timeout (the call
-  // fails at once: milliseconds).
+  // The peer's reason, not a timeout of rank 1's own (120 s, longer than
+  // this test): rank 0's message, named as reported by it. The message
+  // tells, not the clock.
   CHECK(contains(l.message(), "reported by"));
-  CHECK(kftest::seconds_since(start) < kRank1Timeout / 4);
   CHECK(late[0] == 2.0f);  // nothing landed in the output
   for (int step = 0; step < 3; ++step) {
     // Rank 0 (root of the star) waits for rank 1's piece, and its timeout

@@ -397,17 +397,16 @@ void test_request_at_least() {
   CHECK(rts[0]->parked_requests() == 0);
 
   // Already there: the newest one, at once.
-  auto start = std::chrono::steady_clock::now();
   s = wait_for([&](DoneCallback d) {
     rts[1]->request_at_least(0, "clock", 2, &value, sizeof(value), nullptr, [&, d](const Status &st, uint64_t v) {
       version = v;
       d(st);
     });
   });
+  // At once, not parked until a newer save: none comes, so a parked request
+  // would end DeadlineExceeded at the 20 s timeout, not OK with version 5.
   CHECK_OK(s);
-  // At once (milliseconds), not parked until a newer save (none comes: the
-  // 20 s timeout would end it); 10 s tells the two apart on any machine.
-  CHECK(version == 5 && value == 5 && seconds_since(start) < 10);
+  CHECK(version == 5 && value == 5);
 
   // From ourselves: waits for our own save.
   std::thread later([&] {
@@ -470,8 +469,8 @@ void test_request_at_least_times_out() {
 
 void test_request_at_least_dead_peers() {
   {  // the server dies while we wait: Unavailable, fast
-    // Fast: as soon as the requester sees the server go (milliseconds), not
-    // after the timeout; 60 s against a 20 s bound tells them apart.
+    // Fast: as soon as the requester sees the server go, not after the 60 s
+    // timeout (which would end it DeadlineExceeded, checked below).
     const double timeout = 60;
     Cluster_ rts = make_cluster(2, TopologyKind::kStar, timeout);
     int64_t v = 1, value = -1;
@@ -486,11 +485,11 @@ void test_request_at_least_dead_peers() {
                              [p](const Status &st, uint64_t) { p->set_value(st); });
     // Parked on the server once the request got there (milliseconds).
     CHECK(kftest::eventually([&] { return rts[0]->parked_requests() == 1; }));
-    auto start = std::chrono::steady_clock::now();
     rts[0].reset();
     Status s = f.get();
+    // Unavailable: the requester saw the server go; the 60 s timeout would
+    // have ended it DeadlineExceeded (the code tells, not the clock).
     CHECK(s.code() == Code::kUnavailable && contains(s.message(), "'clock' version >= 50 from rank 0"));
-    CHECK(seconds_since(start) < timeout / 3);
   }
   {  // the requester dies: the server forgets its parked request
     Cluster_ rts = make_cluster(2, TopologyKind::kStar, 60);
