@@ -556,25 +556,36 @@ def test_wait_after_a_future_state_version_is_an_error():
         elastic("h:1").wait(5, 1)
 
 
-def test_cancelled_and_released_waits_return_early():
+def test_cancelled_and_released_waits_return_early(monkeypatch):
+    # Waits of an hour: only the cancellation or the release can end them
+    # within the hang bound (2 s joins against a 30 s wait raced the host).
+    monkeypatch.setattr(job_state, "MAX_WAIT_SECONDS", NEVER_SECONDS)
     jobs = elastic("h:1")
     cancelled = threading.Event()
     results = []
 
     def poll(**kwargs):
-        results.append(jobs.wait(1, 30, **kwargs))
+        results.append(jobs.wait(1, NEVER_SECONDS, **kwargs))
 
-    a = threading.Thread(target=poll, kwargs={"cancelled": cancelled.is_set})
-    b = threading.Thread(target=poll)
+    b_waits = threading.Event()
+
+    def b_probe() -> bool:  # called in the wait loop, under the lock: b is waiting
+        b_waits.set()
+        return False
+
+    a = threading.Thread(target=poll, kwargs={"cancelled": cancelled.is_set}, daemon=True)
+    b = threading.Thread(target=poll, kwargs={"cancelled": b_probe}, daemon=True)
     a.start()
     b.start()
-    time.sleep(0.2)
+    time.sleep(0.2)  # not needed for the verdict: a wait that starts cancelled returns at once as well
     cancelled.set()
     jobs.wake()
-    a.join(2)
+    a.join(HANG_BOUND_SECONDS)
     assert not a.is_alive() and b.is_alive() and len(results) == 1
+    # Released only once b waits (a release before its wait began would not concern it).
+    assert b_waits.wait(HANG_BOUND_SECONDS)
     jobs.release_waiters()
-    b.join(2)
+    b.join(HANG_BOUND_SECONDS)
     assert not b.is_alive() and len(results) == 2
     assert all(r.state_version == 1 for r in results)
 
