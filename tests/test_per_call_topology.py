@@ -23,7 +23,7 @@ def expected_checks() -> int:
     per_run = CHOICES * OUTPUTS
     function = 2 * (2 + per_run)  # set_topology True, topology(), results; twice
     eager = per_run
-    errors = 2 + 1 + 3 + 1 + 1  # ValueErrors, kernel error, disagreement: 3 needles + fast, after
+    errors = 2 + 1 + 3 + 1  # ValueErrors, kernel error, disagreement: 3 needles, after
     return function + eager + errors
 
 
@@ -32,5 +32,6 @@ def test_per_call_topology():
     assert_job_ok(rc, out, err, NP, expected_checks())
     for r, lines in rank_lines(out).items():
         found = [m for m in (re.match(r"^disagree after ([\d.]+)s: (.*)$", line) for line in lines) if m]
+        # FailedPreconditionError (the worker checks the class), not a timeout:
+        # no clock bound, which raced three TF workers on two cores.
         assert len(found) == 1, f"rank {r}\n" + describe(rc, out, err)
-        assert float(found[0].group(1)) < 5

@@ -65,9 +65,12 @@ def main() -> None:
             message = " ".join(str(e.message).split())
             print(f"error {type(e).__name__} after {elapsed:.3f}s at step {step}: {message}", flush=True)
             retry(rank, size)
-            # Give the launcher time to see the victim's death first: the
-            # job's status must be the victim's, not ours.
-            time.sleep(1.5)
+            # The job's status must be the victim's, not ours: rather than
+            # exit after a pause that a loaded host may outlast before the
+            # launcher sees the victim die, wait for the launcher to end us
+            # (SIGTERM is ignored: SIGKILL after its grace), so the victim is
+            # the only worker that ever ends on its own.
+            time.sleep(600)
             sys.exit(17)
         chk.equal(got, reduce_ref(xs, "sum", "float32"), f"step {step}")
     print("the loop ended without an error", flush=True)

@@ -34,8 +34,9 @@ def expect_invalid(chk: Checker, key: str, x: tf.Tensor, needles: list[str]) -> 
         print(f"mismatch {key} after {elapsed:.3f}s: {message}", flush=True)
         for needle in [key, *needles]:
             chk.true(needle in message, f"{key}: {needle!r} is not in the error: {message}")
-        # Detected when the shapes meet, not at the 60 s timeout (20 s: room for peers arriving apart under load).
-        chk.true(elapsed < 20, f"{key}: the error took {elapsed:.1f}s")
+        # Detected when the shapes meet, not at the 60 s timeout: that is told
+        # by the error itself (a timeout raises DeadlineExceededError, not
+        # InvalidArgumentError naming both shapes), not by the clock.
         return
     except tf.errors.OpError as e:
         chk.fail(f"{key}: expected InvalidArgumentError, got {type(e).__name__}: {e.message}")
