@@ -20,7 +20,7 @@ from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import StrategyError
 from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.auto.search import Search, SearchBudget, check_searchable
-from kungfu_tf.strategy.auto.trials import TrialResult, TrialRunner
+from kungfu_tf.strategy.auto.trials import Trial, TrialResult, TrialRunner
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.source import check_source, resolve_strategy
 from kungfu_tf.strategy.variable_info import VariableInfo
@@ -163,6 +163,67 @@ def test_a_trial_that_raises_in_a_step_fails_without_running_the_rest():
 
     result = TrialRunner(lambda s: None, step, warmup=2, trial_steps=3).run(0, strategy_pb2.Strategy(id="x"))
     assert result.failed and calls == [1] and result.error == "step 0: MemoryError: out of memory"
+
+
+def test_the_end_of_the_input_goes_up_to_the_loop_and_the_trial_goes_on():
+    # Keras fit ends an epoch of unknown length with OutOfRangeError: not the candidate's failure.
+    trial = Trial(0, strategy_pb2.Strategy(id="s"), warmup=0, trial_steps=1)
+    trial.begin(lambda s: None)
+
+    def end_of_input():
+        raise tf.errors.OutOfRangeError(None, None, "End of sequence")
+
+    with pytest.raises(tf.errors.OutOfRangeError):
+        trial.run_step(end_of_input)
+    assert not trial.failed and trial.steps_run == 0 and not trial.done
+    assert trial.run_step(lambda: 5) == (True, 5) and trial.done and not trial.result().failed
+
+
+def test_a_plain_tf_function_step_under_auto_is_refused_naming_elastic_function():
+    import keras
+
+    from kungfu_tf.optimizers import SynchronousSGDOptimizer
+    from kungfu_tf.strategy import builders, step_driver
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.Auto(budget=2))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    before = [v.numpy() for v in model.trainable_variables]
+    try:
+        # A StrategyError (not AutoGraph's StagingError) although it is raised while tf.function traces.
+        with pytest.raises(StrategyError, match="kungfu_tf.elastic.function instead of tf.function"):
+            step(np.ones((2, 3), "float32"))
+    finally:
+        step_driver.uninstall()
+    for b, v in zip(before, model.trainable_variables, strict=True):
+        np.testing.assert_array_equal(b, v.numpy())  # nothing trained without the search
+
+
+def test_the_fit_callback_refuses_an_optimizer_without_auto():
+    import keras
+
+    import kungfu_tf.keras as kfk
+    from kungfu_tf.optimizers import SynchronousSGDOptimizer
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy="AllReduce"), loss="mse")
+    x = np.ones((4, 3), "float32")
+    with pytest.raises(TypeError, match=r"AutoSearchCallback runs the search of .*builders.Auto.* with the strategy 'AllReduce'"):
+        model.fit(x, x[:, :2], epochs=1, verbose=0, callbacks=[kfk.AutoSearchCallback()])
+
+
+@pytest.mark.parametrize("auto", [Auto(budget=2), "Auto"])
+def test_a_v1_optimizer_refuses_auto_naming_the_search_command(auto):
+    from kungfu_tf.optimizers import SynchronousSGDOptimizer
+
+    with pytest.raises(StrategyError, match=r"a v1 graph cannot switch strategy .*\(kungfu-strategy search\)"):
+        SynchronousSGDOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), strategy=auto)
 
 
 def test_auto_with_one_worker_is_a_precise_error_at_the_first_searching_step():

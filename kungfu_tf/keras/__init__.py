@@ -13,12 +13,16 @@ Example:
     >>> model.fit(kungfu_tf.data.shard(ds), epochs=10, verbose=kfk.verbose(),
     ...           callbacks=callbacks)  # doctest: +SKIP
 
+A strategy searched while ``fit`` trains (``builders.Auto``) needs
+``kfk.AutoSearchCallback()`` in the callbacks: its trials are fit's batches.
+
 Elastic jobs (``kungfu-run --elastic``): ``kfk.elastic_fit`` runs ``fit`` with an
 ``ElasticCallback`` and re-enters it after every membership change (in place);
 Horovod's ``CommitStateCallback``, ``UpdateBatchStateCallback`` and
 ``UpdateEpochStateCallback`` serve a ``KerasState`` in the re-run mode.
 """
 
+from kungfu_tf.keras.auto_search_callback import AutoSearchCallback
 from kungfu_tf.keras.broadcast import BroadcastGlobalVariablesCallback
 from kungfu_tf.keras.elastic_callback import (
     ElasticCallback,
@@ -36,6 +40,7 @@ from kungfu_tf.keras.policy_callback import PolicyCallback
 from kungfu_tf.keras.rank_zero import RankZeroOnly, verbose
 
 __all__ = [
+    "AutoSearchCallback",
     "BroadcastGlobalVariablesCallback",
     "CommitStateCallback",
     "ElasticCallback",

@@ -3,7 +3,8 @@
 ``SynchronousSGDOptimizer(opt, strategy=builders.Auto(...))`` starts on the
 all-reduce strategy; when the optimizer is built, an :class:`AutoSearchSession`
 is installed as the step driver (kungfu_tf/strategy/step_driver.py), and
-``kungfu_tf.elastic.function`` hands it every step call:
+``kungfu_tf.elastic.function`` (or, in Keras ``fit``,
+``kungfu_tf.keras.AutoSearchCallback``) hands it every step call:
 
 * its first call starts the search (collective: the workers calibrate the
   links and build the same search model);
@@ -15,6 +16,13 @@ is installed as the step driver (kungfu_tf/strategy/step_driver.py), and
 * when the budget is spent, every worker switches to the fastest strategy
   measured, the session leaves, and later membership changes re-build
   through ``Auto.build`` (the best strategy for this cluster);
+* the input running out (``tf.errors.OutOfRangeError``: Keras ``fit`` ends an
+  epoch of unknown length that way) is no failure of the candidate: it goes
+  up to the loop and the trial goes on at the next step;
+* a step traced or run outside a driven step call (a plain ``tf.function``,
+  ``fit`` without ``kungfu_tf.keras.AutoSearchCallback``) is refused with a
+  ``StrategyError`` naming what to use (:meth:`AutoSearchSession.check_driven`):
+  it would train on the starting strategy and never search;
 * a membership change during the search ends it at the next step, on every
   member alike and without a collective (a joiner never started it):
   the change re-built the strategy through ``Auto.build`` (no result yet:
@@ -39,6 +47,8 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import tensorflow as tf
 
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import step_driver
@@ -83,11 +93,30 @@ class AutoSearchSession:
             return call()
         try:
             return self._search_step(optimizer, call)
+        except tf.errors.OutOfRangeError:
+            raise  # the end of the input (an epoch's end in fit): the trial goes on at the next step
         except Exception:
             # Not a failed trial (those are scored): the workers disagree on a candidate, no trial
             # succeeded, a collective failed. The search is over; training may go on as it stands.
             self._leave()
             raise
+
+    def check_driven(self) -> None:
+        """``StrategyError`` if the search has not finished and the running code is no driven step call.
+
+        The optimizer calls it whenever its update is built (traced, or run
+        eagerly): a step that nobody hands to the search would train on the
+        starting all-reduce strategy for ever, without a word.
+        """
+        if self.finished or step_driver.in_step():
+            return
+        raise StrategyError(
+            "builders.Auto searches on training steps handed to it, and this training step was not: it would train "
+            "on the starting all-reduce strategy and never search. In Keras fit, add "
+            "kungfu_tf.keras.AutoSearchCallback() to fit's callbacks; in a custom loop, define the step with "
+            "kungfu_tf.elastic.function instead of tf.function (it traces the step again after each switch); or "
+            "search beforehand (kungfu-strategy search) and pass the strategy file it writes"
+        )
 
     def _search_step(self, optimizer: Any, call: Callable[[], Any]) -> Any:
         if self.search is None:
@@ -203,4 +232,5 @@ def start_auto_search(optimizer: Any, auto: Auto) -> AutoSearchSession:
     """Installs the search of ``auto`` on ``optimizer``'s steps (when the optimizer is built)."""
     session = AutoSearchSession(optimizer, auto)
     step_driver.install(session)
+    object.__setattr__(optimizer, "_kungfu_auto_session", session)  # for check_driven at every apply
     return session

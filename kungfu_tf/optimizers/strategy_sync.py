@@ -116,6 +116,9 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     self.build(trainable_variables)
             elif not self.built:
                 raise ValueError("call apply() with the variables the first time (the optimizer is not built)")
+            session = self.__dict__.get("_kungfu_auto_session")
+            if session is not None:
+                session.check_driven()  # builders.Auto: refuse a step the search would never see
 
             def apply_fn(gs: list[Any], vs: list[Any]) -> Any:
                 if not vs:

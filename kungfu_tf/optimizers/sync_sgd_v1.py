@@ -20,6 +20,8 @@ from kungfu_tf.optimizers.gradient_sync import (
     average_gradients_with_rider,
 )
 from kungfu_tf.optimizers.v1_wrapper import WrappedOptimizerV1, unwrap_pairs
+from kungfu_tf.strategy.auto.builder import is_auto
+from kungfu_tf.strategy.errors import StrategyError
 
 DEFAULT_NAME = "kungfu_sync_sgd"
 
@@ -69,6 +71,14 @@ class SynchronousSGDOptimizerV1(WrappedOptimizerV1):
         strategy: Any = None,
         monitor: GradientMonitor | None = None,
     ) -> None:
+        if is_auto(strategy):
+            # A v1 graph is built once and run by sessions: nothing hands its steps to the search or re-builds
+            # the graph after a switch, and training on the starting strategy instead would be a silent fallback.
+            raise StrategyError(
+                "builders.Auto searches on the steps of a TF2 training loop (Keras fit with "
+                "kungfu_tf.keras.AutoSearchCallback, or a kungfu_tf.elastic.function step); a v1 graph cannot switch "
+                "strategy while it runs: search beforehand (kungfu-strategy search) and pass the strategy file it writes"
+            )
         super().__init__(optimizer, name or DEFAULT_NAME)
         if monitor is not None and not isinstance(monitor, GradientMonitor):
             raise TypeError(

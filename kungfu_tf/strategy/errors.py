@@ -20,3 +20,8 @@ class StrategyError(ValueError):
         ...
         kungfu_tf.strategy.errors.StrategyError: node 'dense/kernel': ps.owner 5 is out of range for 4 replicas
     """
+
+    # Raised while a tf.function traces the user's step, it passes through AutoGraph, which re-raises
+    # as the same type only a type whose __init__ is Exception's (else as a StagingError, and
+    # `except StrategyError` would miss it); ValueError's __init__ takes the same arguments.
+    __init__ = Exception.__init__

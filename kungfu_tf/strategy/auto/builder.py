@@ -7,6 +7,8 @@ Passed like any builder::
     @kungfu_tf.elastic.function          # traced again after each switch of strategy
     def train_step(x, y): ...
 
+    model.fit(..., callbacks=[kungfu_tf.keras.AutoSearchCallback()])   # or in Keras fit
+
 Training starts with the all-reduce strategy (what ``SynchronousSGDOptimizer``
 does without a strategy). From the second step on, the first steps of
 training are the search's trials (kungfu_tf/strategy/auto/search.py): each
@@ -17,11 +19,13 @@ the model as any others do: every candidate is synchronous SGD. A candidate
 that fails (its step raised on any worker) is scored as infinitely slow and
 the same batch runs again under the next candidate.
 
-What drives the trials is the step function: ``kungfu_tf.elastic.function``
-hands each call to the search (kungfu_tf/strategy/step_driver.py). A plain
-``tf.function`` step, Keras ``fit`` and v1 graphs train on the starting
-all-reduce strategy without searching (use ``kungfu-strategy search`` and
-pass its file then).
+What drives the trials is whoever runs the steps: ``kungfu_tf.elastic.function``
+hands each call of a custom loop's step to the search
+(kungfu_tf/strategy/step_driver.py), ``kungfu_tf.keras.AutoSearchCallback``
+each batch of Keras ``fit``. A step handed to nobody (a plain ``tf.function``,
+``fit`` without the callback) is refused with a ``StrategyError`` naming
+both, and a v1 optimizer refuses Auto (search with ``kungfu-strategy search``
+and pass its file then): never a silent fall-back to the starting strategy.
 
 After the search, :meth:`Auto.build` returns the best strategy for the
 cluster it was found on. At a membership change (an elastic job) the

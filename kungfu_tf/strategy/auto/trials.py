@@ -168,6 +168,10 @@ class Trial:
         started = time.monotonic()
         try:
             out = step()
+        except tf.errors.OutOfRangeError:
+            # The end of the input (Keras fit ends an epoch of unknown length so), the same step on every
+            # worker of an evenly sharded job: no failure of the candidate, and no step of the trial.
+            raise
         except Exception as e:  # noqa: BLE001 -- scored as infinitely slow (module docstring)
             self._note_error(e, f"step {self.steps_run}")
         elapsed = time.monotonic() - started
