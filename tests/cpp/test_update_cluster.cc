@@ -169,8 +169,9 @@ void test_shrink_to_one_and_grow_again() {
 void test_in_flight_op_fails_at_the_change() {
   auto peers = kftest::local_peers(2);
   std::vector<float> x(10, 1.0f), y(10, 100.0f);  // outlive the runtimes (failed ops' sends)
-  // Far above the 20 s bounds below: an op failed by the change (within
-  // milliseconds) is told apart from one that timed out, on any machine.
+  // An op failed by the change is told apart from one that timed out by its
+  // status (Unavailable naming the change, not DeadlineExceeded), not by
+  // the clock: a timed-out one would still end, at 60 s, and fail the checks.
   const double timeout = 60;
   Runtimes rts = make_runtimes(peers, timeout);
   CHECK(all_reduce_is_right(rts, {0, 1}, "warm-up"));
@@ -188,15 +189,11 @@ void test_in_flight_op_fails_at_the_change() {
   rts[1]->all_reduce("stale", c, ReduceOp::kSum, [q](const Status &s) { q->set_value(s); });
   // Rank 0 (the root) holds that piece before the change (milliseconds).
   CHECK(kftest::eventually([&] { return rts[0]->pending_messages() > 0; }));
-  auto start = std::chrono::steady_clock::now();
   for (const Status &s : update_all(rts, {0, 1}, cluster_of(peers, {1, 0}, 5))) CHECK_OK(s);
-  CHECK(f.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
   Status s = f.get();
   CHECK(s.code() == Code::kUnavailable && contains(s.message(), "cluster changed to version 5") &&
         contains(s.message(), "stranded"));
-  CHECK(g.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
   CHECK(g.get().code() == Code::kUnavailable);
-  CHECK(kftest::seconds_since(start) < 20);
   // Reordered: rank 1 is now rank 0. "stale" of the new version sums only new contributions.
   CHECK(rts[1]->rank() == 0 && rts[0]->rank() == 1);
   CHECK(all_reduce_is_right(rts, {1, 0}, "stale", 10));
@@ -258,14 +255,12 @@ void test_interrupt_fails_pending_and_new_ops() {
   Buffer b{x.data(), x.data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
   rts[0]->all_reduce("blocked", b, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  auto start = std::chrono::steady_clock::now();
   std::thread watcher([&] { rts[0]->interrupt("peer lost: recovering"); });
   watcher.join();
-  // At once (milliseconds), not after the 30 s timeout: 10 s tells them apart on any machine.
-  CHECK(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  // At once, not after the 30 s timeout: the status says which (the
+  // interrupt's reason, not DeadlineExceeded), not the clock.
   Status s = f.get();
   CHECK(s.code() == Code::kUnavailable && contains(s.message(), "peer lost: recovering"));
-  CHECK(kftest::seconds_since(start) < 10);
   // New ops fail too, one-worker fast paths and p2p included, until the next version.
   Status again = wait_for([&](DoneCallback done) { rts[0]->barrier("later", done); });
   CHECK(again.code() == Code::kUnavailable && contains(again.message(), "peer lost: recovering"));
@@ -328,12 +323,11 @@ void test_crashed_peer_is_lost_then_dropped() {
   CHECK(in[0][0] == 6.0f && in[1][3] == 6.0f);
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
-  auto start = std::chrono::steady_clock::now();
+  // Noticed, not timed out (30 s): Unavailable naming rank 2, where a
+  // timeout ends DeadlineExceeded (the status tells, not the clock).
   for (const Status &s : kftest::all_reduce_everywhere(rts, "during", in)) {
     CHECK(s.code() == Code::kUnavailable && contains(s.message(), "rank 2"));
   }
-  // Noticed (milliseconds), not timed out (30 s): 10 s tells them apart on any machine.
-  CHECK(kftest::seconds_since(start) < 10);
   for (auto &rt : rts) {
     // A rank's op may fail from its peer's abort a moment before its own
     // connection from rank 2 reports the end of the stream.
@@ -362,8 +356,13 @@ void test_dead_member_refuses_fast() {
   // Before the runtimes, which must not outlive a buffer of a failed op.
   std::vector<std::vector<float>> in = {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)};
   std::vector<float> fetched(4);
+  // A dial retried until the timeout also ends Unavailable: the timeout is
+  // far above the hang bound below, so only a refusal ends it in time.
+  constexpr double kTimeout = 600, kHangBound = 120;
   Runtimes rts(2);
-  for (int r = 0; r < 2; ++r) CHECK_OK(Runtime::create(kftest::options(peers, r, TopologyKind::kClique, 30), &rts[r]));
+  for (int r = 0; r < 2; ++r) {
+    CHECK_OK(Runtime::create(kftest::options(peers, r, TopologyKind::kClique, kTimeout), &rts[r]));
+  }
   std::vector<std::future<Status>> up;
   for (auto &rt : rts) {
     auto p = std::make_shared<std::promise<Status>>();
@@ -378,8 +377,8 @@ void test_dead_member_refuses_fast() {
   for (const Status &s : kftest::all_reduce_everywhere(rts, "with the dead", in)) {
     CHECK(s.code() == Code::kUnavailable && contains(s.message(), "rank 2"));
   }
-  // At once (milliseconds), not retried until the 30 s timeout: 10 s tells them apart on any machine.
-  CHECK(kftest::seconds_since(start) < 10);
+  // At once, not retried until the timeout (a hang bound, not a race).
+  CHECK(kftest::seconds_since(start) < kHangBound);
   // A fetch from rank 2 alone fails as fast, naming it. lost_peers() lists
   // what a worker saw itself (runtime.h): under load both ranks' ops may be
   // failed by aborts and a broken link before either sees the refusal (seen
@@ -389,7 +388,7 @@ void test_dead_member_refuses_fast() {
     rts[0]->request(2, "nothing", P2PStore::kLatest, fetched.data(), fetched.size() * sizeof(float), nullptr, done);
   });
   CHECK(fetch.code() == Code::kUnavailable && contains(fetch.message(), "rank 2"));
-  CHECK(kftest::seconds_since(start) < 10);
+  CHECK(kftest::seconds_since(start) < kHangBound);
   std::vector<PeerID> lost0 = rts[0]->lost_peers(), lost1 = rts[1]->lost_peers();
   for (const auto &lost : {lost0, lost1}) CHECK(lost.empty() || (lost.size() == 1 && lost[0] == peers[2]));
 }
