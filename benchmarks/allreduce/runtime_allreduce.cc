@@ -174,6 +174,8 @@ int main(int argc, char **argv) {
       opt.frame_auth = auth == nullptr || *auth == '\0' ? kungfu::FrameAuthPolicy::kAcrossHosts
                        : std::string(auth) == "1"       ? kungfu::FrameAuthPolicy::kAlways
                                                         : kungfu::FrameAuthPolicy::kNever;
+      const char *auto_log = std::getenv("KUNGFU_AUTO_LOG");
+      opt.auto_log = auto_log != nullptr && std::string(auto_log) == "1";
       const char *shm = std::getenv("KUNGFU_SHM");
       if (shm != nullptr && *shm != '\0' && std::string(shm) != "0" && std::string(shm) != "1") {
         std::fprintf(stderr, "KUNGFU_SHM='%s': expected 0 or 1\n", shm);

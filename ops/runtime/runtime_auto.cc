@@ -5,6 +5,7 @@
 // for it.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <optional>
 
 #include "runtime.h"
@@ -39,6 +40,20 @@ struct Probe {
            std::to_string(size_class) + "/" + what;
   }
 };
+
+// One line per decided probe on rank 0 (KUNGFU_AUTO_LOG=1): each candidate's
+// time per call, the workers' medians averaged, and the choice.
+void log_probe(const Generation &g, const Probe &p, TopologyKind best) {
+  std::string line = "[kungfu] AUTO probe, " + std::to_string(auto_probe_bytes(p.size_class)) +
+                     " B at np=" + std::to_string(g.size()) + ":";
+  for (size_t i = 0; i < p.candidates.size() && i < p.totals.size(); ++i) {
+    char cell[64];
+    std::snprintf(cell, sizeof(cell), " %s %.2f us", topology_name(p.candidates[i]), p.totals[i] / g.size() * 1e6);
+    line += cell;
+  }
+  line += std::string(" -> ") + topology_name(best) + "\n";
+  std::fputs(line.c_str(), stderr);
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -113,6 +128,7 @@ void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) 
   all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
     TopologyKind best = fastest(p->candidates, p->totals);
+    if (opt_.auto_log && g->self_rank == 0) log_probe(*g, *p, best);
     auto_memory_.remember(p->size_class, auto_layout(g->cluster), best);
     g->auto_choices.decide(p->size_class, best, true);
   });

@@ -100,6 +100,12 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
     }
     o.auto_probes = static_cast<int>(v);
   }
+  std::string auto_log = env("KUNGFU_AUTO_LOG");
+  if (!auto_log.empty() && auto_log != "0" && auto_log != "1") {
+    return InvalidArgument("KUNGFU_AUTO_LOG='" + auto_log +
+                           "': expected 1 (rank 0 prints what AUTO's probes measured and chose) or 0");
+  }
+  o.auto_log = auto_log == "1";
   std::string shm = env("KUNGFU_SHM");
   if (!shm.empty() && shm != "0" && shm != "1") {
     return InvalidArgument("KUNGFU_SHM='" + shm +

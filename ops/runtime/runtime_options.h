@@ -32,6 +32,8 @@ struct RuntimeOptions {
   // (KUNGFU_AUTO_PROBES, auto_topology.h); 0: AUTO follows choose_auto's
   // fixed size rule instead of measuring. Every worker must have the same.
   int auto_probes = 3;
+  // Rank 0 prints each probe's timings and choice to stderr (KUNGFU_AUTO_LOG=1).
+  bool auto_log = false;
   // Same-host peers exchange frames through shared-memory rings
   // (KUNGFU_SHM: unset or 1 = yes, 0 = Unix sockets only); see TransportOptions.
   bool same_host_shm = true;

@@ -22,6 +22,7 @@ void set_good_env() {
   unsetenv("KUNGFU_TOPOLOGY");
   unsetenv("KUNGFU_AUTHENTICATE_FRAMES");
   unsetenv("KUNGFU_AUTO_PROBES");
+  unsetenv("KUNGFU_AUTO_LOG");
 }
 
 // from_env with `variable` set to `value` fails, naming the variable.
@@ -60,6 +61,14 @@ void test_good_values() {
     CHECK_OK(RuntimeOptions::from_env(&set));
     CHECK(set.auto_probes == probes);
   }
+  // AUTO's probes are silent unless KUNGFU_AUTO_LOG=1.
+  CHECK(!o.auto_log);
+  for (auto [value, on] : {std::pair{"0", false}, std::pair{"1", true}}) {
+    setenv("KUNGFU_AUTO_LOG", value, 1);
+    RuntimeOptions set;
+    CHECK_OK(RuntimeOptions::from_env(&set));
+    CHECK(set.auto_log == on);
+  }
 }
 
 void test_bad_values() {
@@ -78,6 +87,7 @@ void test_bad_values() {
   Status s = RuntimeOptions::from_env(&o);
   CHECK(!s.ok() && !contains(s.message(), "precious"));
   for (const char *v : {"yes", "true", "2"}) expect_rejected("KUNGFU_AUTHENTICATE_FRAMES", v);
+  for (const char *v : {"yes", "on", "2", " 1"}) expect_rejected("KUNGFU_AUTO_LOG", v);
   expect_rejected("KUNGFU_SELF", "127.0.0.1:10009");
   expect_rejected("KUNGFU_SELF", "nonsense");
   for (const char *v : {"abc", "-1", "101", "1.5", "3 ", "4294967296"}) {
