@@ -25,9 +25,11 @@ from typing import Self
 import pytest
 from conftest import REPO_ROOT, worker_env, worker_path
 from netns import make_two_hosts
+from waiting import HANG_BOUND_SECONDS, NEVER_SECONDS
 
 from benchmarks.harness.etcd_cluster import EtcdCluster
 from kungfu_tf.proto import config_pb2
+from kungfu_tf.run.control import stored_job_state
 from kungfu_tf.run.control.etcd_client import EtcdClient
 from kungfu_tf.run.control.etcd_job_store import EtcdJobStore
 from kungfu_tf.run.control.job_state import JobStateMachine
@@ -107,10 +109,11 @@ def test_config_store_from_the_environment_and_conflicts(capsys):
 # ------------------------------------------------------- the store itself
 
 
-def test_two_launchers_share_one_job_through_etcd(etcd3):
+def test_two_launchers_share_one_job_through_etcd(etcd3, monkeypatch):
     """Two state machines over one etcd record: a change made through one is
     seen by the other's long poll (the watch), and the compare-and-set lets
     exactly one of two conflicting writers commit."""
+    monkeypatch.setattr(stored_job_state, "MAX_WAIT_SECONDS", NEVER_SECONDS)
     job = f"share-{uuid.uuid4().hex[:8]}"
     a_store, b_store = store_for(etcd3, job), store_for(etcd3, job)
     a = StoredJobStateMachine(a_store, initial_machine(2, max_size=3))
@@ -119,10 +122,12 @@ def test_two_launchers_share_one_job_through_etcd(etcd3):
         assert [w.port for w in b.cluster().workers] == [1, 2]
         before = b.job_state().state_version
         woke = []
-        waiter = threading.Thread(target=lambda: woke.append(b.wait(before, 20.0)))
+        # An hour's wait: only the watch can end it within the hang bound (a
+        # 20 s wait that timed out returned the same state, so it proved nothing).
+        waiter = threading.Thread(target=lambda: woke.append(b.wait(before, NEVER_SECONDS)), daemon=True)
         waiter.start()
         a.set_signature(SIGNATURE)
-        waiter.join(25)
+        waiter.join(HANG_BOUND_SECONDS)
         assert woke and woke[0].signature == SIGNATURE and woke[0].state_version > before
 
         b.request_size(3)

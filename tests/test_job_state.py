@@ -739,12 +739,14 @@ def test_admission_timer_ends_the_window_on_time():
     try:
         start = time.monotonic()
         state = jobs.joiner_ready(p("h:2"), SIG)
-        while state.cluster.version == 1 and time.monotonic() - start < 10:
+        # The timer ends the window (h:3 never comes): waited for up to the
+        # hang bound, which only rules out "never"; not before the window.
+        while state.cluster.version == 1 and time.monotonic() - start < HANG_BOUND_SECONDS:
             state = jobs.wait(state.state_version, 10)
         waited = time.monotonic() - start
         assert cluster_peers(state.cluster) == ["h:1", "h:2"]
-        assert 0.3 <= waited < 5.0, waited
+        assert waited >= 0.3, waited
     finally:
         jobs.stop_admission_timer()
-        timer.join(10)
+        timer.join(HANG_BOUND_SECONDS)
     assert not timer.is_alive()
