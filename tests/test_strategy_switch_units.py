@@ -104,3 +104,18 @@ def test_link_change_is_the_largest_relative_move_of_a_measured_link():
     ref = np.array([[0.0, 100.0, 50.0], [100.0, 0.0, 0.0], [50.0, 0.0, 0.0]])
     now = np.array([[0.0, 90.0, 10.0], [90.0, 0.0, 7.0], [10.0, 7.0, 0.0]])
     assert link_change(ref, now) == pytest.approx(0.8)  # 50 -> 10; the unmeasured link 1-2 does not count
+
+
+def test_link_change_leaves_out_nearly_idle_links():
+    # As in the throttle benchmark (benchmarks/strategy_policy): under PSLoadBalancing a worker sends tens of MB/s
+    # to the owners of the kernels and a few KB/s or nothing to another; such a link's relative moves (92-98 %
+    # there) re-scored a job whose links had not changed. A busy link moving 90 % still counts.
+    ref = np.array([[0.0, 75e6, 0.05e6], [75e6, 0.0, 40e6], [0.05e6, 40e6, 0.0]])
+    steady = np.array([[0.0, 70e6, 0.005e6], [70e6, 0.0, 42e6], [0.005e6, 42e6, 0.0]])
+    assert link_change(ref, steady) == pytest.approx(5 / 75)
+    throttled = steady.copy()
+    throttled[0, 1] = throttled[1, 0] = 7.5e6
+    assert link_change(ref, throttled) == pytest.approx(0.9)
+    # At 1 % of the busiest link a link counts.
+    ref[0, 2] = 0.75e6
+    assert link_change(ref, steady) == pytest.approx(1 - 0.005 / 0.75)

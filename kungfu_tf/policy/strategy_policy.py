@@ -57,17 +57,32 @@ def _check_int(name: str, value: object, least: int) -> int:
     return int(value)
 
 
+# Links that carried less than this share of the busiest link's bytes/s in the reference window are left out
+# of the trigger: a strategy leaves some links nearly idle (PSLoadBalancing's owner of only a few biases, the
+# policy's own small gathers), and the relative change of a few KB/s is noise. Counting them re-scored a job
+# whose links had not changed (benchmarks/strategy_policy: "a link's rate changed by 98%" on a steady link).
+BUSY_SHARE = 0.01
+
+
 def link_change(reference: np.ndarray, now: np.ndarray) -> float:
-    """The largest relative change of a link's rate (links measured in both; 0 if none was).
+    """The largest relative change of a busy link's rate (0 if no link was measured in both windows).
+
+    A link counts if it was measured in both windows (rate > 0) and carried at
+    least ``BUSY_SHARE`` of the busiest link's rate in ``reference``.
 
     Example:
         >>> link_change(np.array([[0, 100.0], [100.0, 0]]), np.array([[0, 40.0], [100.0, 0]]))
         0.6
+        >>> link_change(np.array([[0, 100.0, 0.5]]), np.array([[0, 100.0, 0.05]]))  # 0.5 % of the busiest: idle
+        0.0
     """
     measured = (reference > 0) & (now > 0)
     if not measured.any():
         return 0.0
-    return float(np.max(np.abs(now[measured] - reference[measured]) / reference[measured]))
+    busy = measured & (reference >= BUSY_SHARE * float(np.max(reference)))
+    if not busy.any():
+        return 0.0
+    return float(np.max(np.abs(now[busy] - reference[busy]) / reference[busy]))
 
 
 class StrategyPolicy(BasePolicy):
@@ -79,7 +94,8 @@ class StrategyPolicy(BasePolicy):
       (a resize, a joiner admitted, a crash);
     * the link rates (``metrics["link_rates"]``, ``comm_rates``), averaged
       over ``window`` steps and gathered from every worker, moved by more
-      than ``link_change`` (relative, on the link that moved most) from
+      than ``link_change`` (relative, on the link that moved most among
+      those carrying at least 1 % of the busiest link's rate) from
       the window after the last decision (a switch changes the traffic,
       so the reference is measured again after each);
     * every ``rescore_every`` steps, if set.
