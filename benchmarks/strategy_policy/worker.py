@@ -12,11 +12,12 @@ the policy measures each candidate when a link's rate moves).
 
 After every step rank 0 prints a ``RESULT {json}`` line: the step, its
 wall-clock start and end (``time.time()``: the driver throttles the link by
-these lines and assigns steps to phases by them) and the strategy the step
-ran with. At the end every rank prints a summary: the strategy of every step
-and the policy's decisions as this rank logged them (the switch times, which
-are per rank, left out), so the driver can check that the workers agreed,
-and what each of its switches cost here (``SwitchReport``).
+these lines and assigns steps to phases by them), the strategy the step ran
+with and the link rates the policy read after it. At the end every rank
+prints a summary: the strategy of every step and the policy's decisions as
+this rank logged them (the switch times, which are per rank, left out), so
+the driver can check that the workers agreed, and what each of its switches
+cost here (``SwitchReport``).
 """
 
 from __future__ import annotations
@@ -128,8 +129,10 @@ def main() -> None:
             step += 1
             in_force.append(strategy)
             if rank == 0:
+                # link_rates: what the policy's link-rate trigger reads (bytes/s to each peer; only with a policy)
+                rates = runner.context.metrics.get("link_rates")
                 emit_result({"kind": "step", "run": args.run, "step": i, "start": started, "end": ended,
-                             "loss": loss, "strategy": strategy})  # fmt: skip
+                             "loss": loss, "strategy": strategy, "link_rates": rates})  # fmt: skip
     switches = [{"old": r.old_id, "new": r.new_id, "agree": r.agree_seconds, "gather": r.gather_seconds,
                  "rebuild": r.rebuild_seconds} for r in (policies[0].reports if policies else [])]  # fmt: skip
     emit_result(
