@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.auto.search import (
@@ -154,6 +155,13 @@ class Auto(StrategyBuilder):
             return best
         # The starting strategy is the all-reduce builder's, under its name (it is that strategy).
         return AllReduce().build(variables, cluster)
+
+    def config(self) -> dict[str, Any]:
+        """Never: a search is not made again from settings (its trials' result and search model are state)."""
+        raise StrategyError(
+            "Auto.config(): a search holds its trials' result and its search model, which settings cannot carry; "
+            "every worker re-runs its own Auto"
+        )
 
     def nodes(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> list[strategy_pb2.Node]:
         """The starting strategy's nodes: every variable all-reduced (the all-reduce builder's defaults)."""

@@ -17,10 +17,14 @@ Example:
 from __future__ import annotations
 
 import abc
+import inspect
+import json
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
+from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.partition_spec import (
     PartitionSpec,
     format_partitioner,
@@ -73,6 +77,8 @@ class StrategyBuilder(abc.ABC):
         >>> s = Everything0().build([VariableInfo("w", (2,))], ClusterSpec(2))
         >>> s.id, s.graph_config.replicas, s.node_config[0].ps.owner
         ('everything-on-0', 2, 0)
+        >>> Everything0().config()
+        {}
     """
 
     name: str = ""
@@ -88,3 +94,30 @@ class StrategyBuilder(abc.ABC):
         strategy.graph_config.replicas = cluster.replicas
         strategy.node_config.extend(self.nodes(variables, cluster))
         return strategy
+
+    def config(self) -> dict[str, Any]:
+        """The constructor's arguments that make this builder again, JSON-able (a joiner re-makes it from them).
+
+        By default each parameter of ``__init__`` is read from the attribute
+        of the same name; a builder that keeps its settings otherwise
+        overrides this (as ``Parallax`` does).
+
+        Raises:
+            StrategyError: a parameter has no attribute of its name, or a
+                value JSON cannot carry: the message names both.
+        """
+        options: dict[str, Any] = {}
+        for name, param in inspect.signature(type(self).__init__).parameters.items():
+            if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue
+            if not hasattr(self, name):
+                raise StrategyError(
+                    f"{type(self).__qualname__}.config(): __init__ takes {name!r} but the builder has no attribute "
+                    "of that name; override config() to return the arguments that make this builder again"
+                )
+            options[name] = getattr(self, name)
+        try:
+            json.dumps(options)
+        except (TypeError, ValueError) as e:
+            raise StrategyError(f"{type(self).__qualname__}.config(): {options!r} is not JSON-able ({e})") from None
+        return options

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.builders.all_reduce import AllReduce
@@ -45,6 +46,15 @@ class Parallax(StrategyBuilder):
     ) -> None:
         self.dense = AllReduce(chunk_size, topology, compressor)
         self.sparse = PartitionedPS(min_partition_bytes)
+
+    def config(self) -> dict[str, Any]:
+        """The constructor's arguments (they live in the two builders it combines)."""
+        return {
+            "chunk_size": self.dense.chunk_size,
+            "topology": self.dense.topology,
+            "compressor": self.dense.compressor,
+            "min_partition_bytes": self.sparse.min_partition_bytes,
+        }
 
     def nodes(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> list[strategy_pb2.Node]:
         dense = self.dense.nodes([v for v in variables if not v.sparse], cluster)
