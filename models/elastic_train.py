@@ -42,8 +42,10 @@ policy (with its state), for ``--api v1`` one with the sessions created and the
 graph's size, and one at the end with a digest of
 the final weights (the weights themselves go to ``<peer>-<pid>.npz``) and
 (function and keras APIs) a digest of every variable the ``ElasticState``
-holds (model and optimizer: slots, counters, the loss scale). The
-run is deterministic for a given schedule: seeded order and initial
+holds (model and optimizer: slots, counters, the loss scale); with
+``--record-slots`` every optimizer slot of every variable (the worker's own
+replicas, or gathered from the owners of parameter-server variables) goes to ``<peer>-<pid>-slots.npz`` (``slots_sha256``
+in the end record). The run is deterministic for a given schedule: seeded order and initial
 weights, one TF thread per worker.
 """
 
@@ -77,6 +79,7 @@ from kungfu_tf import (
 )
 from kungfu_tf.data import ElasticSampler
 from kungfu_tf.optimizers import SynchronousSGDOptimizer, switch_strategy
+from kungfu_tf.optimizers.strategy_replan import gather_slots, slot_table
 from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
@@ -190,6 +193,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "again after a change re-built the strategy)")
     p.add_argument("--check-every", type=int, default=1, help="membership check every this many steps")
     p.add_argument("--record-dir", default=None, help="write per-step records here (one file per worker)")
+    p.add_argument("--record-slots", action="store_true",
+                   help="with --record-dir and --strategy (--api function): every optimizer slot of every variable "
+                        "goes to <peer>-<pid>-slots.npz at the end")
     args = p.parse_args(argv)
     try:
         args.schedule = parse_schedule(args.resize_at)
@@ -204,6 +210,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.switches[int(step)] = builder
     if args.switches and (args.api != "function" or args.strategy is None):
         p.error("--switch-at is for --api function with --strategy")
+    if args.record_slots and (args.api != "function" or args.strategy is None or args.record_dir is None):
+        p.error("--record-slots is for --api function with --strategy and --record-dir")
     if args.policy_schedule and args.api == "function":
         p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit) and v1 (a PolicyHook)")
     if args.strategy is not None and args.api == "v1":
@@ -263,9 +271,13 @@ class Recorder:
         """A policy's ``after_step`` ran at ``step`` (0-based); ``state``: its state_dict() after the call."""
         self.write(event="policy", step=step, rank=rank, size=size, state=state, t=time.time())
 
-    def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool, api: str) -> None:
+    def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool, api: str,
+            slots: list[list[np.ndarray]] | None = None) -> None:  # fmt: skip
+        """The end: digests of what this worker holds; the weights (and ``slots[kind][variable]``) as .npz files."""
         flat = b"".join(np.ascontiguousarray(w, np.float32).tobytes() for w in weights)
         held: dict[str, Any] = {}
+        if slots is not None:
+            held["slots_sha256"] = hashlib.sha256(b"".join(s.tobytes() for kind in slots for s in kind)).hexdigest()
         if api != "v1":  # a tf.compat.v1 graph's variables are read through its session
             variables = state.variables()
             held["state_sha256"] = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in variables)).hexdigest()
@@ -276,6 +288,8 @@ class Recorder:
                    weights_sha256=hashlib.sha256(flat).hexdigest(), t=time.time(), **held)  # fmt: skip
         if self.file is not None:
             np.savez(self.stem + ".npz", *weights)
+            if slots is not None:
+                np.savez(self.stem + "-slots.npz", **{f"{k}_{i}": s for k, kind in enumerate(slots) for i, s in enumerate(kind)})
             self.file.close()
 
 
@@ -292,6 +306,7 @@ class Script:
         self.joiner = elastic.is_joiner()  # a replacement never crashes again
         self.initial_rank = kungfu_tf.rank()  # --crash-rank names a rank of the initial cluster
         self._seen: Any = None
+        self.slots: list[list[np.ndarray]] | None = None  # --record-slots: slots[kind][variable], at the end
 
     def finished(self, state: elastic.ElasticState) -> bool:
         return state.epoch >= self.args.epochs or (self.args.steps is not None and state.step >= self.args.steps)
@@ -326,6 +341,17 @@ def build_model(args: argparse.Namespace) -> keras.Model:
 
 def loss_fn() -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def held_slots(optimizer: keras.optimizers.Optimizer) -> list[list[np.ndarray]]:
+    """``slots[kind][variable]``: this worker's own where it holds every slot (the records compare the workers),
+    else gathered from the owners of the variables and shards (collective over the final workers)."""
+    plan, variables = optimizer._kungfu_plan, list(optimizer._kungfu_model_variables)
+    if plan.replicated and [id(t) for t in plan.targets] == [id(v) for v in variables]:
+        table = slot_table(optimizer, optimizer._kungfu_fixed_variable_ids, plan.targets)
+        return [[slot.numpy() for slot in kind] for kind in table]
+    _, full = gather_slots(optimizer, plan, contributes=True, first=kungfu_tf.rank() == 0, prefix="elastic_train/slots")
+    return full
 
 
 def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
@@ -382,6 +408,8 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
         return False
 
     detached = bool(train(state))
+    if args.record_slots and not detached:
+        script.slots = held_slots(optimizer)
     if hasattr(train_step, "traces"):  # elastic.function: how many times the step was traced (--record-dir)
         script.record.write(event="traces", traces=train_step.traces)
     return [w.numpy() for w in model.trainable_weights], state, detached
@@ -533,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     train = {"function": train_function_api, "keras": train_keras_api, "v1": train_v1_api}[args.api]
     start = time.time()
     weights, state, detached = train(script)
-    script.record.end(weights, state, detached, args.api)
+    script.record.end(weights, state, detached, args.api, script.slots)
     if detached:
         print(f"[elastic_train] {os.environ.get('KUNGFU_SELF', 'local')} detached at step {state.step}", flush=True)
         return 0

@@ -89,3 +89,11 @@ def reference_training(steps: dict[int, dict[int, list[int]]], samples: int, hid
 def final_weights(record_dir: Path, stem: str) -> list[np.ndarray]:
     with np.load(record_dir / f"{stem}.npz") as f:
         return [f[f"arr_{i}"] for i in range(len(f.files))]
+
+
+def final_slots(record_dir: Path, stem: str) -> list[list[np.ndarray]]:
+    """``slots[kind][variable]`` a worker of models/elastic_train.py --record-slots held at the end."""
+    with np.load(record_dir / f"{stem}-slots.npz") as f:
+        keys = sorted((tuple(int(n) for n in key.split("_")), key) for key in f.files)
+        kinds = 1 + max((k for (k, _), _ in keys), default=-1)
+        return [[f[key] for (k, _), key in keys if k == kind] for kind in range(kinds)]

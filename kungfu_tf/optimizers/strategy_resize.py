@@ -5,8 +5,12 @@ A strategy is a function of (variables, cluster). When the cluster changes
 new cluster, joiners included, runs :func:`rebuild_for_cluster` as an apply
 listener (before the elastic state syncs):
 
-1. the strategy for the new cluster: a builder is re-run on it; a written
-   strategy (a proto or a file) has its owners re-mapped
+1. the strategy for the new cluster: the members' first worker tells every
+   worker the source in force (kungfu_tf/strategy/source_record.py): a
+   joiner runs the script from its start, but the members may have switched
+   to another strategy since (``switch_strategy``, a ``StrategyPolicy``), and
+   the joiner adopts theirs. A builder is re-run on the new cluster; a
+   written strategy (a proto or a file) has its owners re-mapped
    (kungfu_tf/strategy/remap.py) by the members and sent to the joiners;
 2. the optimizer slots the old owners held are gathered on every worker
    (kungfu_tf/optimizers/strategy_replan.py, the code path a strategy switch
@@ -30,6 +34,7 @@ Example (what the wrapped optimizer registers in an elastic job)::
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -49,6 +54,7 @@ from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
 from kungfu_tf.strategy.remap import check_replicas, remap_owners
 from kungfu_tf.strategy.source import StrategySource, resolve_strategy
+from kungfu_tf.strategy.source_record import source_from_record, source_record
 from kungfu_tf.strategy.variable_info import describe_variables
 
 log = logging.getLogger("kungfu_tf.strategy")
@@ -68,11 +74,52 @@ def _all_members(joined: bool, prefix: str) -> list[int]:
     return [r for r, f in enumerate(flags) if f]
 
 
+def _broadcast_bytes(data: bytes, root: int, name: str) -> bytes:
+    """``data`` of rank ``root``, on every worker (collective)."""
+    length = collective.broadcast(tf.constant(len(data), tf.int64), root=root, name=f"{name}/length")
+    if int(length) == 0:
+        return b""
+    payload = np.frombuffer(data, np.uint8) if data else np.zeros(int(length), np.uint8)
+    return collective.broadcast(tf.constant(payload), root=root, name=name).numpy().tobytes()
+
+
+def _source_in_force(opt: Any, joined: bool, first_member: int, prefix: str) -> StrategySource | None:
+    """The members' strategy source, adopted by the joiners; None: a written strategy (the members re-map theirs).
+
+    Collective. A builder the first member cannot describe (``opaque``)
+    leaves every worker its own source, as a joiner had before the record.
+
+    Raises:
+        StrategyError: on every worker alike, when a joiner cannot make the
+            members' builder again (its class is not importable there).
+    """
+    mine = json.dumps(source_record(opt._kungfu_strategy)).encode("utf-8") if _rank() == first_member else b""
+    record = json.loads(_broadcast_bytes(mine, first_member, f"{prefix}/source").decode("utf-8"))
+    if "written" in record:
+        return None
+    if "opaque" in record:
+        if joined:
+            log.warning("kungfu strategy: the members' strategy builder cannot be described (%s): this joiner "
+                        "re-builds its own", record["opaque"])  # fmt: skip
+        return opt._kungfu_strategy
+    source, error = opt._kungfu_strategy, ""
+    if joined:
+        try:
+            source = source_from_record(record)
+        except StrategyError as e:
+            error = str(e)
+    failed = collective.all_reduce(tf.constant(int(bool(error)), tf.int32), op="max", name=f"{prefix}/source/failed")
+    if int(failed):
+        raise StrategyError(error or f"a joiner could not make the members' strategy builder {record['builder']} again "
+                            "(see its error): it is refused")  # fmt: skip
+    return source
+
+
 def _strategy_for(
-    source: StrategySource, old: StrategyPlan, change: em.Change, joined: bool, first_member: int,
+    source: StrategySource | None, old: StrategyPlan, change: em.Change, joined: bool, first_member: int,
     variables: list[Any], prefix: str,
 ) -> strategy_pb2.Strategy:  # fmt: skip
-    if is_builder(source):
+    if source is not None:
         return resolve_strategy(source, describe_variables(variables), ClusterSpec.of_peers(change.new_peers))
     # A written strategy: the members re-map the one they ran (the joiners' warm-up
     # plan was made alone) and the first member sends it to everyone.
@@ -82,12 +129,10 @@ def _strategy_for(
             data = canonical_bytes(remap_owners(old.strategy, change.old_peers, change.new_peers))
         except StrategyError as e:
             error = str(e)
-    length = collective.broadcast(tf.constant(len(data), tf.int64), root=first_member, name=f"{prefix}/length")
-    if int(length) == 0:
+    got = _broadcast_bytes(data, first_member, f"{prefix}/strategy")
+    if not got:
         raise StrategyError(error or f"the strategy was refused for the new cluster (see the error of rank {first_member})")
-    payload = np.frombuffer(data, np.uint8) if data else np.zeros(int(length), np.uint8)
-    got = collective.broadcast(tf.constant(payload), root=first_member, name=f"{prefix}/strategy")
-    return strategy_pb2.Strategy.FromString(got.numpy().tobytes())
+    return strategy_pb2.Strategy.FromString(got)
 
 
 def _nodes_bytes(strategy: strategy_pb2.Strategy) -> bytes:
@@ -148,7 +193,10 @@ def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
     if not members:
         raise StrategyError(f"no worker of cluster v{change.new_version} held the optimizer's state before it")
     first = members[0]
-    strategy = _strategy_for(opt._kungfu_strategy, old, change, joined, first, variables, prefix)
+    source = _source_in_force(opt, joined, first, prefix)
+    strategy = _strategy_for(source, old, change, joined, first, variables, prefix)
+    if joined:  # what later changes re-build: the members' builder, or the strategy they wrote, re-mapped
+        object.__setattr__(opt, "_kungfu_strategy", strategy if source is None else source)
     # An all-reduce plan that the change left as it was is kept, and so is the traced step: its
     # collectives read the cluster at run time, every worker updates (and holds the slots of) every
     # variable, and the state sync brings them to joiners. Decided together (a joiner's plan was made alone).
