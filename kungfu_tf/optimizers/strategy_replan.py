@@ -108,6 +108,27 @@ def _numpy_dtype(variable: Any) -> Any:
     return variable.dtype.as_numpy_dtype if hasattr(variable.dtype, "as_numpy_dtype") else variable.dtype
 
 
+# Above this size a one-off all-reduce runs on RING, below it on STAR (as
+# AUTO's size rule does across hosts).
+_ONE_OFF_RING_BYTES = 64 << 10
+
+
+def one_off_topology(nbytes: int) -> str:
+    """The fixed topology of an all-reduce that runs once (a switch's or a resize's slot gather).
+
+    On the runtime's AUTO topology the first all-reduce of a size class on a
+    layout probes every candidate: a switch whose slots made a new class
+    waited 32 s for it under load (make bench-strategy-policy) where the
+    gather itself takes about a second. Every worker passes the same sizes,
+    hence the same topology.
+
+    Example:
+        >>> one_off_topology(4), one_off_topology(8 << 20)
+        ('STAR', 'RING')
+    """
+    return "RING" if nbytes > _ONE_OFF_RING_BYTES else "STAR"
+
+
 def _sum_slots(
     old: StrategyPlan, table: SlotTable, kinds: int, variables: list[Any], contributes: bool,
     first: bool, prefix: str,
@@ -128,7 +149,9 @@ def _sum_slots(
             by_dtype.setdefault(full[k][vi].dtype, []).append((k, vi))
     for n, (dtype, keys) in enumerate(sorted(by_dtype.items(), key=lambda kv: str(kv[0]))):
         flat = np.concatenate([full[k][vi].reshape(-1) for k, vi in keys])
-        summed = collective.all_reduce(tf.constant(flat), op="sum", name=f"{prefix}/slots/{n}").numpy()
+        summed = collective.all_reduce(
+            tf.constant(flat), op="sum", name=f"{prefix}/slots/{n}", topology=one_off_topology(flat.nbytes)
+        ).numpy()
         offset = 0
         for k, vi in keys:
             size = full[k][vi].size
@@ -146,7 +169,9 @@ def gather_slots(opt: Any, old: StrategyPlan, contributes: bool, first: bool, pr
     """
     variables = list(opt._kungfu_model_variables)
     table = slot_table(opt, opt._kungfu_fixed_variable_ids, old.targets) if contributes else []
-    kinds = int(collective.all_reduce(tf.constant(len(table), tf.int32), op="max", name=f"{prefix}/kinds"))
+    kinds = int(
+        collective.all_reduce(tf.constant(len(table), tf.int32), op="max", name=f"{prefix}/kinds", topology="STAR")
+    )
     full = _sum_slots(old, table, kinds, variables, contributes, first, prefix) if kinds else []
     return kinds, full
 

@@ -108,7 +108,9 @@ def _source_in_force(opt: Any, joined: bool, first_member: int, prefix: str) -> 
             source = source_from_record(record)
         except StrategyError as e:
             error = str(e)
-    failed = collective.all_reduce(tf.constant(int(bool(error)), tf.int32), op="max", name=f"{prefix}/source/failed")
+    failed = collective.all_reduce(
+        tf.constant(int(bool(error)), tf.int32), op="max", name=f"{prefix}/source/failed", topology="STAR"
+    )
     if int(failed):
         raise StrategyError(error or f"a joiner could not make the members' strategy builder {record['builder']} again "
                             "(see its error): it is refused")  # fmt: skip
@@ -201,7 +203,7 @@ def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
     # collectives read the cluster at run time, every worker updates (and holds the slots of) every
     # variable, and the state sync brings them to joiners. Decided together (a joiner's plan was made alone).
     same = old.replicated and _nodes_bytes(strategy) == _nodes_bytes(old.strategy)
-    if int(collective.all_reduce(tf.constant(int(same), tf.int32), op="min", name=f"{prefix}/same")):
+    if int(collective.all_reduce(tf.constant(int(same), tf.int32), op="min", name=f"{prefix}/same", topology="STAR")):
         old.strategy = strategy  # the same nodes; graph_config says the new size
         old.verify_identical()  # as at the start, on the new cluster
         object.__setattr__(opt, "_kungfu_warm_up_plan", False)

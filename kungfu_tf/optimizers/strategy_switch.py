@@ -132,7 +132,7 @@ def _resolve(optimizer: Any, source: StrategySource, plan: StrategyPlan) -> stra
 def _gather_text(text: str, name: str) -> list[str]:
     """Every worker's ``text``, by rank."""
     raw = text.encode("utf-8")
-    longest = collective.all_reduce(tf.constant([len(raw)], tf.int64), op="max", name=f"{name}/length")
+    longest = collective.all_reduce(tf.constant([len(raw)], tf.int64), op="max", name=f"{name}/length", topology="STAR")
     padded = np.zeros([int(longest.numpy()[0])], np.uint8)
     padded[: len(raw)] = np.frombuffer(raw, np.uint8)
     rows = collective.all_gather(tf.constant(padded), name=name).numpy().reshape(-1, padded.size)
@@ -147,7 +147,9 @@ def _agree(optimizer: Any, source: StrategySource, plan: StrategyPlan) -> strate
         strategy = _resolve(optimizer, source, plan)
     except Exception as e:  # noqa: BLE001 -- every worker must learn of it, or the others wait for this one
         error = f"{type(e).__name__}: {e}"
-    failed = collective.all_reduce(tf.constant([int(bool(error))], tf.int32), op="max", name=f"{PREFIX}/failed")
+    failed = collective.all_reduce(
+        tf.constant([int(bool(error))], tf.int32), op="max", name=f"{PREFIX}/failed", topology="STAR"
+    )
     if int(failed.numpy()[0]):
         errors = _gather_text(error, f"{PREFIX}/errors")
         causes = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
