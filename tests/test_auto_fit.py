@@ -6,6 +6,8 @@ tests/workers/auto_fit.py:
   fit's batches (across an epoch's end), a broken candidate is scored and not
   fatal, every worker chooses the same strategy and trains on it, no batch is
   lost, and the weights equal one process's ``fit`` on the union batches;
+  also from a ``tf.data`` input of unknown length, whose first epoch ends
+  in the middle of a trial (the end of the input is no failed trial);
 * ``fit`` without the callback and a plain ``tf.function`` step stop with a
   StrategyError naming what to use, instead of training on the starting
   all-reduce strategy without a word (what they did before).
@@ -31,9 +33,10 @@ from test_readme_quickstart import BLOCK
 GUIDE = REPO_ROOT / "docs" / "guide" / "synchronisation-strategies.md"
 
 
-def test_fit_searches_on_its_batches_and_trains_like_one_process(tmp_path):
+@pytest.mark.parametrize("mode", ["fit", "fit-dataset"])
+def test_fit_searches_on_its_batches_and_trains_like_one_process(tmp_path, mode):
     log = tmp_path / "search.jsonl"
-    rc, out, err = run_job(2, "auto_fit.py", "fit", log, timeout=300)
+    rc, out, err = run_job(2, "auto_fit.py", mode, log, timeout=300)
     assert_job_ok(rc, out, err, 2, expected_checks=15)
     chosen = {line.split("] ", 1)[1] for line in out.splitlines() if "] chose " in line}
     assert len(chosen) == 1, out[-3000:]  # every worker names the same strategy

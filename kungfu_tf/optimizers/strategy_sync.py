@@ -33,6 +33,7 @@ from kungfu_tf.optimizers.strategy_resize import (
     rebuild_for_cluster,
     refuse_fixed_replicas,
 )
+from kungfu_tf.optimizers.sync_sgd import after_gradients
 from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan
@@ -120,14 +121,19 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             if session is not None:
                 session.check_driven()  # builders.Auto: refuse a step the search would never see
 
+            grads = list(grads)
+
             def apply_fn(gs: list[Any], vs: list[Any]) -> Any:
+                # The counters have no data edge to the gradients: without these control dependencies a
+                # step whose input ran out (fit's end of an epoch of unknown length) still counted itself.
                 if not vs:
                     # Nothing owned here this step; count the step anyway so
                     # that schedules and `iterations` agree on every rank.
-                    return self.iterations.assign_add(1)
-                return base.apply(self, gs, vs)
+                    with after_gradients(grads):
+                        return self.iterations.assign_add(1)
+                with after_gradients(gs):
+                    return base.apply(self, gs, vs)
 
-            grads = list(grads)
             monitor = self.kungfu_monitor
             if monitor is None:
                 return self._kungfu_plan.step(grads, apply_fn)

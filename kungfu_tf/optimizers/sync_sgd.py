@@ -35,14 +35,17 @@ from kungfu_tf.optimizers.sync_sgd_v1 import DEFAULT_NAME, SynchronousSGDOptimiz
 from kungfu_tf.strategy.source import StrategySource, check_source
 
 
-def _after(grads: list[Any]) -> Any:
+def after_gradients(grads: list[Any]) -> Any:
     """Inside tf.function: every op of the update waits for every averaged gradient.
 
     The update's own ops have data edges to the gradients, but Keras's
     ``iterations.assign_add(1)`` (and an optimizer's other per-step counters)
     has none: when an all-reduce failed (a peer lost), the counter still
     advanced on the survivors, and Adam's bias correction was one step off
-    for the rest of the run. Eagerly the averages exist already.
+    for the rest of the run. The same when the step's input ran out (Keras
+    ``fit`` ends an epoch of unknown length with an OutOfRangeError from the
+    traced step): no gradient, so no update and no count either. Eagerly the
+    averages exist already.
     """
     if tf.executing_eagerly():
         return contextlib.nullcontext()
@@ -90,7 +93,7 @@ def _wrap_keras(
                 grads = average_gradients(
                     grads, self._kungfu_fusion_threshold_bytes, self._kungfu_sparse_as_dense, name=self._kungfu_name
                 )
-                with _after(grads):
+                with after_gradients(grads):
                     return base.apply(self, grads, trainable_variables)
             # A LossScaleOptimizer unscales after the average: the monitor
             # must see true gradients, or tr(Σ) and |G|² (AdaScale's inputs)
@@ -103,7 +106,7 @@ def _wrap_keras(
             # Inside tf.function the monitor's assignments run by themselves
             # (automatic control dependencies); eagerly they already ran.
             monitor.update(local, rider, unscale(grads), unscale(averaged), self._kungfu_name)
-            with _after(averaged):
+            with after_gradients(averaged):
                 return base.apply(self, averaged, trainable_variables)
 
         return {"apply": apply}

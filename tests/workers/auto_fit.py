@@ -1,6 +1,6 @@
 """Worker for tests/test_auto_fit.py: builders.Auto searching in Keras ``fit``, and where it cannot.
 
-Usage: auto_fit.py MODE LOG   (np = 2)
+Usage: auto_fit.py MODE LOG   (np = 2; MODE: fit, fit-dataset, fit-without-callback, tf-function)
 
 * ``fit``: ``model.fit`` of a small MLP with Adam (slots built lazily, moved at
   every switch) wrapped in ``SynchronousSGDOptimizer(strategy=builders.Auto(
@@ -14,6 +14,9 @@ Usage: auto_fit.py MODE LOG   (np = 2)
   no batch was lost or repeated (the optimizer counted every batch once),
   and the weights equal those of one process trained by ``fit`` on the union
   batches (the plain Adam, no collectives), identical on every worker.
+* ``fit-dataset``: the same from a ``tf.data`` input of unknown length, whose
+  first epoch ends (OutOfRangeError) in the middle of a trial: the trial
+  goes on in the next epoch, not scored as the candidate's failure.
 * ``fit-without-callback``: the same ``fit`` without the callback must stop
   with a StrategyError naming ``AutoSearchCallback`` (not train on the
   starting strategy without a word).
@@ -81,14 +84,25 @@ def compiled(optimizer: keras.optimizers.Optimizer) -> keras.Model:
     return model
 
 
-def run_fit(chk: Checker, rank: int, size: int, log_path: str) -> None:
+def unknown_length(x: np.ndarray, y: np.ndarray) -> tf.data.Dataset:
+    """Batches of B rows whose count Keras cannot know: its first epoch ends when the input runs out."""
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(B)
+    assert int(ds.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
+    return ds
+
+
+def run_fit(chk: Checker, rank: int, size: int, log_path: str, from_dataset: bool = False) -> None:
     import kungfu_tf.keras as kfk
 
     auto = make_auto(log_path)
     x, y = union_data(size)
     model = compiled(SynchronousSGDOptimizer(keras.optimizers.Adam(LR), strategy=auto))
-    model.fit(shard(x, rank, size), shard(y, rank, size), batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[kfk.AutoSearchCallback()])  # fmt: skip
+    xs, ys = shard(x, rank, size), shard(y, rank, size)
+    callbacks = [kfk.AutoSearchCallback()]
+    if from_dataset:  # the trial in progress at the first epoch's end goes on in the next epoch
+        model.fit(unknown_length(xs, ys), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    else:
+        model.fit(xs, ys, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks)
     opt = model.optimizer
 
     reference = compiled(keras.optimizers.Adam(LR))
@@ -152,7 +166,11 @@ def run_tf_function(chk: Checker, rank: int, size: int, log_path: str) -> None:
     expect_refusal(chk, train, "kungfu_tf.elastic.function")
 
 
-MODES = {"fit": run_fit, "fit-without-callback": run_fit_without_callback, "tf-function": run_tf_function}
+MODES = {
+    "fit": run_fit,
+    "fit-dataset": lambda *args: run_fit(*args, from_dataset=True),
+    "fit-without-callback": run_fit_without_callback, "tf-function": run_tf_function,
+}
 
 
 def main() -> None:
