@@ -1,7 +1,6 @@
 #include "auto_topology.h"
 
 #include <algorithm>
-#include <utility>
 
 namespace kungfu {
 
@@ -34,41 +33,6 @@ TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vec
     if (seconds[i] < seconds[best]) best = i;
   }
   return candidates[best];
-}
-
-bool AutoChoices::resolve(int size_class, Ready ready) {
-  std::unique_lock<std::mutex> lock(mu_);
-  Class &c = classes_[size_class];
-  if (c.decided) {
-    TopologyKind kind = c.kind;
-    lock.unlock();
-    ready(kind);
-    return false;
-  }
-  c.waiting.push_back(std::move(ready));
-  return c.waiting.size() == 1;
-}
-
-void AutoChoices::decide(int size_class, TopologyKind kind, bool measured) {
-  std::vector<Ready> waiting;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Class &c = classes_[size_class];
-    c.decided = true;
-    c.measured = measured;
-    c.kind = kind;
-    waiting.swap(c.waiting);
-  }
-  for (Ready &r : waiting) r(kind);
-}
-
-std::map<int, TopologyKind> AutoChoices::measured() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::map<int, TopologyKind> out;
-  for (const auto &[size_class, c] : classes_) {
-    if (c.measured) out[size_class] = c.kind;
-  }
-  return out;
 }
 
 }  // namespace kungfu

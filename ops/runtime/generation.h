@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "auto_topology.h"
+#include "auto_choices.h"
 #include "cluster.h"
 #include "mailbox.h"
 #include "op_registry.h"
@@ -44,7 +44,8 @@ class Generation {
   // and time per cluster change, which a job that never uses them should not
   // pay. Null after retire() (in-flight plans own what they point into).
   std::shared_ptr<const Topology> topology(TopologyKind kind);
-  // AUTO's measured topology per size class at this membership.
+  // AUTO's topology per size class at this membership, and from which call
+  // on each (auto_choices.h).
   AutoChoices auto_choices;
   Mailbox mailbox;
   OpRegistry registry;

@@ -15,6 +15,7 @@
 
 #include "accumulator.h"
 #include "auto_memory.h"
+#include "auto_topology.h"
 #include "collective_op.h"
 #include "generation.h"
 #include "mailbox.h"
@@ -104,11 +105,16 @@ class Runtime {
   Cluster cluster() const { return gen()->cluster; }
   TopologyKind topology() const { return topology_.load(); }
   // AUTO's measured choices on the current version, by size class
-  // (auto_topology.h); empty until a probe has finished.
+  // (auto_topology.h); empty until a probe has finished and the workers
+  // agreed when it takes over (auto_choices.h), or a choice was recalled.
   std::map<int, TopologyKind> auto_choices() const { return gen()->auto_choices.measured(); }
   // Probes that timed the candidates, over every version so far: a class on
   // a layout measured before is recalled instead (auto_memory.h).
   uint64_t auto_probes_run() const { return auto_probes_.load(); }
+  // AUTO all-reduces that waited for a probe to end, over every version so
+  // far: only those started while the workers agree from which call on its
+  // choice applies; the others run on the prediction (auto_choices.h).
+  uint64_t auto_calls_waited_for_probe() const { return auto_calls_waited_.load(); }
   // Threads serving the current version's links (Transport::sender_threads,
   // receiver_threads): a worker has them only for the peers it talks to.
   size_t sender_threads() const;
@@ -262,6 +268,7 @@ class Runtime {
   void start_probe(const GenPtr &g, int size_class);
   void probe_step(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_decide(const GenPtr &g, const std::shared_ptr<void> &state);
+  void probe_switch(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_failed(const GenPtr &g, int size_class);
 
   // runtime_consensus.cc
@@ -301,6 +308,7 @@ class Runtime {
   AutoMemory auto_memory_;
   std::atomic<uint64_t> auto_probes_{0};
   std::atomic<uint64_t> leaves_cut_by_deadline_{0};
+  std::atomic<uint64_t> auto_calls_waited_{0};
 
   mutable std::mutex gen_mu_;  // guards current_ (the pointer, not the object)
   GenPtr current_;

@@ -1,8 +1,9 @@
 // AUTO's probe (auto_topology.h): recalls the class's choice if the workers
-// measured this layout before (auto_memory.h); otherwise times every
-// candidate topology on the size class, agrees on the fastest with one
-// all-reduce of the timings, and hands the choice to the calls that wait
-// for it.
+// measured this layout before (auto_memory.h); otherwise lets the class's
+// calls run on the fixed rule's prediction, times every candidate topology
+// on the size class beside them, agrees on the fastest with one all-reduce
+// of the timings and on the call it takes over from with another
+// (auto_choices.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +29,8 @@ struct Probe {
   int step = 0;
   std::chrono::steady_clock::time_point sample_start;
   std::vector<double> totals;  // per candidate, summed over the workers
+  TopologyKind best = TopologyKind::kStar;
+  int64_t switch_call = 0;  // this worker's hold(), then the maximum over the workers
 
   int steps() const { return (samples + 1) * static_cast<int>(candidates.size()) * calls; }
   int call() const { return step % calls; }
@@ -82,12 +85,15 @@ void Runtime::probe_auto(const GenPtr &g, int size_class) {
                     g->auto_choices.decide(size_class, *known, true);
                     return;
                   }
+                  // Counted before the calls start, so that a caller who
+                  // sees its call done also sees the probe it started.
+                  ++auto_probes_;
+                  g->auto_choices.predict(size_class, choose_auto(auto_probe_bytes(size_class), g->cluster));
                   start_probe(g, size_class);
                 });
 }
 
 void Runtime::start_probe(const GenPtr &g, int size_class) {
-  ++auto_probes_;
   auto p = std::make_shared<Probe>();
   p->size_class = size_class;
   p->candidates = auto_candidates(g->cluster);
@@ -127,17 +133,31 @@ void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) 
   Buffer buf{p->totals.data(), p->totals.data(), TensorDesc{DType::kFloat64, {static_cast<int64_t>(n)}, n}, p};
   all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
-    TopologyKind best = fastest(p->candidates, p->totals);
-    if (opt_.auto_log && g->self_rank == 0) log_probe(*g, *p, best);
-    auto_memory_.remember(p->size_class, auto_layout(g->cluster), best);
-    g->auto_choices.decide(p->size_class, best, true);
+    p->best = fastest(p->candidates, p->totals);
+    if (opt_.auto_log && g->self_rank == 0) log_probe(*g, *p, p->best);
+    probe_switch(g, p);
+  });
+}
+
+void Runtime::probe_switch(const GenPtr &g, const std::shared_ptr<void> &state) {
+  auto p = std::static_pointer_cast<Probe>(state);
+  // The call from which the choice applies, per name: the most calls any
+  // worker started under one name before it stopped starting them.
+  p->switch_call = static_cast<int64_t>(g->auto_choices.hold(p->size_class));
+  Buffer buf{&p->switch_call, &p->switch_call, TensorDesc{DType::kInt64, {1}, 1}, p};
+  all_reduce_in(g, TopologyKind::kStar, p->name("switch"), buf, ReduceOp::kMax, [this, g, p](const Status &s) {
+    if (!s.ok()) return probe_failed(g, p->size_class);
+    auto_memory_.remember(p->size_class, auto_layout(g->cluster), p->best);
+    auto_calls_waited_ += g->auto_choices.settle(p->size_class, p->best, static_cast<uint64_t>(p->switch_call));
   });
 }
 
 void Runtime::probe_failed(const GenPtr &g, int size_class) {
-  // The calls that waited run on the fixed rule and fail (or not) on their
-  // own, with their own names in the error, as they did before AUTO measured.
-  g->auto_choices.decide(size_class, choose_auto(auto_probe_bytes(size_class), g->cluster), false);
+  // The class stays on the fixed rule, the prediction its calls ran on; the
+  // calls that waited run on it and fail (or not) on their own, with their
+  // own names in the error, as they did before AUTO measured.
+  auto_calls_waited_ += g->auto_choices.decide(size_class, choose_auto(auto_probe_bytes(size_class), g->cluster),
+                                               false);
 }
 
 }  // namespace kungfu

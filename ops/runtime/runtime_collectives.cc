@@ -51,13 +51,14 @@ void Runtime::all_reduce_in(const GenPtr &g, TopologyKind kind, const std::strin
     return done(Status::OK());
   }
   if (kind == TopologyKind::kAuto && opt_.auto_probes > 0) {
-    // Measured AUTO: run on the class's decided topology, probing it first
-    // if no worker has yet (runtime_auto.cc).
+    // Measured AUTO: run on the class's topology for this call (predicted
+    // while a probe runs, measured after, auto_choices.h); the first call
+    // of the class starts the agreement (runtime_auto.cc).
     int size_class = auto_size_class(bytes);
     auto run_on = [this, g, name, buf, op, done](TopologyKind decided) {
       all_reduce_in(g, decided, name, buf, op, done);
     };
-    if (g->auto_choices.resolve(size_class, std::move(run_on))) probe_auto(g, size_class);
+    if (g->auto_choices.resolve(size_class, name, std::move(run_on))) probe_auto(g, size_class);
     return;
   }
   std::shared_ptr<const Topology> graphs = g->topology(resolve(*g, kind, bytes));
