@@ -36,6 +36,7 @@ uint64_t AutoChoices::hold(int size_class) {
   std::lock_guard<std::mutex> lock(mu_);
   Class &c = classes_[size_class];
   c.state = State::kHeld;
+  c.tick = nullptr;
   uint64_t most = 0;
   for (const auto &[name, calls] : c.started) most = std::max(most, calls);
   return most;
@@ -50,6 +51,7 @@ size_t AutoChoices::settle(int size_class, TopologyKind kind, uint64_t from_call
     c.chosen = kind;
     c.from_call = from_call;
     c.measured = true;
+    c.tick = nullptr;
     ready = release(c);
   }
   return start(std::move(ready));
@@ -64,6 +66,7 @@ size_t AutoChoices::decide(int size_class, TopologyKind kind, bool measured) {
     c.predicted = c.chosen = kind;
     c.from_call = 0;
     c.measured = measured;
+    c.tick = nullptr;
     ready = release(c);
   }
   return start(std::move(ready));
@@ -76,6 +79,21 @@ std::map<int, TopologyKind> AutoChoices::measured() const {
     if (c.measured) out[size_class] = c.chosen;
   }
   return out;
+}
+
+void AutoChoices::pace(int size_class, std::function<void()> tick) {
+  std::lock_guard<std::mutex> lock(mu_);
+  classes_[size_class].tick = std::move(tick);
+}
+
+void AutoChoices::call_ended(int size_class) {
+  std::function<void()> tick;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = classes_.find(size_class);
+    if (it != classes_.end()) tick = it->second.tick;
+  }
+  if (tick) tick();
 }
 
 std::vector<std::pair<TopologyKind, AutoChoices::Ready>> AutoChoices::release(Class &c) {

@@ -66,6 +66,13 @@ class AutoChoices {
   // that choice.
   std::map<int, TopologyKind> measured() const;
 
+  // `tick` runs after each call of the class ends, until its probe has
+  // decided: the probe takes one sample per call (runtime_auto.cc), so its
+  // cost spreads over the next steps instead of landing on the first.
+  void pace(int size_class, std::function<void()> tick);
+  // A call of the class ended: ticks its probe, if one is paced.
+  void call_ended(int size_class);
+
  private:
   enum class State { kAgreeing, kPredicted, kHeld, kDecided };
   struct Class {
@@ -76,6 +83,7 @@ class AutoChoices {
     bool measured = false;
     std::map<std::string, uint64_t> started;          // calls per name
     std::vector<std::pair<uint64_t, Ready>> waiting;  // each with its number
+    std::function<void()> tick;                       // pace()
     TopologyKind kind_for(uint64_t call) const { return call < from_call ? predicted : chosen; }
   };
   // Hands the waiting calls their topology, outside the lock.

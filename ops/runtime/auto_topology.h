@@ -6,7 +6,9 @@
 // wins. Every worker receives the same sums, so every worker picks the same
 // topology. The calls of the class do not wait for it: they run on the
 // fixed rule's prediction until the workers agree from which call on the
-// measured choice takes over (auto_choices.h). The decision lives with the
+// measured choice takes over (auto_choices.h), and the probe takes one
+// sample (a few all-reduces on one candidate) after each call of the class
+// ends, so its cost spreads over the next steps. The decision lives with the
 // generation; after a cluster change the class is decided again, recalled
 // without probing if the workers measured the new layout before
 // (auto_memory.h), predicted and probed otherwise.
@@ -16,6 +18,8 @@
 // same probe. Probes of different classes may overlap (each worker starts
 // them in its own order; serialising them locally could deadlock), and run
 // beside the job's own collectives, so they measure under the job's load.
+// A class whose calls stop before its probe has its samples keeps the
+// prediction for the generation.
 //
 // A probe that fails (a peer died, never came within the timeout, or
 // aborted it) leaves its class on the fixed rule (choose_auto) for the

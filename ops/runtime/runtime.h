@@ -269,6 +269,7 @@ class Runtime {
   void probe_step(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_decide(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_switch(const GenPtr &g, const std::shared_ptr<void> &state);
+  void probe_tick(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_failed(const GenPtr &g, int size_class);
 
   // runtime_consensus.cc

@@ -1,12 +1,14 @@
 // AUTO's probe (auto_topology.h): recalls the class's choice if the workers
 // measured this layout before (auto_memory.h); otherwise lets the class's
 // calls run on the fixed rule's prediction, times every candidate topology
-// on the size class beside them, agrees on the fastest with one all-reduce
-// of the timings and on the call it takes over from with another
-// (auto_choices.h).
+// on the size class beside them, one sample after each call of the class,
+// agrees on the fastest with one all-reduce of the timings and on the call
+// it takes over from with another (auto_choices.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "runtime.h"
@@ -30,6 +32,11 @@ struct Probe {
   std::chrono::steady_clock::time_point sample_start;
   std::vector<double> totals;  // per candidate, summed over the workers
   TopologyKind best = TopologyKind::kStar;
+  // Pacing: a sample starts only when a call of the class has ended since
+  // the last one started (a credit); otherwise the probe parks until one does.
+  std::mutex pace_mu;
+  int credits = 0;
+  bool parked = false;
   int64_t switch_call = 0;  // this worker's hold(), then the maximum over the workers
 
   int steps() const { return (samples + 1) * static_cast<int>(candidates.size()) * calls; }
@@ -103,13 +110,38 @@ void Runtime::start_probe(const GenPtr &g, int size_class) {
   p->in.assign(count, 1.0f);
   p->out.assign(count, 0.0f);
   p->seconds.resize(p->candidates.size());
+  // Weak: the tick lives in the generation, which must not keep itself alive.
+  std::weak_ptr<Generation> weak = g;
+  g->auto_choices.pace(size_class, [this, weak, p] {
+    if (GenPtr live = weak.lock()) probe_tick(live, p);
+  });
   probe_step(g, p);
+}
+
+void Runtime::probe_tick(const GenPtr &g, const std::shared_ptr<void> &state) {
+  auto p = std::static_pointer_cast<Probe>(state);
+  bool resume;
+  {
+    std::lock_guard<std::mutex> lock(p->pace_mu);
+    ++p->credits;
+    resume = p->parked;
+    p->parked = false;
+  }
+  if (resume) probe_step(g, p);
 }
 
 void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
   auto p = std::static_pointer_cast<Probe>(state);
   if (p->step == p->steps()) return probe_decide(g, state);
-  if (p->call() == 0) p->sample_start = std::chrono::steady_clock::now();
+  if (p->call() == 0) {
+    std::lock_guard<std::mutex> lock(p->pace_mu);
+    if (p->credits == 0) {
+      p->parked = true;  // probe_tick() resumes it
+      return;
+    }
+    --p->credits;
+    p->sample_start = std::chrono::steady_clock::now();
+  }
   TopologyKind kind = p->candidates[static_cast<size_t>(p->candidate())];
   size_t count = p->in.size();
   Buffer buf{p->in.data(), p->out.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, p};

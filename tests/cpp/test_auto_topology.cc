@@ -102,59 +102,64 @@ void test_prediction_then_switch_per_name() {
 // Element counts in four size classes (4 B, 1 KiB, 64 KiB + 4 B, 1 MiB + 4 B).
 const std::vector<size_t> kCounts = {1, 256, 16385, 262145};
 
-// Every rank all-reduces one tensor per count, kRounds times, issuing them
-// from its own thread in its own shuffled order. Inputs are small integers,
-// so the float sums are exact in any order and compared bit for bit.
+// Every rank all-reduces one tensor per count, twice, issuing them from its
+// own thread in its own shuffled order, step after step (the same names each
+// step) until every worker has a measured choice for every class: the first
+// steps run on the prediction while the probes take their samples, the
+// later ones on the measured choices. Inputs are small integers, so the
+// float sums are exact in any order and compared bit for bit.
 void test_every_worker_picks_the_same() {
   const int n = 3, rounds = 2;
   auto rts = make_cluster(n, TopologyKind::kAuto, 60);
   const size_t calls = kCounts.size() * rounds;
-  std::vector<std::vector<std::vector<float>>> bufs(n, std::vector<std::vector<float>>(calls));
-  std::vector<std::vector<Status>> statuses(n, std::vector<Status>(calls));
-  std::vector<std::thread> issuers;
-  for (int r = 0; r < n; ++r) {
-    issuers.emplace_back([&, r] {
-      std::vector<size_t> order(calls);
-      for (size_t k = 0; k < calls; ++k) order[k] = k;
-      std::shuffle(order.begin(), order.end(), std::mt19937(r + 11));
-      std::vector<std::future<Status>> fs(calls);
-      for (size_t k : order) {
-        std::vector<float> &b = bufs[r][k];
-        size_t count = kCounts[k % kCounts.size()];
-        b.resize(count);
-        for (size_t i = 0; i < count; ++i) b[i] = static_cast<float>((r * 7 + i + k) % 101);
-        auto p = std::make_shared<std::promise<Status>>();
-        fs[k] = p->get_future();
-        Buffer buf{b.data(), b.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, nullptr};
-        rts[r]->all_reduce("t" + std::to_string(k), buf, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
-      }
-      for (size_t k = 0; k < calls; ++k) statuses[r][k] = fs[k].get();
-    });
-  }
-  for (auto &t : issuers) t.join();
+  auto all_measured = [&] {
+    for (auto &rt : rts) {
+      if (rt->auto_choices().size() != kCounts.size()) return false;
+    }
+    return true;
+  };
   bool exact = true;
-  for (int r = 0; r < n; ++r) {
-    for (size_t k = 0; k < calls; ++k) {
-      CHECK_OK(statuses[r][k]);
-      for (size_t i = 0; i < bufs[r][k].size(); ++i) {
-        float want = 0;
-        for (int q = 0; q < n; ++q) want += static_cast<float>((q * 7 + i + k) % 101);
-        exact = exact && bufs[r][k][i] == want;
+  int steps = 0, after = 0;  // steps in all, and after every choice was measured
+  const auto start = std::chrono::steady_clock::now();
+  for (; after < 3 && kftest::seconds_since(start) < 120; ++steps) {  // the deadline only rules out a hang
+    if (all_measured()) ++after;
+    std::vector<std::vector<std::vector<float>>> bufs(n, std::vector<std::vector<float>>(calls));
+    std::vector<std::vector<Status>> statuses(n, std::vector<Status>(calls));
+    std::vector<std::thread> issuers;
+    for (int r = 0; r < n; ++r) {
+      issuers.emplace_back([&, r] {
+        std::vector<size_t> order(calls);
+        for (size_t k = 0; k < calls; ++k) order[k] = k;
+        std::shuffle(order.begin(), order.end(), std::mt19937(r + 11 + steps));
+        std::vector<std::future<Status>> fs(calls);
+        for (size_t k : order) {
+          std::vector<float> &b = bufs[r][k];
+          size_t count = kCounts[k % kCounts.size()];
+          b.resize(count);
+          for (size_t i = 0; i < count; ++i) b[i] = static_cast<float>((r * 7 + i + k + steps) % 101);
+          auto p = std::make_shared<std::promise<Status>>();
+          fs[k] = p->get_future();
+          Buffer buf{b.data(), b.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, nullptr};
+          rts[r]->all_reduce("t" + std::to_string(k), buf, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
+        }
+        for (size_t k = 0; k < calls; ++k) statuses[r][k] = fs[k].get();
+      });
+    }
+    for (auto &t : issuers) t.join();
+    for (int r = 0; r < n; ++r) {
+      for (size_t k = 0; k < calls; ++k) {
+        CHECK_OK(statuses[r][k]);
+        for (size_t i = 0; i < bufs[r][k].size(); ++i) {
+          float want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<float>((q * 7 + i + k + steps) % 101);
+          exact = exact && bufs[r][k][i] == want;
+        }
       }
     }
   }
   CHECK(exact);
-  // The calls ran on the prediction; the probes end beside them.
-  CHECK(kftest::eventually(
-      [&] {
-        for (auto &rt : rts) {
-          if (rt->auto_choices().size() != kCounts.size()) return false;
-        }
-        return true;
-      },
-      120));
+  CHECK(after == 3);  // every class measured, then three steps on the choices
   std::map<int, TopologyKind> first = rts[0]->auto_choices();
-  CHECK(first.size() == kCounts.size());
   for (size_t count : kCounts) CHECK(first.count(auto_size_class(count * sizeof(float))) == 1);
   for (int r = 1; r < n; ++r) CHECK(rts[r]->auto_choices() == first);
   for (auto &rt : rts) CHECK(rt->pending_messages() == 0);
@@ -258,17 +263,22 @@ bool all_reduce_right(const std::vector<Runtime *> &rts, const std::string &name
   return right;
 }
 
-// Waits (a hang guard, not a time limit) until every runtime's AUTO has
-// `classes` measured choices in force; true if it came to that.
-bool settled(const std::vector<Runtime *> &rts, size_t classes) {
-  return kftest::eventually(
-      [&] {
-        for (Runtime *rt : rts) {
-          if (rt->auto_choices().size() != classes) return false;
-        }
-        return true;
-      },
-      120);
+// All-reduces `name` on every runtime, round after round (the probes take
+// one sample per call, and may run behind the rounds), until every
+// runtime's AUTO has `classes` measured choices; true if it came to that,
+// every result right. The deadline only rules out a hang.
+bool settled(const std::vector<Runtime *> &rts, size_t classes, const std::string &name) {
+  auto measured = [&] {
+    for (Runtime *rt : rts) {
+      if (rt->auto_choices().size() != classes) return false;
+    }
+    return true;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  while (!measured() && kftest::seconds_since(start) < 120) {
+    if (!all_reduce_right(rts, name)) return false;
+  }
+  return measured();
 }
 
 // update_cluster(c) on every runtime at once.
@@ -289,7 +299,7 @@ void test_seen_layout_is_recalled() {
   std::vector<Runtime *> three{rts[0].get(), rts[1].get(), rts[2].get()};
   CHECK(all_reduce_right(three, "first"));
   for (Runtime *rt : three) CHECK(rt->auto_probes_run() == 1);
-  CHECK(settled(three, 1));
+  CHECK(settled(three, 1, "first"));
   const std::map<int, TopologyKind> at_three = rts[0]->auto_choices();
   CHECK(at_three.size() == 1);
 
@@ -299,7 +309,7 @@ void test_seen_layout_is_recalled() {
   leave.join();
   CHECK(all_reduce_right({rts[0].get(), rts[1].get()}, "shrunk"));
   for (int r = 0; r < 2; ++r) CHECK(rts[r]->auto_probes_run() == 2);  // two workers: not seen before
-  CHECK(settled({rts[0].get(), rts[1].get()}, 1));
+  CHECK(settled({rts[0].get(), rts[1].get()}, 1, "shrunk"));
   CHECK(rts[1]->auto_choices() == rts[0]->auto_choices());
 
   // A pre-warmed joiner: listening alone on a fresh port, then in the cluster.
@@ -323,9 +333,7 @@ void test_seen_layout_is_recalled() {
 void test_unseen_layout_does_not_wait_for_its_probe() {
   auto rts = make_cluster(3, TopologyKind::kAuto, 60);
   std::vector<Runtime *> three{rts[0].get(), rts[1].get(), rts[2].get()};
-  CHECK(all_reduce_right(three, "grad"));
-  CHECK(settled(three, 1));
-  CHECK(all_reduce_right(three, "grad"));
+  CHECK(settled(three, 1, "grad"));
 
   const PeerID p0 = rts[0]->self(), p1 = rts[1]->self();
   std::thread leave([&] { rts[2]->shutdown(); });
@@ -339,7 +347,7 @@ void test_unseen_layout_does_not_wait_for_its_probe() {
     CHECK(two[r]->auto_probes_run() == 2);                      // the new layout is probed...
     CHECK(two[r]->auto_calls_waited_for_probe() == waited[r]);  // ...but its first call did not wait
   }
-  CHECK(settled(two, 1));
+  CHECK(settled(two, 1, "grad"));
   CHECK(rts[1]->auto_choices() == rts[0]->auto_choices());
   // The switch is at most at the calls started so far, so these run on the
   // measured choice, the same on both workers (a mismatch fails the call).
