@@ -86,12 +86,13 @@ void AutoChoices::pace(int size_class, std::function<void()> tick) {
   classes_[size_class].tick = std::move(tick);
 }
 
-void AutoChoices::call_ended(int size_class) {
+void AutoChoices::call_ended(int size_class, const std::string &name) {
   std::function<void()> tick;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = classes_.find(size_class);
-    if (it != classes_.end()) tick = it->second.tick;
+    if (it == classes_.end()) return;
+    if (it->second.ended[name]++ > 0) tick = it->second.tick;
   }
   if (tick) tick();
 }

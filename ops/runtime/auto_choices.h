@@ -66,12 +66,14 @@ class AutoChoices {
   // that choice.
   std::map<int, TopologyKind> measured() const;
 
-  // `tick` runs after each call of the class ends, until its probe has
-  // decided: the probe takes one sample per call (runtime_auto.cc), so its
-  // cost spreads over the next steps instead of landing on the first.
+  // `tick` runs after each call of the class ends, the first of each name
+  // excepted, until its probe has decided: the probe takes one sample per
+  // call (runtime_auto.cc), so its cost spreads over the steps after the
+  // first instead of landing on the first, which a cluster change waits for.
   void pace(int size_class, std::function<void()> tick);
-  // A call of the class ended: ticks its probe, if one is paced.
-  void call_ended(int size_class);
+  // A call `name` of the class ended: ticks its probe, if one is paced and
+  // the name has ended a call before.
+  void call_ended(int size_class, const std::string &name);
 
  private:
   enum class State { kAgreeing, kPredicted, kHeld, kDecided };
@@ -82,6 +84,7 @@ class AutoChoices {
     uint64_t from_call = 0;  // calls numbered from here on, per name, run on `chosen`
     bool measured = false;
     std::map<std::string, uint64_t> started;          // calls per name
+    std::map<std::string, uint64_t> ended;            // of those, ended
     std::vector<std::pair<uint64_t, Ready>> waiting;  // each with its number
     std::function<void()> tick;                       // pace()
     TopologyKind kind_for(uint64_t call) const { return call < from_call ? predicted : chosen; }

@@ -8,18 +8,19 @@
 // fixed rule's prediction until the workers agree from which call on the
 // measured choice takes over (auto_choices.h), and the probe takes one
 // sample (a few all-reduces on one candidate) after each call of the class
-// ends, so its cost spreads over the next steps. The decision lives with the
-// generation; after a cluster change the class is decided again, recalled
-// without probing if the workers measured the new layout before
-// (auto_memory.h), predicted and probed otherwise.
+// ends, the first call of each name excepted, so its cost spreads over the
+// steps after the first (the one a cluster change waits for). The decision
+// lives with the generation; after a cluster change the class is decided
+// again, recalled without probing if the workers measured the new layout
+// before (auto_memory.h), predicted and probed otherwise.
 //
 // The probe is named by the size class, not by the call that started it, so
 // workers that issue their collectives in different orders still run the
 // same probe. Probes of different classes may overlap (each worker starts
 // them in its own order; serialising them locally could deadlock), and run
 // beside the job's own collectives, so they measure under the job's load.
-// A class whose calls stop before its probe has its samples keeps the
-// prediction for the generation.
+// A class whose calls stop before its probe has its samples, or whose
+// names are each used once, keeps the prediction for the generation.
 //
 // A probe that fails (a peer died, never came within the timeout, or
 // aborted it) leaves its class on the fixed rule (choose_auto) for the

@@ -56,9 +56,9 @@ void Runtime::all_reduce_in(const GenPtr &g, TopologyKind kind, const std::strin
     // of the class starts the agreement (runtime_auto.cc).
     int size_class = auto_size_class(bytes);
     auto run_on = [this, g, size_class, name, buf, op, done](TopologyKind decided) {
-      all_reduce_in(g, decided, name, buf, op, [g, size_class, done](const Status &s) {
+      all_reduce_in(g, decided, name, buf, op, [g, size_class, name, done](const Status &s) {
         done(s);
-        g->auto_choices.call_ended(size_class);  // paces the class's probe
+        g->auto_choices.call_ended(size_class, name);  // paces the class's probe
       });
     };
     if (g->auto_choices.resolve(size_class, name, std::move(run_on))) probe_auto(g, size_class);

@@ -83,7 +83,18 @@ void test_prediction_then_switch_per_name() {
   CHECK((got ==
          std::vector<std::pair<std::string, TopologyKind>>{{"a0", star}, {"a1", star}, {"b0", star}, {"a2", star}}));
   CHECK(c.measured().empty());
+  // The probe is paced by the calls that end, the first of each name excepted.
+  int ticks = 0;
+  c.pace(9, [&] { ++ticks; });
+  c.call_ended(9, "a");
+  c.call_ended(9, "b");
+  CHECK(ticks == 0);
+  c.call_ended(9, "a");
+  c.call_ended(9, "a");
+  CHECK(ticks == 2);
   CHECK(c.hold(9) == 3);  // "a" started three calls, "b" one
+  c.call_ended(9, "b");
+  CHECK(ticks == 2);  // decided: no more samples
   CHECK(!c.resolve(9, "b", record("b1")));
   CHECK(!c.resolve(9, "a", record("a3")));
   CHECK(got.size() == 4);  // held until the workers agree
