@@ -318,11 +318,7 @@ class StrategyPlan:
                         snapshots[(vi, ui)] = tf.identity(tf.convert_to_tensor(unit.target))
                 apply_grads.append(g)
                 apply_vars.append(unit.target)
-        # Every op of the update waits for every gradient synchronised here, not only those with data edges
-        # to them: Keras's iterations.assign_add(1) has none, and it advanced on the survivors of a step that
-        # failed (a peer lost), leaving Adam's bias correction a step off for the rest of the run.
-        averaged = [g.values if isinstance(g, tf.IndexedSlices) else g for g in synced.values()]
-        with tf.control_dependencies(before_apply + list(snapshots.values()) + averaged):
+        with tf.control_dependencies(before_apply + list(snapshots.values())):
             applied = apply_fn(apply_grads, apply_vars)
         after = _as_dependency(applied)
         with tf.control_dependencies(after + before_apply):
