@@ -126,12 +126,15 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             def apply_fn(gs: list[Any], vs: list[Any]) -> Any:
                 # The counters have no data edge to the gradients: without these control dependencies a
                 # step whose input ran out (fit's end of an epoch of unknown length) still counted itself.
+                # Every rank waits for its own local gradients, never for synchronised ones: a PS rank that
+                # owns nothing has none to wait for, so a step failed by a lost peer would then count on it
+                # and not on the owners, and the next elastic sync refused the differing counters.
                 if not vs:
                     # Nothing owned here this step; count the step anyway so
                     # that schedules and `iterations` agree on every rank.
                     with after_gradients(grads):
                         return self.iterations.assign_add(1)
-                with after_gradients(gs):
+                with after_gradients(grads):
                     return base.apply(self, gs, vs)
 
             monitor = self.kungfu_monitor
