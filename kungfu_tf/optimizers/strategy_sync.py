@@ -27,13 +27,13 @@ from kungfu_tf.ops import elastic_membership as em
 from kungfu_tf.ops.resize import add_growth_check, add_shrink_preparation
 from kungfu_tf.optimizers._wrapping import wrap_keras
 from kungfu_tf.optimizers.auto_search import start_auto_search
+from kungfu_tf.optimizers.gradient_order import after_gradients
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
     prepare_shrink,
     rebuild_for_cluster,
     refuse_fixed_replicas,
 )
-from kungfu_tf.optimizers.sync_sgd import after_gradients
 from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ import tensorflow as tf
 
 from kungfu_tf.optimizers._wrapping import check_not_wrapped, wrap_keras
 from kungfu_tf.optimizers.gradient_monitor import GradientMonitor
+from kungfu_tf.optimizers.gradient_order import after_gradients
 from kungfu_tf.optimizers.gradient_sync import (
     DEFAULT_FUSION_THRESHOLD_BYTES,
     average_gradients,
@@ -33,24 +33,6 @@ from kungfu_tf.optimizers.gradient_sync import (
 from kungfu_tf.optimizers.keras_build import build_as_apply_would
 from kungfu_tf.optimizers.sync_sgd_v1 import DEFAULT_NAME, SynchronousSGDOptimizerV1
 from kungfu_tf.strategy.source import StrategySource, check_source
-
-
-def after_gradients(grads: list[Any]) -> Any:
-    """Inside tf.function: every op of the update waits for every averaged gradient.
-
-    The update's own ops have data edges to the gradients, but Keras's
-    ``iterations.assign_add(1)`` (and an optimizer's other per-step counters)
-    has none: when an all-reduce failed (a peer lost), the counter still
-    advanced on the survivors, and Adam's bias correction was one step off
-    for the rest of the run. The same when the step's input ran out (Keras
-    ``fit`` ends an epoch of unknown length with an OutOfRangeError from the
-    traced step): no gradient, so no update and no count either. Eagerly the
-    averages exist already.
-    """
-    if tf.executing_eagerly():
-        return contextlib.nullcontext()
-    tensors = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
-    return tf.control_dependencies(tensors)
 
 
 def loss_unscaler(opt: keras.optimizers.Optimizer, variables: Any = None) -> Callable[[list[Any]], list[Any]]:
