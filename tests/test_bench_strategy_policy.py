@@ -50,7 +50,6 @@ def test_workers_agree_only_on_the_same_strategies_and_decisions():
     assert not agreement([one, {**one, "decisions": []}])
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and tc need root (CI runs as root)")
 def test_smallest_configuration_end_to_end(tmp_path):
     out = tmp_path / "strategy_policy.json"
     steps = {"before": 6, "during": 14, "after": 8}

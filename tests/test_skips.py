@@ -13,6 +13,8 @@ from pathlib import Path
 import netns
 import pytest
 
+from benchmarks.harness import netns as namespaces
+
 TESTS_DIR = Path(__file__).resolve().parent
 SKIP_CALL = re.compile(r"\bpytest\.(skip|importorskip)\(|\bmark\.skipif\b|\bmark\.skip\b|\bmark\.xfail\b")
 
@@ -26,7 +28,7 @@ def refuse_netns(monkeypatch, euid: int) -> None:
     def ip(*args):
         return subprocess.CompletedProcess(["ip", *args], 1, "", "mount --make-shared /run/netns failed: Operation not permitted")
 
-    monkeypatch.setattr(netns, "ip", ip)
+    monkeypatch.setattr(namespaces, "ip", ip)
     monkeypatch.setattr(netns.os, "geteuid", lambda: euid)
 
 

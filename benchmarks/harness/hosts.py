@@ -18,12 +18,14 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from benchmarks.harness.netns import (
+    NamespaceCommandFailed,
+    NamespacesUnavailable,
+    TwoHosts,
+    create_two_hosts,
+)
 from benchmarks.harness.proc import worker_env
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from netns import NamespacesUnavailable, TwoHosts, create_two_hosts
 
 __all__ = ["TwoHosts", "make_limited_hosts", "set_link_rate", "two_host_commands", "two_host_env"]
 
@@ -38,7 +40,7 @@ def make_limited_hosts(
     """The two hosts (``<subnet>.1`` and ``.2``) with ``rate`` on both ends of the link, or (None, why not)."""
     try:
         hosts = create_two_hosts(subnet, tag)
-    except (NamespacesUnavailable, AssertionError) as e:
+    except (NamespacesUnavailable, NamespaceCommandFailed) as e:
         return None, str(e)
     try:
         hosts.limit_bandwidth(rate=rate, burst=burst, latency=latency)
