@@ -281,6 +281,10 @@ class Recorder:
         if api != "v1":  # a tf.compat.v1 graph's variables are read through its session
             variables = state.variables()
             held["state_sha256"] = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in variables)).hexdigest()
+            # Keras's step counters: a step run again after a failure must not have been counted twice.
+            held["optimizer_iterations"] = [
+                int(v.numpy()) for v in variables if getattr(v, "path", "").endswith("/iteration")
+            ]
             scales = [float(v.numpy()) for v in variables if getattr(v, "path", "").endswith("/dynamic_scale")]
             if scales:  # a LossScaleOptimizer's
                 held["loss_scale"] = scales[0]

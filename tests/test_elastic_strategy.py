@@ -7,7 +7,9 @@
   the worker of rank 2 (an owner of variables in every strategy with parameter servers) is SIGKILLed as
   step 4 begins; the job grows back to 3 at step 8 (``resize(3, wait=True)``: the launcher's replacement
   joins) and shrinks to 2 at step 12 (the worker of rank 2, an owner again, leaves). Plain SGD: the
-  crashed owner's values are on every worker, and it has no slots to lose.
+  crashed owner's values are on every worker, and it has no slots to lose. The step the crash failed
+  is run again after the sync and must be counted once (Keras's ``iterations``, which Adam's bias
+  correction reads): the survivors once counted it twice.
 * SGD with momentum, whose slots live on the owners only, through a shrink (the leaving owner hands its
   slots over before the change commits), a growth (the joiner's share moves to it) and a shrink again:
   the written partitioned strategy (shard slots), Parallax (all-reduced slots), and PSLoadBalancing in
@@ -79,6 +81,9 @@ def check_trained_like_one_process(tmp_path, rc, out, err, sizes: list[int], opt
     ends = {stem: lines[-1] for stem, lines in records.items() if lines and lines[-1]["event"] == "end"}
     finals = [stem for stem, end in ends.items() if not end["detached"]]
     assert len(finals) == 2 and len({ends[s]["weights_sha256"] for s in finals}) == 1, report
+    # Every step counted once on every worker: the step a lost peer failed is run again after the sync, and
+    # had counted on the survivors (Adam's bias correction then ran a step ahead of one process).
+    assert [ends[s]["optimizer_iterations"] for s in finals] == [[STEPS], [STEPS]], report
     reference = reference_weights(steps, samples, HIDDEN, LR, optimizer)
     for got, want in zip(final_weights(tmp_path / "records", finals[0]), reference):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

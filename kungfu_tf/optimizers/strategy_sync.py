@@ -124,11 +124,10 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             grads = list(grads)
 
             def apply_fn(gs: list[Any], vs: list[Any]) -> Any:
-                # The counters have no data edge to the gradients: without these control dependencies a
-                # step whose input ran out (fit's end of an epoch of unknown length) still counted itself.
-                # Every rank waits for its own local gradients, never for synchronised ones: a PS rank that
-                # owns nothing has none to wait for, so a step failed by a lost peer would then count on it
-                # and not on the owners, and the next elastic sync refused the differing counters.
+                # The counters have no data edge to the gradients: the plan runs this after the step's
+                # synchronisation completed on every rank (StrategyPlan._completed_everywhere); the local
+                # gradients are waited for too, for a stale plan's ranks that own nothing, where the step
+                # whose input ran out (fit's end of an epoch of unknown length) would still count itself.
                 if not vs:
                     # Nothing owned here this step; count the step anyway so
                     # that schedules and `iterations` agree on every rank.

@@ -318,7 +318,8 @@ class StrategyPlan:
                         snapshots[(vi, ui)] = tf.identity(tf.convert_to_tensor(unit.target))
                 apply_grads.append(g)
                 apply_vars.append(unit.target)
-        with tf.control_dependencies(before_apply + list(snapshots.values())):
+        completed = self._completed_everywhere(synced, must_run, prefix)
+        with tf.control_dependencies(before_apply + list(snapshots.values()) + completed):
             applied = apply_fn(apply_grads, apply_vars)
         after = _as_dependency(applied)
         with tf.control_dependencies(after + before_apply):
@@ -332,6 +333,40 @@ class StrategyPlan:
         if tf.executing_eagerly():
             return None
         return tf.group(*[d for d in deps if d is not None])
+
+    def _completed_everywhere(
+        self, synced: dict[tuple[int, int], Any], must_run: list[Any], prefix: str
+    ) -> list[Any]:
+        """What the update waits for: this step's synchronisation, completed on every rank or on none.
+
+        The update, and the optimizer's step counter with it (Keras's
+        ``iterations.assign_add`` has no data edge to any gradient), must
+        run on every rank or on none. A step failed by a lost peer is run
+        again after the elastic sync: counted there as well, it put Adam's
+        bias correction one step ahead of one process trained on the same
+        batches; counted on some ranks only, the next sync refused the
+        differing counters. Nor may an update start before every average of
+        the step exists (tests/test_all_or_nothing_step.py).
+
+        When every rank all-reduces every variable, its averages exist only
+        if every rank's collectives completed. With parameter servers a
+        rank that owns nothing holds no average, and an owner's reduce can
+        complete while a sender's cannot: a 4-byte all-reduce entered
+        after this rank's own part of the synchronisation completes on every
+        rank or on none. Stale parameter servers are left out (their
+        workers are meant to run ahead of each other); eagerly a failed
+        collective raises before anything is applied.
+        """
+        if tf.executing_eagerly():
+            return []
+        averages = [g.values if isinstance(g, tf.IndexedSlices) else g for g in synced.values()]
+        if self.replicated or self._has_stale:
+            return averages
+        # Data edges into stateful keep_alive ops: Grappler turns a collective whose output feeds only
+        # control edges into a NoOp (kungfu_tf/ops/collective.py), and the update would not wait at all.
+        with tf.control_dependencies([ops.keep_alive(averages + must_run)]):
+            agreed = ops.all_reduce(tf.zeros([1], tf.float32), name=f"{prefix}/completed")
+        return [ops.keep_alive([agreed])]
 
     def _synchronize(
         self,
