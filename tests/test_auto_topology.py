@@ -6,7 +6,8 @@ times: every worker must agree on each class's topology (a disagreement
 fails the collective) and every result must equal numpy's bit for bit.
 A malformed KUNGFU_AUTO_PROBES stops the worker with an error naming the
 variable and the value; KUNGFU_AUTO_PROBES=0 (the fixed size rule) gives
-the same exact results.
+the same exact results. The probe samples (ops.auto_probe_samples) grow and
+then stop once every class has decided; with probing off they stay 0.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from conftest import assert_job_ok, describe, run_job, worker_env
 
 NP = 3
 SIZES, STEPS = 11, 3  # as in tests/workers/auto_topology.py
-CHECKS = 1 + STEPS * SIZES  # the default topology, then every result of every step
+CHECKS = 1 + STEPS * SIZES + 2  # the default topology, every result of every step, the probe samples
 
 
 @pytest.mark.parametrize("probes", [None, "0"])

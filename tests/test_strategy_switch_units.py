@@ -119,3 +119,48 @@ def test_link_change_leaves_out_nearly_idle_links():
     # At 1 % of the busiest link a link counts.
     ref[0, 2] = 0.75e6
     assert link_change(ref, steady) == pytest.approx(1 - 0.005 / 0.75)
+
+
+class ProbeContext:
+    """One worker's context for StrategyPolicy._probing: records the agreements and the log."""
+
+    def __init__(self):
+        self.reduces, self.lines = [], []
+
+    def all_reduce(self, value, op="mean", name=None, topology=None):
+        self.reduces.append((value, op, name, topology))
+        return value  # one worker
+
+    def log(self, line):
+        self.lines.append(line)
+
+
+def probing_policy(counts, max_wait):
+    policy = StrategyPolicy(SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy="PS"), ["AllReduce"],
+                            max_probe_wait_steps=max_wait)  # fmt: skip
+    reads = iter(counts)
+    policy._probe_samples = lambda: next(reads)
+    policy._probe_wait, policy._samples_seen = max_wait, None  # as _next_trial leaves them
+    return policy
+
+
+def test_a_trial_times_no_step_while_auto_is_still_probing():
+    # AUTO's probe samples (ops.auto_probe_samples) after each trial step: 5 (the first read), 7 and 9 (still
+    # measuring), 9 (a step without samples: timed, and so is every later step, without reading again).
+    policy, ctx = probing_policy([5, 7, 9, 9], max_wait=20), ProbeContext()
+    assert [policy._probing(ctx) for _ in range(6)] == [True, True, True, False, False, False]
+    # Agreed on a fixed topology (AUTO would probe the agreement's own class), "any worker saw samples".
+    assert ctx.reduces == [(1.0, "max", "kungfu_policy/strategy_trial_probing", "STAR")] * 2 + [
+        (0.0, "max", "kungfu_policy/strategy_trial_probing", "STAR")]  # fmt: skip
+    assert ctx.lines == []
+
+
+def test_a_trial_stops_waiting_for_a_probe_after_max_probe_wait_steps():
+    policy, ctx = probing_policy(range(0, 100, 2), max_wait=3), ProbeContext()
+    assert [policy._probing(ctx) for _ in range(6)] == [True, True, True, True, False, False]
+    assert ctx.lines == ["strategy trial: AUTO still measured after 3 steps; timing anyway"]
+    off, ctx = probing_policy([], max_wait=0), ProbeContext()  # 0: no wait, the count is never read
+    assert not off._probing(ctx) and ctx.reduces == []
+    with pytest.raises(ValueError, match="max_probe_wait_steps"):
+        StrategyPolicy(SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy="PS"), ["AllReduce"],
+                       max_probe_wait_steps=-1)  # fmt: skip

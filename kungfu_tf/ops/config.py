@@ -59,6 +59,18 @@ def topology() -> tf.Tensor:
     return library().kungfu_topology()
 
 
+def auto_probe_samples() -> tf.Tensor:
+    """int32 scalar: samples AUTO's probes have started on this worker so far.
+
+    AUTO measures a size class on a new layout one sample after each call of
+    the class (kungfu_tf.ops.set_topology("AUTO")); the count stops growing
+    once every class being called has decided. Code that times steps (a
+    :class:`~kungfu_tf.policy.StrategyPolicy` trial) waits until it stops:
+    steps that carry probe samples are slower than the layout will be.
+    """
+    return library().kungfu_auto_probe_samples()
+
+
 def _from_env(op: Callable[[], tf.Tensor]) -> int:
     # The launcher's environment: what the runtime reads at start, so right
     # only until the cluster first changes (membership.update_cluster), so

@@ -265,11 +265,14 @@ class PolicyContext:
         self._runner.log_line(text, self._policy)
 
     # --- communication (Tab. 2), eager, for values measured per worker ------
-    def all_reduce(self, value: Any, op: str = "mean", name: str | None = None) -> Any:
-        """``value`` (a number or array) reduced over all workers, as numpy (float64 for "mean")."""
+    def all_reduce(self, value: Any, op: str = "mean", name: str | None = None, topology: str | None = None) -> Any:
+        """``value`` (a number or array) reduced over all workers, as numpy (float64 for "mean").
+
+        ``topology``: as in :func:`kungfu_tf.ops.all_reduce` (None: the one in force).
+        """
         x = np.asarray(value, np.float64 if op == "mean" else None)
         with tf.init_scope():
-            return collective.all_reduce(tf.constant(x), op=op, name=name).numpy()
+            return collective.all_reduce(tf.constant(x), op=op, name=name, topology=topology).numpy()
 
     def broadcast(self, value: Any, root: int = 0, name: str | None = None) -> Any:
         """Worker ``root``'s ``value`` (a number or array), as numpy."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from kungfu_tf.ops import auto_probe_samples
 from kungfu_tf.optimizers.strategy_switch import switch_strategy
 from kungfu_tf.policy.base_policy import BasePolicy
 from kungfu_tf.policy.context import PolicyContext
@@ -35,6 +36,7 @@ Scorer = Callable[[list[strategy_pb2.Strategy], list[VariableInfo], PolicyContex
 RATES_GATHER = "kungfu_policy/strategy_link_rates"
 SCORES_REDUCE = "kungfu_policy/strategy_scores"
 TRIAL_REDUCE = "kungfu_policy/strategy_trial_time"
+PROBE_REDUCE = "kungfu_policy/strategy_trial_probing"
 
 
 def label(source: StrategySource) -> str:
@@ -105,9 +107,16 @@ class StrategyPolicy(BasePolicy):
     takes the candidates resolved for the running cluster, the model's
     variables and the context, and returns predicted seconds per step), the scores are averaged over the workers and the lowest wins.
     Without one, each candidate is measured: a trial switches to it, skips
-    ``settle_steps`` steps (the re-trace), times ``trial_steps`` steps
-    (``metrics["step_time"]``, averaged over the workers) and the fastest
-    wins, the one in force measured again last, under the same conditions.
+    ``settle_steps`` steps (the re-trace), then waits while AUTO still
+    measures the candidate's new collectives (the runtime's probe samples,
+    :func:`kungfu_tf.ops.auto_probe_samples`, grew during the last step on
+    some worker; at least one step, at most ``max_probe_wait_steps``; 0: no
+    wait), times ``trial_steps`` steps (``metrics["step_time"]``, averaged
+    over the workers) and the fastest wins, the one in force measured again
+    last, under the same conditions. Steps that carry probe samples can be
+    several times slower than the candidate will be (a 4 MiB class probed
+    over a 100 Mbit/s link): timed, they made the policy keep the slower
+    strategy (``make bench-strategy-policy``).
 
     Hysteresis against flapping: the winner replaces the strategy in force
     only if its score is at least ``min_gain`` (relative) better, and no
@@ -142,6 +151,7 @@ class StrategyPolicy(BasePolicy):
         settle_steps: int = 1,
         min_gain: float = 0.05,
         min_dwell_steps: int = 0,
+        max_probe_wait_steps: int = 20,
     ):
         if not hasattr(type(optimizer), "_kungfu_build_base"):
             raise TypeError(
@@ -167,6 +177,10 @@ class StrategyPolicy(BasePolicy):
         self.trial_steps = _check_int("trial_steps", trial_steps, 1)
         self.settle_steps = _check_int("settle_steps", settle_steps, 0)
         self.min_dwell_steps = _check_int("min_dwell_steps", min_dwell_steps, 0)
+        self.max_probe_wait_steps = _check_int("max_probe_wait_steps", max_probe_wait_steps, 0)
+        self._probe_samples: Callable[[], Any] = auto_probe_samples  # replaced by unit tests
+        self._probe_wait = 0
+        self._samples_seen: int | None = None
         self.current: int | None = None  # the candidate in force (None: the optimizer's own strategy)
         self.switches = 0
         self.reports: list[Any] = []  # the SwitchReport of every switch, in order
@@ -184,7 +198,7 @@ class StrategyPolicy(BasePolicy):
         return {"candidates": [label(c) for c in self.candidates], "scorer": self.scorer is not None,
                 "link_change": self.link_change, "window": self.window, "rescore_every": self.rescore_every,
                 "trial_steps": self.trial_steps, "settle_steps": self.settle_steps, "min_gain": self.min_gain,
-                "min_dwell_steps": self.min_dwell_steps}  # fmt: skip
+                "min_dwell_steps": self.min_dwell_steps, "max_probe_wait_steps": self.max_probe_wait_steps}  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         return {"current": self.current, "switches": self.switches}
@@ -269,10 +283,13 @@ class StrategyPolicy(BasePolicy):
         if nxt != self.current:
             self._switch(ctx, nxt, "trial")
         self._skip, self._times = self.settle_steps, []
+        self._probe_wait, self._samples_seen = self.max_probe_wait_steps, None
 
     def _trial_step(self, ctx: PolicyContext) -> None:
         if self._skip:
             self._skip -= 1
+            return
+        if self._probing(ctx):
             return
         self._times.append(float(ctx.metrics.get("step_time") or 0.0))
         if len(self._times) < self.trial_steps:
@@ -285,6 +302,30 @@ class StrategyPolicy(BasePolicy):
         measured, self._measured = self._measured, {}
         times = [measured.get(i, float("inf")) for i in range(len(self.candidates))]
         self._choose(ctx, times, "trial; measured (s/step)")
+
+    def _probing(self, ctx: PolicyContext) -> bool:
+        """True while AUTO measured something during the last step on some worker (agreed): not a step to time.
+
+        The first call after the settle steps only reads the count; each later
+        one compares with the previous read, until a step without samples
+        (which is then the first timed) or ``max_probe_wait_steps`` reads.
+        The agreement runs on a fixed topology: under AUTO its own size class
+        would be probed by the calls that wait for the probes to stop.
+        """
+        if self._probe_wait == 0:
+            return False
+        now = int(np.asarray(self._probe_samples()))
+        seen, self._samples_seen = self._samples_seen, now
+        if seen is None:
+            return True
+        grew = float(np.asarray(ctx.all_reduce(float(now != seen), op="max", name=PROBE_REDUCE, topology="STAR")))
+        if not grew:
+            self._probe_wait = 0
+            return False
+        self._probe_wait -= 1
+        if self._probe_wait == 0:
+            ctx.log(f"strategy trial: AUTO still measured after {self.max_probe_wait_steps} steps; timing anyway")
+        return True
 
     def _choose(self, ctx: PolicyContext, scores: list[float], why: str) -> None:
         best = min(range(len(scores)), key=lambda i: (scores[i], i))

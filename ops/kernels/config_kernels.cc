@@ -34,6 +34,8 @@ int read_size(const kungfu::Runtime &rt) { return rt.size(); }
 int read_local_rank(const kungfu::Runtime &rt) { return rt.local_rank(); }
 int read_local_size(const kungfu::Runtime &rt) { return rt.local_size(); }
 int read_version(const kungfu::Runtime &rt) { return static_cast<int>(rt.cluster_version()); }
+// Wraps past 2^31 samples: readers compare two reads a step apart.
+int read_auto_probe_samples(const kungfu::Runtime &rt) { return static_cast<int>(rt.auto_probe_samples()); }
 
 #define KUNGFU_SCALAR_OP(OpName, Reader, DocText)           \
   REGISTER_OP(OpName)                                       \
@@ -48,6 +50,8 @@ KUNGFU_SCALAR_OP("KungfuClusterSize", read_size, "Number of workers.")
 KUNGFU_SCALAR_OP("KungfuLocalRank", read_local_rank, "Position among the workers on this host.")
 KUNGFU_SCALAR_OP("KungfuLocalSize", read_local_size, "Number of workers on this host.")
 KUNGFU_SCALAR_OP("KungfuClusterVersion", read_version, "Membership version; changes on every resize.")
+KUNGFU_SCALAR_OP("KungfuAutoProbeSamples", read_auto_probe_samples,
+                 "Samples AUTO's probes have started; stops growing once every class called has decided.")
 
 REGISTER_OP("KungfuTopology")
     .Output("name: string")

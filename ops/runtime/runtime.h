@@ -115,6 +115,11 @@ class Runtime {
   // far: only those started while the workers agree from which call on its
   // choice applies; the others run on the prediction (auto_choices.h).
   uint64_t auto_calls_waited_for_probe() const { return auto_calls_waited_.load(); }
+  // Samples AUTO's probes have started, over every version so far. It grows
+  // while a size class of the layout is being measured (one sample after
+  // each call of the class) and stops when every class that is called has
+  // decided: a policy that times steps waits until it stops.
+  uint64_t auto_probe_samples() const { return auto_probe_samples_.load(); }
   // Threads serving the current version's links (Transport::sender_threads,
   // receiver_threads): a worker has them only for the peers it talks to.
   size_t sender_threads() const;
@@ -310,6 +315,7 @@ class Runtime {
   std::atomic<uint64_t> auto_probes_{0};
   std::atomic<uint64_t> leaves_cut_by_deadline_{0};
   std::atomic<uint64_t> auto_calls_waited_{0};
+  std::atomic<uint64_t> auto_probe_samples_{0};
 
   mutable std::mutex gen_mu_;  // guards current_ (the pointer, not the object)
   GenPtr current_;

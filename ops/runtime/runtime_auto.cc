@@ -140,6 +140,7 @@ void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
       return;
     }
     --p->credits;
+    ++auto_probe_samples_;
     p->sample_start = std::chrono::steady_clock::now();
   }
   TopologyKind kind = p->candidates[static_cast<size_t>(p->candidate())];

@@ -10,10 +10,14 @@ concurrently. The step runs three times (probing, then on the decided
 topologies). Inputs are small integers, so the sums are exact in any order:
 every result must equal numpy's bit for bit. A worker that picked another
 topology than its peers for a size class would fail the step with
-FailedPreconditionError naming both topologies. Ends with "checked N results".
+FailedPreconditionError naming both topologies. Then ops.auto_probe_samples()
+must grow (KUNGFU_AUTO_PROBES=0: stay 0) and stop growing once every class
+has decided. Ends with "checked N results".
 """
 
 from __future__ import annotations
+
+import os
 
 import _setup
 from _setup import Checker, make_input, ops, reduce_ref, tf
@@ -35,6 +39,7 @@ SIZES = (
     (128, "float64"),
 )
 STEPS = 3
+QUIET, MAX_STEPS = 3, 300
 
 
 def main() -> None:
@@ -54,6 +59,21 @@ def main() -> None:
     for s in range(STEPS):
         for (n, dt), got, want in zip(SIZES, step(inputs), wants):
             chk.equal(got.numpy(), want, f"step {s}: {n} x {dt}")
+    # ops.auto_probe_samples(): grows while the classes are measured (one sample after each call of a
+    # class) and stops once every class has decided, which a finite number of calls brings about. Run
+    # until it has not moved for QUIET steps in a row (or MAX_STEPS, which a probe that never ends hits).
+    seen, quiet, steps = int(ops.auto_probe_samples()), 0, 0
+    while quiet < QUIET and steps < MAX_STEPS:
+        step(inputs)
+        steps += 1
+        now = int(ops.auto_probe_samples())
+        quiet = quiet + 1 if now == seen else 0
+        seen = now
+    chk.true(quiet == QUIET, f"the probe samples stopped growing within {MAX_STEPS} steps (ran {steps})")
+    if os.environ.get("KUNGFU_AUTO_PROBES") == "0":
+        chk.equal(seen, 0, "probe samples with KUNGFU_AUTO_PROBES=0")
+    else:
+        chk.true(seen > 0, f"probe samples started (got {seen})")
     chk.done()
 
 

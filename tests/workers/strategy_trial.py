@@ -87,8 +87,10 @@ def main() -> None:
     model = fresh_model()
     opt = SynchronousSGDOptimizer(keras.optimizers.Adam(LR), strategy=candidate("PS", size), name="trial")
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    # max_probe_wait_steps=0: the schedule below is exact; waiting for AUTO's probes adds a number of steps
+    # that depends on the probes (tests/test_strategy_switch_units.py, make bench-strategy-policy).
     policy = StrategyPolicy(opt, [candidate(n, size) for n in CANDIDATES], rescore_every=RESCORE,
-                            trial_steps=TRIAL_STEPS, settle_steps=SETTLE_STEPS)  # fmt: skip
+                            trial_steps=TRIAL_STEPS, settle_steps=SETTLE_STEPS, max_probe_wait_steps=0)  # fmt: skip
 
     @kungfu_tf.elastic.function
     def step(xb, yb):
