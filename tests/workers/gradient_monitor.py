@@ -28,8 +28,8 @@ can rebuild every worker's gradients in numpy. Checked on every rank:
   and v1 (graph + MonitoredTrainingSession, GradientDescentOptimizer(0))
   and strategy (tf.function, the 'AllReduce' builder): numpy replay;
 * compute times: the last rank sleeps SLEEP s inside its forward pass
-  (tf.py_function); worker_compute_times shows it, the others' stay small
-  although they wait for it in the all-reduce.
+  (tf.py_function); worker_compute_times shows it (at least SLEEP / 2), the
+  others' stay under SLEEP / 2 although they wait for it in the all-reduce.
 
 Ends with "checked N results"; N is expected_checks() in the test.
 """
@@ -295,7 +295,10 @@ def check_compute_times(chk: Checker, rank: int, size: int) -> None:
         print(f"step {t}: worker_compute_times {[round(v, 4) for v in times]}", flush=True)
         chk.true(len(times) == size, "compute times: one per worker")
         close(chk, times[rank], values["compute_time"], "compute times: own entry", rtol=1e-5, atol=1e-6)
-        chk.true(times[slow] >= SLEEP, f"compute times: the slow rank {slow} took >= {SLEEP} s: {times}")
+        # The monitor's clock starts at an op of the step that nothing orders before the pause (the py_function
+        # may begin a little earlier: 0.9993 s was measured once in CI), so the slow rank's time is compared
+        # with the same half-pause bound as the others', from the other side.
+        chk.true(times[slow] >= SLEEP / 2, f"compute times: the slow rank {slow} took >= {SLEEP / 2} s: {times}")
         for r in range(size - 1):
             # They wait SLEEP s for the slow worker, but that is not compute time.
             chk.true(times[r] < SLEEP / 2, f"compute times: rank {r} excludes the wait: {times}")
