@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, help="seconds of trials (with or instead of --budget)")
     p.add_argument("--trial-steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--confirm-top", type=int, default=2, help="the fastest strategies tried once more")
     p.add_argument("--batch-size", type=int, default=32, help="per-worker batch size")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         seconds=args.seconds,
         trial_steps=args.trial_steps,
         warmup=args.warmup,
+        confirm_top=args.confirm_top,
         seed=args.seed,
         log_path=args.log,
         cluster=view,

@@ -7,7 +7,8 @@ tests/workers/auto_fit.py:
   fatal, every worker chooses the same strategy and trains on it, no batch is
   lost, and the weights equal one process's ``fit`` on the union batches;
   also from a ``tf.data`` input of unknown length, whose first epoch ends
-  in the middle of a trial (the end of the input is no failed trial);
+  in the middle of a trial (the end of the input is no failed trial); and
+  with ``steps_per_execution=2`` (a trial's step is one call of two batches);
 * ``fit`` without the callback and a plain ``tf.function`` step stop with a
   StrategyError naming what to use, instead of training on the starting
   all-reduce strategy without a word (what they did before).
@@ -33,7 +34,7 @@ from test_readme_quickstart import BLOCK
 GUIDE = REPO_ROOT / "docs" / "guide" / "synchronisation-strategies.md"
 
 
-@pytest.mark.parametrize("mode", ["fit", "fit-dataset"])
+@pytest.mark.parametrize("mode", ["fit", "fit-dataset", "fit-steps-per-execution"])
 def test_fit_searches_on_its_batches_and_trains_like_one_process(tmp_path, mode):
     log = tmp_path / "search.jsonl"
     rc, out, err = run_job(2, "auto_fit.py", mode, log, timeout=300)

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -60,10 +61,15 @@ def test_search_writes_a_strategy_explain_accepts_and_a_log(tmp_path):
     assert r.stdout.count("kungfu auto: trial") == 3 and f"wrote {best}" in r.stdout, r.stdout
     strategy = strategy_format.load(best)
     lines = [json.loads(x) for x in log.read_text().splitlines()]
-    assert len(lines) == 3
+    assert [x["confirmation"] for x in lines] == [False] * 3 + [True] * 2, lines  # the 2 fastest once more
+    assert r.stdout.count("kungfu auto: confirmation") == 2, r.stdout
+    times: dict[str, list[float]] = {}
     for x in lines:
-        assert x["predicted_seconds"] > 0 and x["measured_seconds"] > 0, x
-    assert strategy.id == min(lines, key=lambda x: x["measured_seconds"])["strategy_id"]
+        assert x["predicted_seconds"] > 0 and x["measured_seconds"] > 0 and 0 <= x["waited_steps"] <= 10, x
+        times.setdefault(x["strategy_id"], []).append(x["measured_seconds"])
+    fastest_two = sorted(times, key=lambda i: times[i][0])[:2]
+    assert sorted(x["strategy_id"] for x in lines[3:]) == sorted(fastest_two), lines
+    assert strategy.id == min(times, key=lambda i: sum(times[i]) / len(times[i]))  # the lowest mean
     explained = cli("explain", str(best), "--model", "digits-mlp", "--np", "2")
     assert explained.returncode == 0, explained.stderr
     assert "dense" in explained.stdout
@@ -76,6 +82,7 @@ def test_search_writes_a_strategy_explain_accepts_and_a_log(tmp_path):
         (["--np", "2", "--budget", "0"], "argument --budget: must be >= 1, got 0"),
         (["--np", "2", "--hosts", "3"], "cannot spread 2 replicas over 3 hosts"),
         (["--np", "2", "--warmup", "-1"], "--warmup must be >= 0 steps, got -1"),
+        (["--np", "2", "--confirm-top", "1"], "--confirm-top must be 0 (none) or >= 2"),
     ],
 )
 def test_search_bad_input(tmp_path, args, message):
@@ -109,12 +116,12 @@ def test_search_of_a_model_without_trainable_variables(tmp_path):
 
 
 def test_a_membership_change_during_the_search_ends_it_and_training_stays_exact(tmp_path):
-    # models/elastic_train.py with strategy="Auto" (8 trials of 2 + 5 steps: trial 1, under a sampled candidate
-    # the optimizer switched to, runs steps 8-14), SGD with momentum: the job shrinks to 2 at step 12, mid-trial.
+    # models/elastic_train.py with strategy="Auto" (8 trials of 2 + 5 steps, and up to 10 more while AUTO probes:
+    # step 12 is within the search), SGD with momentum: the job shrinks to 2 at step 12, mid-trial.
     # The search stops there on both survivors; the change re-built the strategy through Auto (not the candidate,
     # which was written for 3 replicas: the shrink refused it, and every worker died, before this was so).
     args = train_args(tmp_path, "Auto", "momentum") + ["--resize-at", "12:2"]
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=300, extra_launcher_args=LAUNCHER)
     check_trained_like_one_process(tmp_path, rc, out, err, [3, 3, 3, 3, 3, 2], "momentum")
-    assert "the cluster changed during the search (after 1 trials)" in err, err[-3000:]
-    assert "kungfu auto: trial 1/8 round 0 AllReduce" in out, out[-3000:]
+    # How many trials ended before step 12 depends on how long each waited for AUTO's probes.
+    assert re.search(r"the cluster changed during the search \(after [0-7] trials\)", err), err[-3000:]

@@ -259,3 +259,136 @@ def test_auto_on_a_model_without_trainable_variables_is_a_precise_error():
     opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.Auto(budget=2))
     with pytest.raises(StrategyError, match="no trainable variables"):
         opt.build([])
+
+
+def test_confirmation_re_measures_the_fastest_and_chooses_by_the_mean(tmp_path, capsys):
+    # A lucky first trial (s1 measured at a third of its time) wins a search without confirmation;
+    # with it, the fastest two run once more and the truly fastest of them wins on the mean.
+    model = FakeModel()
+    search = Search(model, SearchBudget(trials=4), trials_per_round=4, confirm_top=2,
+                    log_path=tmp_path / "log.jsonl")  # fmt: skip
+    tried, lucky = [], None
+    while (c := search.next_candidate()) is not None:
+        tried.append(c.id)
+        seconds = TRUE_SECONDS[c.id]
+        if lucky is None:
+            lucky = c.id
+            seconds /= 3
+        search.record(TrialResult(search.trials_done, c.id, seconds, 1.0))
+    search.close()
+    explored = tried[:4]
+    assert len(tried) == 6 and len(set(explored)) == 4  # the budget, then 2 confirmation trials beyond it
+    second = min((i for i in explored if i != lucky), key=TRUE_SECONDS.__getitem__)
+    assert tried[4:] == [lucky, second]  # the fastest measured first
+    expected = min(explored, key=lambda i: TRUE_SECONDS[i] * (2 / 3 if i == lucky else 1))
+    assert search.best.id == expected
+    assert search.best_seconds == pytest.approx(TRUE_SECONDS[expected] * (2 / 3 if expected == lucky else 1))
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [x["confirmation"] for x in lines] == [False] * 4 + [True] * 2
+    out = capsys.readouterr().out
+    assert out.count("kungfu auto: trial") == 4 and out.count("kungfu auto: confirmation") == 2
+
+
+def test_confirmation_changes_the_choice_when_the_first_measurement_was_luck():
+    # s0 truly 10 ms; s3 truly 13 ms but measured 9 ms once: without confirmation s3 wins, with it s0.
+    class Two(FakeModel):
+        def sample(self, count, seed):
+            return [candidate("s0"), candidate("s3")]
+
+    def run_with(confirm_top):
+        search, first = Search(Two(), SearchBudget(trials=2), confirm_top=confirm_top, show_progress=False), {}
+        while (c := search.next_candidate()) is not None:
+            seconds = 0.009 if c.id == "s3" and c.id not in first else 0.010 if c.id == "s0" else 0.013
+            first[c.id] = True
+            search.record(TrialResult(search.trials_done, c.id, seconds, 1.0))
+        return search
+
+    assert run_with(0).best.id == "s3" and run_with(0).trials_done == 2
+    confirmed = run_with(2)
+    assert confirmed.best.id == "s0" and confirmed.trials_done == 4
+    assert confirmed.best_seconds == pytest.approx(0.010)
+
+
+def test_no_confirmation_with_one_strategy_measured_and_a_failed_confirmation_loses():
+    search = Search(FakeModel(), SearchBudget(trials=2), confirm_top=2, show_progress=False)
+    first = search.next_candidate().id
+    tried = run(search, fail={c for c in TRUE_SECONDS if c != first})
+    assert tried[1:2] != [first] and len(tried) == 2  # the other failed: nothing to compare, no confirmation
+
+    search = Search(FakeModel(), SearchBudget(trials=3), trials_per_round=3, confirm_top=2, show_progress=False)
+    explored = [search.next_candidate().id]
+    search.record(TrialResult(0, explored[0], TRUE_SECONDS[explored[0]], 1.0))
+    while len(explored) < 3:
+        explored.append(search.next_candidate().id)
+        search.record(TrialResult(len(explored) - 1, explored[-1], TRUE_SECONDS[explored[-1]], 1.0))
+    fastest = search.next_candidate().id
+    assert fastest == min(explored, key=TRUE_SECONDS.__getitem__)
+    search.record(TrialResult(3, fastest, math.inf, 1.0, "boom"))  # its second trial failed
+    runner_up = search.next_candidate().id
+    search.record(TrialResult(4, runner_up, TRUE_SECONDS[runner_up], 1.0))
+    assert search.next_candidate() is None and search.best.id == runner_up
+
+
+@pytest.mark.parametrize("confirm_top", [1, -1, True, 2.0])
+def test_confirm_top_must_be_zero_or_a_comparison(confirm_top):
+    with pytest.raises(StrategyError, match="confirm_top must be 0"):
+        Search(FakeModel(), SearchBudget(trials=2), confirm_top=confirm_top)
+    with pytest.raises(StrategyError, match="confirm_top must be 0"):
+        Auto(confirm_top=confirm_top)
+
+
+def test_a_sampled_id_tried_before_under_other_nodes_is_renamed():
+    class SameNames(FakeModel):
+        def sample(self, count, seed):
+            s = candidate(f"s{seed}")
+            s.id = "auto-1"  # a sampler that names by index: the same id in every round
+            return [s]
+
+        def predict(self, strategies):
+            return [1.0 for _ in strategies]
+
+        cost_model_predict = predict
+
+    search = Search(SameNames(), SearchBudget(trials=3), trials_per_round=1, show_progress=False)
+    tried = []
+    while (c := search.next_candidate()) is not None:
+        tried.append(c.id)
+        search.record(TrialResult(search.trials_done, c.id, 0.01, 1.0))
+    assert tried == ["auto-1", "auto-1-r1", "auto-1-r2"]
+
+
+class Counter:
+    """A stand-in for the runtime's probe-sample count: grows by ``grow[i]`` during step i."""
+
+    def __init__(self, grow):
+        self.grow, self.value, self.steps = list(grow), 0, 0
+
+    def read(self):
+        return self.value
+
+    def step(self):
+        self.value += self.grow[self.steps] if self.steps < len(self.grow) else 0
+        self.steps += 1
+
+
+@pytest.mark.parametrize("grow, wait, expected_waited", [
+    ([0, 0, 0, 0], 5, 0),        # nothing probed in the warm-up's last step: timing starts at once
+    ([0, 3, 2, 1, 0, 0], 5, 3),  # probing in the warm-up's last step and the two after it: the 3rd after is timed
+    ([0, 3, 2, 1, 1, 1, 1], 2, 2),  # still probing: at most the wait, then timed anyway
+    ([0, 3, 2, 1, 1], 0, 0),     # no wait asked for
+])  # fmt: skip
+def test_a_trial_times_no_step_in_which_auto_probed(grow, wait, expected_waited):
+    counter = Counter(grow)
+    times = iter(range(100))
+    trial = Trial(0, strategy_pb2.Strategy(id="s"), warmup=2, trial_steps=2, probe_wait_steps=wait,
+                  probe_samples=counter.read)  # fmt: skip
+    trial.begin(lambda s: None)
+    timed_from = None
+    while not trial.done:
+        before = trial.timed_steps
+        trial.run_step(lambda: (counter.step(), next(times)))
+        if trial.timed_steps > before and timed_from is None:
+            timed_from = counter.steps - 1
+    assert trial.waited_steps == expected_waited
+    assert trial.steps_run == 2 + expected_waited + 2 and timed_from == 2 + expected_waited
+    assert not trial.result().failed

@@ -136,7 +136,10 @@ class AutoSearchSession:
                 if candidate is None:
                     self._finish(optimizer)
                     return call()
-                self.trial = Trial(self.search.trials_done, candidate, self.auto.warmup, self.auto.trial_steps)
+                self.trial = Trial(
+                    self.search.trials_done, candidate, self.auto.warmup, self.auto.trial_steps,
+                    probe_wait_steps=self.auto.probe_wait_steps,
+                )  # fmt: skip
                 self.trial.begin(lambda s: self._switch(optimizer, s))
                 continue  # a failed switch ends the trial at once
             ok, out = self.trial.run_step(call)
@@ -163,6 +166,7 @@ class AutoSearchSession:
             log_path=self.auto.log_path if first else None,
             show_progress=self.auto.show_progress and first,
             initial=[optimizer._kungfu_plan.strategy, *self.auto.extra_candidates],
+            confirm_top=self.auto.confirm_top,
         )
 
     def _finish(self, optimizer: Any) -> None:

@@ -171,6 +171,8 @@ def _search(args: argparse.Namespace) -> int:
         raise CliError(f"cannot spread {args.np} replicas over {args.hosts} hosts")
     if args.warmup < 0:
         raise CliError(f"--warmup must be >= 0 steps, got {args.warmup}")
+    if args.confirm_top < 0 or args.confirm_top == 1:
+        raise CliError(f"--confirm-top must be 0 (none) or >= 2 (the fastest compared once more), got {args.confirm_top}")
     script = args.models_dir / "search_strategy.py"
     if not script.is_file():
         raise CliError(f"no search worker in {args.models_dir} (expected {script}); see --models-dir")
@@ -180,7 +182,7 @@ def _search(args: argparse.Namespace) -> int:
     worker = [
         sys.executable, str(script), "--model", args.model, "--budget", str(args.budget),
         "--trial-steps", str(args.trial_steps), "--warmup", str(args.warmup),
-        "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--hosts", str(args.hosts),
+        "--confirm-top", str(args.confirm_top), "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--hosts", str(args.hosts),
         "--output", str(output),
     ]  # fmt: skip
     if args.seconds is not None:
@@ -303,6 +305,10 @@ def make_parser() -> argparse.ArgumentParser:
     search.add_argument("--bandwidth-gbps", type=_positive_float, help="declared inter-host bandwidth in Gbit/s")
     search.add_argument("--trial-steps", type=_positive_int, default=5, help="timed steps per trial")
     search.add_argument("--warmup", type=int, default=2, help="untimed steps per trial before the timed ones")
+    search.add_argument(
+        "--confirm-top", type=int, default=2,
+        help="after the budget, this many of the fastest strategies run one more trial each; the lowest mean wins",
+    )  # fmt: skip
     search.add_argument("--batch-size", type=_positive_int, default=32, help="per-worker batch size")
     search.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     search.add_argument("-o", "--output", type=Path, required=True, help="best strategy file (.json: JSON)")

@@ -73,6 +73,7 @@ def main() -> None:
     auto = builders.Auto(
         budget=BUDGET, trial_steps=TRIAL_STEPS, warmup=WARMUP, candidates_per_round=8, trials_per_round=2,
         log_path=log_path, extra_candidates=[broken],
+        probe_wait_steps=0, confirm_top=0,  # the exact schedule of trials these steps are checked against
     )  # fmt: skip
     model = build_model()
     opt = SynchronousSGDOptimizer(keras.optimizers.SGD(LR, momentum=MOMENTUM), strategy=auto)

@@ -1,6 +1,7 @@
 """Worker for tests/test_auto_fit.py: builders.Auto searching in Keras ``fit``, and where it cannot.
 
-Usage: auto_fit.py MODE LOG   (np = 2; MODE: fit, fit-dataset, fit-without-callback, tf-function)
+Usage: auto_fit.py MODE LOG   (np = 2; MODE: fit, fit-dataset, fit-steps-per-execution,
+                                         fit-without-callback, tf-function)
 
 * ``fit``: ``model.fit`` of a small MLP with Adam (slots built lazily, moved at
   every switch) wrapped in ``SynchronousSGDOptimizer(strategy=builders.Auto(
@@ -17,6 +18,9 @@ Usage: auto_fit.py MODE LOG   (np = 2; MODE: fit, fit-dataset, fit-without-callb
 * ``fit-dataset``: the same from a ``tf.data`` input of unknown length, whose
   first epoch ends (OutOfRangeError) in the middle of a trial: the trial
   goes on in the next epoch, not scored as the candidate's failure.
+* ``fit-steps-per-execution``: the same with ``compile(steps_per_execution=2)``:
+  a trial's step is one call of fit's train function, two batches; the search
+  needs more epochs for its calls, and every batch is still counted once.
 * ``fit-without-callback``: the same ``fit`` without the callback must stop
   with a StrategyError naming ``AutoSearchCallback`` (not train on the
   starting strategy without a word).
@@ -75,12 +79,13 @@ def make_auto(log_path: str) -> builders.Auto:
     return builders.Auto(
         budget=BUDGET, trial_steps=TRIAL_STEPS, warmup=WARMUP, candidates_per_round=8, trials_per_round=2,
         log_path=log_path, extra_candidates=[broken],
+        probe_wait_steps=0, confirm_top=0,  # the exact schedule of trials fit's batches are checked against
     )  # fmt: skip
 
 
-def compiled(optimizer: keras.optimizers.Optimizer) -> keras.Model:
+def compiled(optimizer: keras.optimizers.Optimizer, steps_per_execution: int = 1) -> keras.Model:
     model = build_model()
-    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False, steps_per_execution=steps_per_execution)
     return model
 
 
@@ -91,22 +96,26 @@ def unknown_length(x: np.ndarray, y: np.ndarray) -> tf.data.Dataset:
     return ds
 
 
-def run_fit(chk: Checker, rank: int, size: int, log_path: str, from_dataset: bool = False) -> None:
+def run_fit(
+    chk: Checker, rank: int, size: int, log_path: str, from_dataset: bool = False, steps_per_execution: int = 1
+) -> None:
     import kungfu_tf.keras as kfk
 
+    # The search's calls (WARMUP + TRIAL_STEPS per candidate but the broken one) must end within fit.
+    epochs = EPOCHS * steps_per_execution
     auto = make_auto(log_path)
     x, y = union_data(size)
-    model = compiled(SynchronousSGDOptimizer(keras.optimizers.Adam(LR), strategy=auto))
+    model = compiled(SynchronousSGDOptimizer(keras.optimizers.Adam(LR), strategy=auto), steps_per_execution)
     xs, ys = shard(x, rank, size), shard(y, rank, size)
     callbacks = [kfk.AutoSearchCallback()]
     if from_dataset:  # the trial in progress at the first epoch's end goes on in the next epoch
-        model.fit(unknown_length(xs, ys), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+        model.fit(unknown_length(xs, ys), epochs=epochs, verbose=0, callbacks=callbacks)
     else:
-        model.fit(xs, ys, batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks)
+        model.fit(xs, ys, batch_size=B, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     opt = model.optimizer
 
     reference = compiled(keras.optimizers.Adam(LR))
-    reference.fit(x, y, batch_size=size * B, epochs=EPOCHS, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=size * B, epochs=epochs, shuffle=False, verbose=0)
 
     chk.true(auto.result is not None, "the search finished within fit")
     records = auto.result.records
@@ -120,7 +129,7 @@ def run_fit(chk: Checker, rank: int, size: int, log_path: str, from_dataset: boo
     chk.true(bool(ops.consensus(tf.constant(np.frombuffer(best, np.uint8)), name="check/best")),
              "every worker chose the same strategy")  # fmt: skip
     chk.equal(opt._kungfu_plan.strategy.id, auto.result.best.id, "training goes on with the best strategy")
-    chk.equal(int(opt.iterations.numpy()), EPOCHS * STEPS_PER_EPOCH, "optimizer steps (every batch once)")
+    chk.equal(int(opt.iterations.numpy()), epochs * STEPS_PER_EPOCH, "optimizer steps (every batch once)")
     for v, r in zip(model.trainable_variables, reference.trainable_variables, strict=True):
         chk.true(np.allclose(v.numpy(), r.numpy(), rtol=RTOL, atol=ATOL),
                  f"{v.path}: max |diff| {np.max(np.abs(v.numpy() - r.numpy()))}")  # fmt: skip
@@ -169,6 +178,7 @@ def run_tf_function(chk: Checker, rank: int, size: int, log_path: str) -> None:
 MODES = {
     "fit": run_fit,
     "fit-dataset": lambda *args: run_fit(*args, from_dataset=True),
+    "fit-steps-per-execution": lambda *args: run_fit(*args, steps_per_execution=2),
     "fit-without-callback": run_fit_without_callback, "tf-function": run_tf_function,
 }
 

@@ -14,7 +14,8 @@ does without a strategy). From the second step on, the first steps of
 training are the search's trials (kungfu_tf/strategy/auto/search.py): each
 candidate runs ``warmup`` + ``trial_steps`` of the user's own steps, then the
 next one, until ``budget`` trials (or ``seconds`` of trials) are spent;
-training then goes on with the fastest strategy measured. These steps train
+the few fastest measured then run one more trial each (``confirm_top``), and
+training goes on with the one whose trials' mean is lowest. These steps train
 the model as any others do: every candidate is synchronous SGD. A candidate
 that fails (its step raised on any worker) is scored as infinitely slow and
 the same batch runs again under the next candidate.
@@ -58,6 +59,7 @@ from kungfu_tf.strategy.auto.search import (
     SearchBudget,
     SearchModel,
     SearchRecord,
+    check_confirm_top,
     check_round_sizes,
     no_trainable_variables_error,
 )
@@ -89,6 +91,13 @@ class Auto(StrategyBuilder):
         seconds: seconds of trials (all trials' wall time, agreed by the workers); None: no limit.
         trial_steps: timed steps per trial (>= 1).
         warmup: steps per trial before the timed ones (>= 0); they absorb the switch's re-trace.
+        probe_wait_steps: at most this many more untimed steps per trial while
+            the runtime's AUTO topology still probes the candidate's new
+            collectives (kungfu_tf/strategy/auto/trials.py); 0: time right
+            after the warm-up.
+        confirm_top: after the budget, this many of the fastest strategies run
+            one more trial each (beyond the budget) and the lowest mean wins
+            (kungfu_tf/strategy/auto/search.py); 0: the fastest single trial wins.
         candidates_per_round: N of Algorithm 1 (sampled candidates per round).
         trials_per_round: K of Algorithm 1 (trials between two refinements of the ranker).
         seed: the sampler's seed (the same on every worker).
@@ -117,6 +126,8 @@ class Auto(StrategyBuilder):
         seconds: float | None = None,
         trial_steps: int = 5,
         warmup: int = 2,
+        probe_wait_steps: int = 10,
+        confirm_top: int = 2,
         candidates_per_round: int = 32,
         trials_per_round: int = 4,
         seed: int = 0,
@@ -131,9 +142,14 @@ class Auto(StrategyBuilder):
             raise StrategyError(f"trial_steps must be an int >= 1, got {trial_steps!r}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise StrategyError(f"warmup must be an int >= 0, got {warmup!r}")
+        if isinstance(probe_wait_steps, bool) or not isinstance(probe_wait_steps, int) or probe_wait_steps < 0:
+            raise StrategyError(f"probe_wait_steps must be an int >= 0, got {probe_wait_steps!r}")
         check_round_sizes(candidates_per_round, trials_per_round)
+        check_confirm_top(confirm_top)
         self.trial_steps = trial_steps
         self.warmup = warmup
+        self.probe_wait_steps = probe_wait_steps
+        self.confirm_top = confirm_top
         self.candidates_per_round = candidates_per_round
         self.trials_per_round = trials_per_round
         self.seed = seed

@@ -6,6 +6,8 @@
         score them, select K for trials               (score vs diversity, above l)
         run the K trials                              (real steps, kungfu_tf/strategy/auto/trials.py)
         best := best measured; refine the ranker with the K measurements
+    confirm: the ``confirm_top`` fastest measured run one trial more each;
+    best := the lowest mean of a strategy's trials
 
 :class:`Search` hands out one candidate at a time (:meth:`Search.next_candidate`)
 and takes its trial's result (:meth:`Search.record`), so the same search runs
@@ -14,6 +16,14 @@ inside a user's training loop (``builders.Auto``, one step at a time) and in
 decides depends only on agreed inputs (the sampler's seed, the trials'
 agreed measurements and wall times), so every worker takes the same
 decisions without talking; the trials check it (consensus on each candidate).
+
+The confirmation (not in Algorithm 1) answers the winner's curse: the
+fastest of several noisy measurements is mostly the luckiest one. With
+NCF on one host a candidate measured 95 ms in its trial and 143 ms in
+another search's trial of it, and was chosen over PS, measured 107 ms
+there and 65-87 ms everywhere else (``make bench-strategies``, 2026-11-27).
+A second, independent trial of the few fastest, and the choice by the mean,
+costs ``confirm_top`` trials and removes most of that luck.
 
 The search model — sampler, calibrated cost model, ranker, trial selection —
 is behind :class:`SearchModel`; :class:`AutoDistModel` is the one of
@@ -132,6 +142,8 @@ class SearchRecord:
     elapsed_seconds: float
     best_measured_seconds: float | None
     error: str | None = None
+    confirmation: bool = False  # a second trial of one of the fastest, after the budget (module docstring)
+    waited_steps: int = 0  # untimed steps after the warm-up while the runtime's AUTO probed
 
 
 class Search:
@@ -147,6 +159,9 @@ class Search:
         show_progress: print one line per trial to ``out``.
         initial: strategies to try first, before any sampled one (e.g. the
             one training started with); they count against the budget.
+        confirm_top: after the budget, this many of the fastest strategies
+            measured (0, or at least 2) run one more trial each, beyond the
+            budget, and the best is the one whose trials' mean is lowest.
     """
 
     def __init__(
@@ -160,8 +175,10 @@ class Search:
         show_progress: bool = True,
         out: IO[str] | None = None,
         initial: Sequence[strategy_pb2.Strategy] = (),
+        confirm_top: int = 0,
     ) -> None:
         check_round_sizes(candidates_per_round, trials_per_round)
+        check_confirm_top(confirm_top)
         self.model = model
         self.budget = budget
         self.candidates_per_round = candidates_per_round
@@ -181,6 +198,10 @@ class Search:
         self._exhausted = False
         self._started = time.monotonic()
         self._round_start = 0
+        self.confirm_top = confirm_top
+        self._confirming = False
+        self._confirm_total = 0
+        self._ids: set[str] = set()
         if initial:
             initial = [s for s in initial if self._is_new(s)]
             self._queue = list(zip(initial, self._safely(self.model.predict, initial)))
@@ -202,11 +223,18 @@ class Search:
         return self.budget.seconds is None or self._spent_seconds < self.budget.seconds
 
     def next_candidate(self) -> strategy_pb2.Strategy | None:
-        """The next strategy to try, or None when the budget is spent or nothing new is left to try."""
-        if not self.budget_left():
-            return None
-        while not self._queue and not self._exhausted:
-            self._plan_round()
+        """The next strategy to try, or None when the budget and the confirmation are spent.
+
+        The exploration ends when the budget is spent or nothing new is left
+        to try; then come the confirmation trials (``confirm_top``).
+        """
+        if not self._confirming and self.budget_left():
+            while not self._queue and not self._exhausted:
+                self._plan_round()
+            if self._queue:
+                return self._queue[0][0]
+        if not self._confirming:
+            self._start_confirmation()
         return self._queue[0][0] if self._queue else None
 
     def record(self, result: TrialResult) -> SearchRecord:
@@ -229,6 +257,8 @@ class Search:
             elapsed_seconds=round(time.monotonic() - self._started, 3),
             best_measured_seconds=None if math.isinf(best) else best,
             error=result.error,
+            confirmation=self._confirming,
+            waited_steps=result.waited_steps,
         )
         self.records.append(record)
         if self._log is not None:
@@ -242,18 +272,37 @@ class Search:
 
     @property
     def best(self) -> strategy_pb2.Strategy:
-        """The fastest strategy measured (``StrategyError`` if no trial succeeded)."""
-        if not self._measured or math.isinf(min(self._measured)):
+        """The strategy whose trials' mean time is lowest (``StrategyError`` if no trial succeeded).
+
+        Without confirmation trials every strategy has one trial: the fastest measured.
+        """
+        means = self._means()
+        if not means or math.isinf(min(m for _, m in means)):
             raise StrategyError(
                 f"no trial of the search succeeded ({len(self._measured)} tried; the search log and the workers' "
                 "warnings say why each failed)"
             )
-        return self._tried[self._measured.index(min(self._measured))]
+        return min(means, key=lambda sm: sm[1])[0]
 
     @property
     def best_seconds(self) -> float:
-        """The best measured seconds per step (``math.inf`` if none succeeded)."""
-        return min(self._measured, default=math.inf)
+        """The best strategy's mean measured seconds per step (``math.inf`` if none succeeded)."""
+        return min((m for _, m in self._means()), default=math.inf)
+
+    def _means(self) -> list[tuple[strategy_pb2.Strategy, float]]:
+        """Every strategy tried, first trial's order, with the mean of its trials (inf if one failed)."""
+        groups: dict[bytes, list[Any]] = {}
+        for strategy, seconds in zip(self._tried, self._measured, strict=True):
+            groups.setdefault(_nodes_key(strategy), [strategy, []])[1].append(seconds)
+        return [(strategy, sum(times) / len(times)) for strategy, times in groups.values()]
+
+    def _start_confirmation(self) -> None:
+        """The ``confirm_top`` fastest strategies (by mean), fastest first, as the last trials."""
+        self._confirming = True
+        finite = sorted(((s, m) for s, m in self._means() if not math.isinf(m)), key=lambda sm: sm[1])
+        top = finite[: self.confirm_top] if self.confirm_top >= 2 else []
+        self._queue = top if len(top) >= 2 else []  # one strategy alone: nothing to compare
+        self._confirm_total = len(self._queue)
 
     def close(self) -> None:
         """Closes the search log."""
@@ -278,14 +327,21 @@ class Search:
 
     def _is_new(self, strategy: strategy_pb2.Strategy) -> bool:
         # The same nodes under another name (a builder's strategy drawn again by the sampler) are not new.
-        unnamed = strategy_pb2.Strategy()
-        unnamed.CopyFrom(strategy)
-        unnamed.ClearField("id")
-        key = canonical_bytes(unnamed)
+        key = _nodes_key(strategy)
         if key in self._seen:
             return False
         self._seen.add(key)
+        self._ids.add(strategy.id)
         return True
+
+    def _unique_id(self, strategy: strategy_pb2.Strategy) -> strategy_pb2.Strategy:
+        """``strategy``, renamed ``<id>-r<round>`` if another strategy tried had its id (samplers name by index)."""
+        if strategy.id not in self._ids:
+            return strategy
+        renamed = strategy_pb2.Strategy()
+        renamed.CopyFrom(strategy)
+        renamed.id = f"{strategy.id}-r{self.round}"
+        return renamed
 
     def _plan_round(self) -> None:
         """Algorithm 1, lines 2-5: fidelity, sample, filter and select this round's trials."""
@@ -293,7 +349,12 @@ class Search:
             self.round += 1
         self._round_start = len(self._tried)
         self._fidelity = float(self.model.fidelity())
-        pool = [s for s in self.model.sample(self.candidates_per_round, self.seed + self.round) if self._is_new(s)]
+        pool = [
+            self._unique_id(s)
+            for s in self.model.sample(self.candidates_per_round, self.seed + self.round)
+            if _nodes_key(s) not in self._seen
+        ]
+        pool = [s for s in pool if self._is_new(s)]
         if not pool:
             self._exhausted = True  # the sampler has nothing left that was not tried
             return
@@ -313,14 +374,34 @@ class Search:
     def _print_progress(self, r: SearchRecord) -> None:
         out = self.out or sys.stdout
         limit = f"/{self.budget.trials}" if self.budget.trials is not None else ""
+        what = f"trial {r.trial + 1}{limit}"
+        if r.confirmation:
+            what = f"confirmation {sum(x.confirmation for x in self.records)}/{self._confirm_total}"
         measured = "failed" if r.measured_seconds is None else f"{r.measured_seconds * 1e3:.1f} ms/step"
         best = "-" if r.best_measured_seconds is None else f"{r.best_measured_seconds * 1e3:.1f} ms"
         predicted = "-" if r.predicted_seconds is None else f"{r.predicted_seconds * 1e3:.1f} ms"
         print(
-            f"kungfu auto: trial {r.trial + 1}{limit} round {r.round} {r.strategy_id}: predicted {predicted}, "
+            f"kungfu auto: {what} round {r.round} {r.strategy_id}: predicted {predicted}, "
             f"measured {measured} (best {best}, fidelity {r.fidelity:.2f}, {self._spent_seconds:.1f} s of trials)",
             file=out,
             flush=True,
+        )
+
+
+def _nodes_key(strategy: strategy_pb2.Strategy) -> bytes:
+    """What makes a strategy what it is: its canonical bytes without its name."""
+    unnamed = strategy_pb2.Strategy()
+    unnamed.CopyFrom(strategy)
+    unnamed.ClearField("id")
+    return canonical_bytes(unnamed)
+
+
+def check_confirm_top(confirm_top: int) -> None:
+    """StrategyError unless ``confirm_top`` is 0 (no confirmation) or at least 2 (a comparison)."""
+    if isinstance(confirm_top, bool) or not isinstance(confirm_top, int) or confirm_top < 0 or confirm_top == 1:
+        raise StrategyError(
+            f"confirm_top must be 0 (no confirmation trials) or an int >= 2 (the fastest strategies compared once "
+            f"more), got {confirm_top!r}"
         )
 
 

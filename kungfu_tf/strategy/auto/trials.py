@@ -22,6 +22,15 @@ agreed:
 
 The clock covers only the steps themselves, not the agreement between them.
 
+A candidate's new collectives are new size classes for the runtime's AUTO
+topology, which probes them during the steps after the switch; such steps
+can take several times what the candidate will (measured on two emulated
+hosts: PartitionedAR's trials took 1.5 and 2.3 s per step, its timed steps
+0.99 s). So, with ``probe_wait_steps``, timing starts only after a step in
+which no worker's probe took a sample (:func:`kungfu_tf.ops.auto_probe_samples`,
+agreed), at most that many steps after the warm-up; the steps waited train
+as any other. The rule is StrategyPolicy's (kungfu_tf/policy/strategy_policy.py).
+
 Example:
     >>> from kungfu_tf.proto import strategy_pb2
     >>> steps = []
@@ -44,7 +53,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from kungfu_tf.ops import collective
+from kungfu_tf.ops import auto_probe_samples, collective
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
@@ -74,6 +83,7 @@ class TrialResult:
     seconds_per_step: float
     wall_seconds: float
     error: str | None = None
+    waited_steps: int = 0  # untimed steps after the warm-up while AUTO probed
 
     @property
     def failed(self) -> bool:
@@ -123,26 +133,41 @@ class Trial:
         (True, 42, True)
     """
 
-    def __init__(self, index: int, candidate: strategy_pb2.Strategy, warmup: int, trial_steps: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        candidate: strategy_pb2.Strategy,
+        warmup: int,
+        trial_steps: int,
+        probe_wait_steps: int = 0,
+        probe_samples: Callable[[], int] | None = None,
+    ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0 steps, got {warmup}")
         if trial_steps < 1:
             raise ValueError(f"trial_steps must be >= 1, got {trial_steps}")
+        if probe_wait_steps < 0:
+            raise ValueError(f"probe_wait_steps must be >= 0, got {probe_wait_steps}")
         self.index = index
         self.candidate = candidate
         self.warmup = warmup
         self.trial_steps = trial_steps
         self.name = f"kungfu/auto/trial/{index}"
         self.steps_run = 0
+        self.timed_steps = 0
+        self.waited_steps = 0  # steps after the warm-up not timed: AUTO was probing
         self.failed = False
         self.error: str | None = None
         self._timed = 0.0
         self._started = 0.0
+        self._probe_wait = probe_wait_steps
+        self._probe_samples = probe_samples or (lambda: int(auto_probe_samples()))
+        self._timing = warmup == 0
 
     @property
     def done(self) -> bool:
-        """True once the trial failed or ran all its steps."""
-        return self.failed or self.steps_run >= self.warmup + self.trial_steps
+        """True once the trial failed or timed all its steps."""
+        return self.failed or self.timed_steps >= self.trial_steps
 
     def begin(self, switch: SwitchFn) -> None:
         """Checks that every worker holds this candidate, then switches every worker to it.
@@ -165,6 +190,8 @@ class Trial:
         if self.done:
             raise RuntimeError(f"trial {self.index} is over ({self.steps_run} steps run)")
         out = None
+        timing = self._timing
+        samples_before = self._probe_samples() if not timing and self.waited_steps < self._probe_wait else 0
         started = time.monotonic()
         try:
             out = step()
@@ -177,20 +204,36 @@ class Trial:
         elapsed = time.monotonic() - started
         if self._agree_failure(f"step{self.steps_run}"):
             return False, None
-        if self.steps_run >= self.warmup:
-            self._timed += elapsed
         self.steps_run += 1
+        if timing:
+            self._timed += elapsed
+            self.timed_steps += 1
+        elif self.steps_run >= self.warmup:
+            if self.steps_run > self.warmup:
+                self.waited_steps += 1
+            self._timing = self.waited_steps >= self._probe_wait or not self._probed_since(samples_before)
+            if not self._timing and self.waited_steps + 1 == self._probe_wait:
+                log.info("kungfu auto: trial %d (%s): AUTO still probing after %d steps of waiting; timing after one more",
+                         self.index, self.candidate.id, self.waited_steps)  # fmt: skip
         return True, out
+
+    def _probed_since(self, samples_before: int) -> bool:
+        """True (agreed) if AUTO took a probe sample on some worker during the last step."""
+        grew = self._probe_samples() != samples_before
+        # On a fixed topology: under AUTO this call's own size class would be probed.
+        return bool(int(collective.all_reduce(
+            tf.constant(int(grew), tf.int32), op="max", name=f"{self.name}/probing/{self.steps_run}", topology="STAR"
+        )))  # fmt: skip
 
     def result(self) -> TrialResult:
         """The agreed measurement (collective: every worker calls it once the trial is ``done``)."""
         if not self.done:
-            raise RuntimeError(f"trial {self.index} has run {self.steps_run} of {self.warmup + self.trial_steps} steps")
+            raise RuntimeError(f"trial {self.index} has timed {self.timed_steps} of {self.trial_steps} steps")
         wall = agree_max(time.monotonic() - self._started, f"{self.name}/wall")
         if self.failed:
             return TrialResult(self.index, self.candidate.id, math.inf, wall, self.error)
         per_step = agree_max(self._timed / self.trial_steps, f"{self.name}/seconds")
-        return TrialResult(self.index, self.candidate.id, per_step, wall)
+        return TrialResult(self.index, self.candidate.id, per_step, wall, waited_steps=self.waited_steps)
 
     def _note_error(self, error: BaseException, where: str) -> None:
         self.error = f"{where}: {describe_error(error)}"
