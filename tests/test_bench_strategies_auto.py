@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from benchmarks.strategies.auto_report import BUCKETS, auto_rows, pair_accuracy
 
 
@@ -40,3 +42,19 @@ def test_auto_rows_compare_with_the_best_and_median_hand_builder_of_the_same_cel
     (row,) = auto_rows(points, ["AllReduce", "PS", "Parallax"])
     assert (row["best_builder"], row["best_s"], row["median_s"]) == ("Parallax", 0.10, 0.20)
     assert (row["chosen"], row["auto_s"], row["search_s"], row["trials"]) == ("auto-3", 0.12, 90.0, 6)
+
+
+def test_auto_rows_say_what_the_search_chose_before_its_confirmation_trials():
+    trials = [
+        {"strategy_id": "AllReduce", "measured_seconds": 0.06},  # lucky
+        {"strategy_id": "PS", "measured_seconds": 0.08},
+        {"strategy_id": "auto-1", "measured_seconds": None},
+        {"strategy_id": "AllReduce", "measured_seconds": 0.15, "confirmation": True},
+        {"strategy_id": "PS", "measured_seconds": 0.08, "confirmation": True},
+    ]
+    search = {"ranker": {"chosen": "PS", "search_s": 10.0, "steps": 40, "trials": trials}}
+    points = [{"setting": "one-host", "model": "ncf", "builder": b, "step_s": t, **extra}
+              for b, t, extra in [("AllReduce", 0.15, {}), ("PS", 0.08, {}), ("Auto", 0.08, {"auto": search})]]  # fmt: skip
+    (row,) = auto_rows(points, ["AllReduce", "PS"])
+    assert (row["unconfirmed"], row["chosen"], row["trials"], row["confirmations"]) == ("AllReduce", "PS", 3, 2)
+    assert row["overhead_s"] == pytest.approx(10.0 - 40 * 0.08)

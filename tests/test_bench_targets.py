@@ -104,3 +104,19 @@ def test_shm_targets_compare_within_the_run():
     assert "NOT MET: 500.0×" in table and "MET: 2.00×" in table
     rt = runtime_table(runtime, [2], ["AUTO"])
     assert "| 2 | 4 B | shm |" in rt and "| 2 | 4 B | unix |" in rt
+
+
+def test_the_floor_target_uses_the_floor_measured_in_the_same_workers():
+    # A lone process's floor (490 µs) would pass a 500 µs all-reduce; the workers' own floor (450 µs) does not.
+    points = [
+        {"impl": "kungfu", "topology": "AUTO", "np": 2, "size": 4, "median_s": 500e-6},
+        {"impl": "kungfu", "topology": "STAR", "np": 2, "size": 4, "median_s": 465e-6},
+        {"impl": "kungfu_floor", "topology": "-", "np": 2, "size": 4, "median_s": 450e-6},
+        {"impl": "kungfu_unix_floor", "topology": "-", "np": 2, "size": 4, "median_s": 300e-6},
+    ]
+    evals = evaluate_shm(points, {"tf_function_floor": {"median_s": 490e-6}})
+    auto = shm_record(evals, "4 B, np=2, tf.function (AUTO): ≤ TF dispatch floor")
+    assert auto["target"].endswith("(floor in the workers)") and auto["reference"] == 450e-6
+    assert auto["met"] is False and auto["value"] == "floor + 50.0 µs"
+    star = shm_record(evals, "4 B, np=2, tf.function (STAR): ≤ TF dispatch floor")
+    assert star["met"] is True  # 15 µs over the workers' floor

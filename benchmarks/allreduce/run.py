@@ -416,7 +416,7 @@ def run_kungfu(
     points = parse_results(res.lines)
     if over_sockets:
         for p in points:
-            p["impl"] = "kungfu_unix"
+            p["impl"] = p["impl"].replace("kungfu", "kungfu_unix", 1)
     return points
 
 

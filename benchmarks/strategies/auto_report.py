@@ -32,7 +32,12 @@ BUCKETS = 4
 
 
 def _measured(trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [t for t in trials if t["measured_seconds"] is not None]
+    return [t for t in _exploring(trials) if t.get("measured_seconds") is not None]
+
+
+def _exploring(trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trials the search model chose (not the confirmation trials of the fastest, after the budget)."""
+    return [t for t in trials if not t.get("confirmation")]
 
 
 def pair_accuracy(trials: Sequence[dict[str, Any]], key: str, scored: Sequence[dict[str, Any]] | None = None) -> list[tuple[int, int]]:
@@ -63,6 +68,12 @@ def pair_accuracy(trials: Sequence[dict[str, Any]], key: str, scored: Sequence[d
     return counts
 
 
+def _fastest_single_trial(trials: Sequence[dict[str, Any]]) -> str | None:
+    """What the search would have chosen without its confirmation trials: the fastest exploring trial."""
+    done = _measured(trials)
+    return min(done, key=lambda t: t["measured_seconds"])["strategy_id"] if done else None
+
+
 def auto_rows(points: Sequence[dict[str, Any]], hand_builders: Sequence[str]) -> list[dict[str, Any]]:
     """One row per (setting, model) that has an Auto result."""
     rows = []
@@ -78,7 +89,12 @@ def auto_rows(points: Sequence[dict[str, Any]], hand_builders: Sequence[str]) ->
         rows.append({
             "setting": p["setting"], "model": p["model"], "chosen": search["chosen"], "auto_s": p["step_s"],
             "best_builder": best, "best_s": hand[best], "median_s": statistics.median(hand.values()),
-            "search_s": search["search_s"], "trials": len(search["trials"]),
+            "search_s": search["search_s"], "trials": len(_exploring(search["trials"])),
+            # The search's steps train the model too: what it cost is its time beyond those steps on Auto's choice.
+            "overhead_s": search["search_s"] - search.get("steps", 0) * p["step_s"],
+            "unconfirmed": _fastest_single_trial(search["trials"]),
+            "confirmations": len(search["trials"]) - len(_exploring(search["trials"])),
+            "waited_steps": sum(t.get("waited_steps", 0) for t in search["trials"]),
         })  # fmt: skip
     return rows
 
@@ -90,19 +106,36 @@ def print_auto_report(points: Sequence[dict[str, Any]], hand_builders: Sequence[
         return
     print("### Auto against the hand builders (same run, same rounds)\n")
     print("| setting | model | Auto's strategy | Auto | best hand builder | its time | median builder | "
-          "best / Auto | within 5 % of best | ahead of median | search (s) | % of 30 min |")  # fmt: skip
-    print("|---|---|---|---:|---|---:|---:|---:|---|---|---:|---:|")
+          "best / Auto | within 5 % of best | ahead of median | search (s) | % of 30 min | overhead (s) | % of 30 min |")  # fmt: skip
+    print("|---|---|---|---:|---|---:|---:|---:|---|---|---:|---:|---:|---:|")
     for r in rows:
         ratio = r["best_s"] / r["auto_s"]
         print(
             f"| {r['setting']} | {r['model']} | {r['chosen']} | {format_time(r['auto_s'])} | {r['best_builder']} | "
             f"{format_time(r['best_s'])} | {format_time(r['median_s'])} | {ratio:.2f} | "
             f"{'yes' if r['auto_s'] <= 1.05 * r['best_s'] else 'no'} | {'yes' if r['auto_s'] < r['median_s'] else 'no'} | "
-            f"{r['search_s']:.0f} | {100 * r['search_s'] / RUN_SECONDS:.1f} |"
+            f"{r['search_s']:.0f} | {100 * r['search_s'] / RUN_SECONDS:.1f} | "
+            f"{r['overhead_s']:.0f} | {100 * r['overhead_s'] / RUN_SECONDS:.1f} |"
         )
+    changed = [r for r in rows if r["confirmations"] and r["unconfirmed"] != r["chosen"]]
+    if any(r["confirmations"] for r in rows):
+        hand = {(q["setting"], q["model"], q["builder"]): q["step_s"] for q in points}
+        lines = [
+            f"{r['model']} ({r['setting']}): {r['unconfirmed']}"
+            + (f", timed at {format_time(hand[(r['setting'], r['model'], r['unconfirmed'])])}"
+               if (r["setting"], r["model"], r["unconfirmed"]) in hand else "")
+            + f", instead of {r['chosen']} ({format_time(r['auto_s'])})"
+            for r in changed
+        ]  # fmt: skip
+        print(f"\nThe confirmation trials changed the choice in {len(changed)} of {len(rows)} rows"
+              + (": without them the search would have chosen " + "; ".join(lines) if lines else "") + ".")  # fmt: skip
     beats = [f"{r['model']} ({r['setting']})" for r in rows if r["auto_s"] < r["best_s"]]
     print(f"\nAuto faster than every hand builder: {', '.join(beats) or 'nowhere'}. "
-          f"Search = the ranker search's trials ({rows[0]['trials']} per row) on the workers, wall time.\n")  # fmt: skip
+          f"Search = the ranker search's trials ({rows[0]['trials']} per row, then "
+          f"{rows[0]['confirmations']} confirmation trials of the fastest) on the workers, wall time; steps the "
+          f"trials waited for AUTO's probes, per row: {', '.join(str(r['waited_steps']) for r in rows)}. "
+          "Overhead = the search's wall time less its steps at Auto's timed step time (the trials train the "
+          "model: the overhead is what training on Auto's choice from the start would have saved).\n")  # fmt: skip
     print_ranking_accuracy(points)
     if plot is not None:
         plot_searches(points, rows, plot)
@@ -149,7 +182,7 @@ def plot_searches(points: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
         hand = best_hand[(p["setting"], p["model"])]
         for mode in SEARCH_MODES:
             best, ys = float("inf"), []
-            for t in p["auto"][mode]["trials"]:
+            for t in _exploring(p["auto"][mode]["trials"]):
                 if t["measured_seconds"] is not None:
                     best = min(best, t["measured_seconds"])
                 ys.append(hand / best if best < float("inf") else 0.0)

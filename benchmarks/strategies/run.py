@@ -333,11 +333,11 @@ def print_report(
     )
 
 
-def reprint(path: Path) -> int:
-    """The report of a saved run, with that run's own settings."""
+def reprint(path: Path, plot: Path) -> int:
+    """The report of a saved run, with that run's own settings; the plot goes to ``plot`` (the --plot given now)."""
     saved = json.loads(path.read_text())
     args = parse_args(_argv_of(saved["meta"]["args"]))
-    args.json = path
+    args.json, args.plot = path, plot
     print_report(
         saved["points"],
         comparisons(saved["points"], args),
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs every (model, setting) launch, prints the report, writes JSON."""
     args = parse_args(argv)
     if args.report is not None:
-        return reprint(args.report)
+        return reprint(args.report, args.plot)
     # A SIGTERM must still run the finally below, or the namespaces outlive us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     meta = {**machine_metadata(), "args": {k: str(v) for k, v in vars(args).items()}}
