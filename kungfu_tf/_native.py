@@ -41,6 +41,9 @@ def library() -> ModuleType:
     (:mod:`kungfu_tf.run.worker_env.external_launch`), which the runtime reads when
     the library loads.
 
+    With ``KUNGFU_BIND_TO=core`` the worker is pinned to its own core
+    first (:mod:`kungfu_tf.run.worker_env.cpu_binding`).
+
     Raises:
         WorkerEnvError: if a ``KUNGFU_*`` variable the runtime will read is
             malformed, or a launcher's variable they are derived from is;
@@ -49,11 +52,13 @@ def library() -> ModuleType:
     """
     import tensorflow as tf
 
+    from kungfu_tf.run.worker_env.cpu_binding import apply_cpu_binding
     from kungfu_tf.run.worker_env.external_launch import apply_external_launch
     from kungfu_tf.run.worker_env.worker_env import read_worker_env
 
     apply_external_launch(os.environ)
     read_worker_env(os.environ)
+    apply_cpu_binding(os.environ)  # before the runtime starts its threads: they inherit the core
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
     if not os.path.exists(path):

@@ -10,6 +10,7 @@ from kungfu_tf.run.plan.cli import LaunchOptions, parse_args
 from kungfu_tf.run.plan.job_plan import build_plan
 from kungfu_tf.run.providers.output import Console
 from kungfu_tf.run.providers.startup_noise import hide_tf_startup
+from kungfu_tf.run.worker_env.cpu_binding import BIND_ENV
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # so that callers embedding main() are not terminated.
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
+    if options.bind_to is not None:
+        # Every launch path gives the workers this process's environment (cpu_binding.py pins them).
+        os.environ[BIND_ENV] = options.bind_to
     console = Console(
         hide_tf_startup=hide_tf_startup(options.tf_startup_logs, os.environ),
         status_every=options.status_every,

@@ -49,7 +49,8 @@ class LaunchOptions:
     ``discovery_script`` the ``--host-discovery-script``; ``join_timeout``
     the ``--join-timeout`` seconds a joiner may stay STARTING;
     ``admit_window`` the ``--admit-window`` seconds READY joiners wait for
-    the others of their growth.
+    the others of their growth; ``bind_to`` the ``--bind-to`` choice (None:
+    the workers read ``KUNGFU_BIND_TO`` as the user set it).
     """
 
     np: int
@@ -74,6 +75,7 @@ class LaunchOptions:
     admit_window: float = DEFAULT_ADMIT_WINDOW
     ray_address: str | None = None
     ray_cpus_per_worker: float = 1.0
+    bind_to: str | None = None
 
     @property
     def elastic(self) -> bool:
@@ -135,6 +137,12 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="runtime timeout in whole seconds (1.."
         f"{MAX_TIMEOUT_SECONDS}), passed as KUNGFU_TIMEOUT (default {DEFAULT_TIMEOUT})",
+    )
+    parser.add_argument(
+        "--bind-to",
+        choices=("none", "core"),
+        help="core: pin each worker of a host to its own core (sets KUNGFU_BIND_TO for the "
+        "workers; default: $KUNGFU_BIND_TO, else none)",
     )
     parser.add_argument(
         "--logdir",
@@ -352,6 +360,7 @@ def options_from_namespace(ns: argparse.Namespace) -> LaunchOptions:
         ray_cpus_per_worker=(
             ns.ray_cpus_per_worker if ns.ray_cpus_per_worker is not None else 1.0
         ),
+        bind_to=ns.bind_to,
     )
 
 
