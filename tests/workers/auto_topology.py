@@ -61,13 +61,16 @@ def main() -> None:
             chk.equal(got.numpy(), want, f"step {s}: {n} x {dt}")
     # ops.auto_probe_samples(): grows while the classes are measured (one sample after each call of a
     # class) and stops once every class has decided, which a finite number of calls brings about. Run
-    # until it has not moved for QUIET steps in a row (or MAX_STEPS, which a probe that never ends hits).
+    # until it has not moved on any worker for QUIET steps in a row (or MAX_STEPS, which a probe that
+    # never ends hits). Agreed (max on a fixed topology, which AUTO does not probe): a worker that
+    # stopped on its own count would leave its peers in a step's all-reduces (failed CI at 6fa8271).
     seen, quiet, steps = int(ops.auto_probe_samples()), 0, 0
     while quiet < QUIET and steps < MAX_STEPS:
         step(inputs)
         steps += 1
         now = int(ops.auto_probe_samples())
-        quiet = quiet + 1 if now == seen else 0
+        moved = ops.all_reduce(tf.constant([int(now != seen)], tf.int32), op="max", topology="STAR")
+        quiet = quiet + 1 if int(moved.numpy()[0]) == 0 else 0
         seen = now
     chk.true(quiet == QUIET, f"the probe samples stopped growing within {MAX_STEPS} steps (ran {steps})")
     if os.environ.get("KUNGFU_AUTO_PROBES") == "0":
