@@ -101,9 +101,9 @@ def agree_on_candidate(strategy: strategy_pb2.Strategy, name: str) -> None:
         )
 
 
-def agree_any(flag: bool, name: str) -> bool:
-    """True on every worker iff ``flag`` is true on at least one."""
-    return bool(int(collective.all_reduce(tf.constant(int(flag), tf.int32), op="max", name=name)))
+def agree_any(flag: bool, name: str, topology: str | None = None) -> bool:
+    """True on every worker iff ``flag`` is true on at least one (``topology`` as in ``all_reduce``)."""
+    return bool(int(collective.all_reduce(tf.constant(int(flag), tf.int32), op="max", name=name, topology=topology)))
 
 
 def agree_max(value: float, name: str) -> float:
@@ -221,9 +221,7 @@ class Trial:
         """True (agreed) if AUTO took a probe sample on some worker during the last step."""
         grew = self._probe_samples() != samples_before
         # On a fixed topology: under AUTO this call's own size class would be probed.
-        return bool(int(collective.all_reduce(
-            tf.constant(int(grew), tf.int32), op="max", name=f"{self.name}/probing/{self.steps_run}", topology="STAR"
-        )))  # fmt: skip
+        return agree_any(grew, f"{self.name}/probing/{self.steps_run}", topology="STAR")
 
     def result(self) -> TrialResult:
         """The agreed measurement (collective: every worker calls it once the trial is ``done``)."""
