@@ -26,6 +26,8 @@
 #   make bench-strategy-resize  what a membership change costs a job with a strategy (re-build, re-trace; ~5 min)
 #   make bench-strategy-policy  StrategyPolicy vs each candidate strategy held static while the link between
 #                  two emulated hosts is throttled 1 Gbit/s -> 100 Mbit/s -> 1 Gbit/s (root, ~5 min)
+#   make bench-auto-probe  AUTO's probe across a 100 Mbit/s link between two emulated hosts: its cost and
+#                  choice, pruned and not, against every fixed topology (root, ~8 min)
 #   make bench-step-completion  a parameter-server step with and without the wait that completes it on every
 #                  rank or on none (np 2 and 4, two MLPs, loopback; ~2 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
@@ -140,7 +142,7 @@ CLANG_FORMAT ?= clang-format
 CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-strategy-policy bench-step-completion bench-config-store bench-etcd-security bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-strategy-policy bench-auto-probe bench-step-completion bench-config-store bench-etcd-security bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -333,6 +335,9 @@ bench-strategy-resize: install
 # throttled by tc mid-run (benchmarks/strategy_policy/run.py; root).
 bench-strategy-policy: install
 	$(PY) -m benchmarks.strategy_policy
+
+bench-auto-probe: install
+	$(PY) -m benchmarks.auto_probe --json benchmarks/results/auto_probe.json
 
 bench-step-completion: install
 	$(PY) -m benchmarks.step_completion

@@ -328,6 +328,10 @@ def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, A
                 for transport, shm in RUNTIME_TRANSPORTS.items():
                     iters = "1000" if size <= 1024 else "5"
                     argv = [exe, str(n), topology, str(size), iters, str(args.repeats)]
+                    # One name for every call, as a training step's gradient: AUTO's probe
+                    # samples after each call of a name but its first, so with a new name
+                    # per call it would never run and AUTO would stay on its prediction.
+                    argv.append("repeated")
                     env = worker_env({"KUNGFU_SHM": shm})
                     (res,) = run_group([argv], [env], timeout_s=300)
                     found = parse_results(res.lines)

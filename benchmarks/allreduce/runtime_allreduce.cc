@@ -2,14 +2,18 @@
 // np forked processes on loopback, each with its own runtime. Separates what
 // the runtime costs from what TF op dispatch costs in the main benchmark.
 //
-//   runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [PEERS RANK]
+//   runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [NAMES | PEERS RANK [NAMES]]
 //   (KUNGFU_AUTHENTICATE_FRAMES=1 tags and verifies every frame, =0 none;
 //   unset: only frames between hosts; KUNGFU_SHM=0: same-host peers talk
-//   through Unix sockets instead of shared-memory rings)
+//   through Unix sockets instead of shared-memory rings; KUNGFU_AUTO_PROBES,
+//   KUNGFU_AUTO_PRUNE and KUNGFU_AUTO_LOG as in a job)
 //
 // With PEERS (host:port,... of all NP ranks) and RANK, runs that one rank in
 // this process instead of forking NP on loopback: start one per host (or
-// network namespace) to measure across a link.
+// network namespace) to measure across a link. NAMES is "unique" (the
+// default: every call a new name) or "repeated" (every call the same name,
+// as a training step all-reduces one gradient: AUTO's probe takes one sample
+// after each call of a name but its first, so only this lets it run).
 //
 // Prints one line from rank 0:
 //   RESULT {"np": 2, "topology": "STAR", "auto_choice": "", "transport": "shm", "size": 4, "median_s": ...,
@@ -34,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "env_values.h"
 #include "runtime.h"
 
 namespace {
@@ -73,7 +78,8 @@ Status wait_op(Runtime &rt, const std::function<void(DoneCallback)> &start) {
   return r->status;
 }
 
-int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int repeats, const char *topo_name) {
+int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int repeats, const char *topo_name,
+               bool repeated_name) {
   std::unique_ptr<Runtime> rt;
   Status s = Runtime::create(opt, &rt);
   if (!s.ok()) {
@@ -85,7 +91,8 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
   int op_id = 0;
   auto all_reduce = [&]() {
     return wait_op(*rt, [&](DoneCallback d) {
-      rt->all_reduce("op" + std::to_string(op_id++), buf, kungfu::ReduceOp::kSum, d);
+      rt->all_reduce(repeated_name ? std::string("grad") : "op" + std::to_string(op_id++), buf, kungfu::ReduceOp::kSum,
+                     d);
     });
   };
   for (int i = 0; i < 3; ++i) {  // warm-up: connections, pools
@@ -130,8 +137,10 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc != 6 && argc != 8) {
-    std::fprintf(stderr, "usage: runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [PEERS RANK]\n");
+  if (argc < 6 || argc > 9) {
+    std::fprintf(stderr,
+                 "usage: runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [unique|repeated | PEERS RANK "
+                 "[unique|repeated]]\n");
     return 2;
   }
   int np = std::atoi(argv[1]);
@@ -146,7 +155,12 @@ int main(int argc, char **argv) {
   }
   std::vector<kungfu::PeerID> peers;
   int only_rank = -1;
-  if (argc == 8) {
+  const std::string names = argc == 9 ? argv[8] : argc == 7 ? argv[6] : "unique";
+  if (names != "unique" && names != "repeated") {
+    std::fprintf(stderr, "bad NAMES '%s': expected unique or repeated\n", names.c_str());
+    return 2;
+  }
+  if (argc >= 8) {
     s = kungfu::parse_peer_list(argv[6], &peers);
     only_rank = std::atoi(argv[7]);
     if (!s.ok() || static_cast<int>(peers.size()) != np || only_rank < 0 || only_rank >= np) {
@@ -174,6 +188,18 @@ int main(int argc, char **argv) {
       opt.frame_auth = auth == nullptr || *auth == '\0' ? kungfu::FrameAuthPolicy::kAcrossHosts
                        : std::string(auth) == "1"       ? kungfu::FrameAuthPolicy::kAlways
                                                         : kungfu::FrameAuthPolicy::kNever;
+      // AUTO's probe as the workers of a job read it (runtime_options.h).
+      for (const char *var : {"KUNGFU_AUTO_PROBES", "KUNGFU_AUTO_PRUNE"}) {
+        const char *text = std::getenv(var);
+        double v = 0;
+        if (text == nullptr || *text == '\0') continue;
+        if (!kungfu::parse_decimal(text, &v) || v < 0) {
+          std::fprintf(stderr, "%s='%s': expected a number >= 0\n", var, text);
+          std::_Exit(2);
+        }
+        if (std::string(var) == "KUNGFU_AUTO_PROBES") opt.auto_probes = static_cast<int>(v);
+        else opt.auto_prune = v;
+      }
       const char *auto_log = std::getenv("KUNGFU_AUTO_LOG");
       opt.auto_log = auto_log != nullptr && std::string(auto_log) == "1";
       const char *shm = std::getenv("KUNGFU_SHM");
@@ -182,7 +208,7 @@ int main(int argc, char **argv) {
         std::_Exit(2);
       }
       opt.same_host_shm = shm == nullptr || std::string(shm) != "0";
-      int rc = run_worker(opt, bytes / 4, iters, repeats, argv[2]);
+      int rc = run_worker(opt, bytes / 4, iters, repeats, argv[2], names == "repeated");
       if (only_rank >= 0) return rc;
       std::_Exit(rc);
     }

@@ -9,7 +9,7 @@ bool AutoChoices::resolve(int size_class, const std::string &name, Ready ready) 
   std::unique_lock<std::mutex> lock(mu_);
   Class &c = classes_[size_class];
   const uint64_t call = c.started[name]++;
-  if (c.state == State::kPredicted || c.state == State::kDecided) {
+  if ((c.state == State::kPredicted && !c.sampling) || c.state == State::kDecided) {
     TopologyKind kind = c.kind_for(call);
     lock.unlock();
     ready(kind);
@@ -17,6 +17,22 @@ bool AutoChoices::resolve(int size_class, const std::string &name, Ready ready) 
   }
   c.waiting.emplace_back(call, std::move(ready));
   return c.state == State::kAgreeing && c.waiting.size() == 1;
+}
+
+void AutoChoices::sample_started(int size_class) {
+  std::lock_guard<std::mutex> lock(mu_);
+  classes_[size_class].sampling = true;
+}
+
+void AutoChoices::sample_done(int size_class) {
+  std::vector<std::pair<TopologyKind, Ready>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Class &c = classes_[size_class];
+    c.sampling = false;
+    if (c.state == State::kPredicted) ready = release(c);
+  }
+  start(std::move(ready));
 }
 
 void AutoChoices::predict(int size_class, TopologyKind predicted) {
@@ -36,6 +52,7 @@ uint64_t AutoChoices::hold(int size_class) {
   std::lock_guard<std::mutex> lock(mu_);
   Class &c = classes_[size_class];
   c.state = State::kHeld;
+  c.sampling = false;
   c.tick = nullptr;
   uint64_t most = 0;
   for (const auto &[name, calls] : c.started) most = std::max(most, calls);
@@ -51,6 +68,7 @@ size_t AutoChoices::settle(int size_class, TopologyKind kind, uint64_t from_call
     c.chosen = kind;
     c.from_call = from_call;
     c.measured = true;
+    c.sampling = false;
     c.tick = nullptr;
     ready = release(c);
   }
@@ -66,6 +84,7 @@ size_t AutoChoices::decide(int size_class, TopologyKind kind, bool measured) {
     c.predicted = c.chosen = kind;
     c.from_call = 0;
     c.measured = measured;
+    c.sampling = false;
     c.tick = nullptr;
     ready = release(c);
   }

@@ -74,6 +74,14 @@ class AutoChoices {
   // A call `name` of the class ended: ticks its probe, if one is paced and
   // the name has ended a call before.
   void call_ended(int size_class, const std::string &name);
+  // A timed sample of the class's probe runs alone in its class: calls
+  // started between these two wait, then run on the prediction. (Beside the
+  // class's own traffic, on a slow link, every candidate took about the
+  // call's time more and their differences drowned in it.) The calls already
+  // under way were started before the sample, so each worker's sample still
+  // starts: its credit comes from a call that every worker has entered.
+  void sample_started(int size_class);
+  void sample_done(int size_class);
 
  private:
   enum class State { kAgreeing, kPredicted, kHeld, kDecided };
@@ -83,6 +91,7 @@ class AutoChoices {
     TopologyKind chosen = TopologyKind::kStar;
     uint64_t from_call = 0;  // calls numbered from here on, per name, run on `chosen`
     bool measured = false;
+    bool sampling = false;                            // sample_started() .. sample_done()
     std::map<std::string, uint64_t> started;          // calls per name
     std::map<std::string, uint64_t> ended;            // of those, ended
     std::vector<std::pair<uint64_t, Ready>> waiting;  // each with its number

@@ -20,6 +20,22 @@ int auto_calls_per_sample(int size_class) {
   return static_cast<int>(std::clamp<size_t>(calls, 1, 8));
 }
 
+size_t auto_warmup_bytes(int size_class) { return std::min<size_t>(auto_probe_bytes(size_class), 64 << 10); }
+
+std::vector<size_t> auto_survivors(const std::vector<double> &seconds, double ratio) {
+  std::vector<size_t> order(seconds.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (ratio <= 0) return order;
+  // Fastest first; a tie keeps the earlier candidate first, as fastest() does.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return seconds[a] < seconds[b]; });
+  std::vector<size_t> keep;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (k < 2 || seconds[order[k]] <= ratio * seconds[order[0]]) keep.push_back(order[k]);
+  }
+  std::sort(keep.begin(), keep.end());  // back in the candidates' order, the order samples run in
+  return keep;
+}
+
 std::vector<TopologyKind> auto_candidates(const Cluster &cluster) {
   std::vector<TopologyKind> out{TopologyKind::kStar, TopologyKind::kRing, TopologyKind::kBinaryTree};
   if (cluster.host_count() > 1) out.push_back(TopologyKind::kBinaryTreeStar);
@@ -28,9 +44,16 @@ std::vector<TopologyKind> auto_candidates(const Cluster &cluster) {
 }
 
 TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vector<double> &seconds) {
-  size_t best = 0;
-  for (size_t i = 1; i < candidates.size() && i < seconds.size(); ++i) {
-    if (seconds[i] < seconds[best]) best = i;
+  std::vector<size_t> all(std::min(candidates.size(), seconds.size()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return fastest(candidates, seconds, all);
+}
+
+TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vector<double> &seconds,
+                     const std::vector<size_t> &among) {
+  size_t best = among.empty() ? 0 : among[0];
+  for (size_t i : among) {
+    if (i < candidates.size() && i < seconds.size() && seconds[i] < seconds[best]) best = i;
   }
   return candidates[best];
 }

@@ -7,9 +7,11 @@
 // topology. The calls of the class do not wait for it: they run on the
 // fixed rule's prediction until the workers agree from which call on the
 // measured choice takes over (auto_choices.h), and the probe takes one
-// sample (a few all-reduces on one candidate) after each call of the class
-// ends, the first call of each name excepted, so its cost spreads over the
-// steps after the first (the one a cluster change waits for). The decision
+// timed sample (a few all-reduces on one candidate) after each call of the
+// class ends, the first call of each name excepted, so its cost spreads over
+// the steps after the first (the one a cluster change waits for); the
+// untimed warm-ups of all candidates run together after the first such
+// call. The decision
 // lives with the generation; after a cluster change the class is decided
 // again, recalled without probing if the workers measured the new layout
 // before (auto_memory.h), predicted and probed otherwise.
@@ -21,6 +23,12 @@
 // beside the job's own collectives, so they measure under the job's load.
 // A class whose calls stop before its probe has its samples, or whose
 // names are each used once, keeps the prediction for the generation.
+//
+// A probe of a large class drops the clearly slower candidates after their
+// first timed sample (auto_survivors): on a slow link one sample of a bad
+// topology can take seconds, and the probe used to take four of each. The
+// warm-up samples are small (auto_warmup_bytes): they only have to open the
+// candidates' connections.
 //
 // A probe that fails (a peer died, never came within the timeout, or
 // aborted it) leaves its class on the fixed rule (choose_auto) for the
@@ -45,11 +53,26 @@ size_t auto_probe_bytes(int size_class);
 // Calls timed together as one sample: small messages take a few so that
 // one sample is not a single scheduler wake-up.
 int auto_calls_per_sample(int size_class);
+// What a probe's untimed warm-up sample all-reduces: enough to open every
+// connection of the candidate, no more than 64 KiB.
+size_t auto_warmup_bytes(int size_class);
+// The smallest class whose probe is pruned (1 MiB): there a sample is a
+// transfer, steady from one sample to the next; below it a sample is a few
+// wake-ups, whose time can double from one to the next, and costs little.
+constexpr int kAutoPruneMinClass = 20;
+// Which candidates (indices) a probe keeps after their first timed sample,
+// given each one's time summed over the workers: those within `ratio` times
+// the fastest, and always the two fastest; every one if ratio <= 0 (pruning
+// off). The same sums give the same survivors on every worker.
+std::vector<size_t> auto_survivors(const std::vector<double> &seconds, double ratio);
 // The topologies AUTO chooses from on `cluster`. BINARY_TREE_STAR is left out
 // on one host, where it is the same graph as STAR.
 std::vector<TopologyKind> auto_candidates(const Cluster &cluster);
 // The candidate with the least total time; the earliest on a tie (the sums
 // are the same bytes on every worker, so the choice is too).
+// With `among`, only those indices are considered (the survivors of a pruned probe).
 TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vector<double> &seconds);
+TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vector<double> &seconds,
+                     const std::vector<size_t> &among);
 
 }  // namespace kungfu

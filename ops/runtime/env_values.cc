@@ -14,18 +14,24 @@ std::string quoted(const std::string &variable, const std::string &text) { retur
 }  // namespace
 
 Status parse_timeout_seconds(const std::string &variable, const std::string &text, double *out) {
-  char *end = nullptr;
-  errno = 0;
-  double t = std::strtod(text.c_str(), &end);
-  // Plain decimal notation only: strtod alone also takes spaces, hex and "nan".
-  bool number = !text.empty() && text.find_first_not_of("0123456789.eE+-") == std::string::npos &&
-                end != text.c_str() && *end == '\0' && errno == 0;
-  if (!number || !std::isfinite(t) || t <= 0 || t > kMaxTimeoutSeconds) {
+  double t = 0;
+  if (!parse_decimal(text, &t) || t <= 0 || t > kMaxTimeoutSeconds) {
     return InvalidArgument(quoted(variable, text) + ": expected a number of seconds in (0, " +
                            std::to_string(static_cast<long long>(kMaxTimeoutSeconds)) + "]");
   }
   *out = t;
   return Status::OK();
+}
+
+bool parse_decimal(const std::string &text, double *out) {
+  char *end = nullptr;
+  errno = 0;
+  double t = std::strtod(text.c_str(), &end);
+  // Plain decimal notation only: strtod alone also takes spaces, hex and "nan".
+  bool number = !text.empty() && text.find_first_not_of("0123456789.eE+-") == std::string::npos &&
+                end != text.c_str() && *end == '\0' && errno == 0 && std::isfinite(t);
+  if (number) *out = t;
+  return number;
 }
 
 Status parse_uint32(const std::string &variable, const std::string &text, uint32_t *out) {

@@ -18,6 +18,8 @@ constexpr double kMaxTimeoutSeconds = 1e6;
 
 // A finite number of seconds in (0, kMaxTimeoutSeconds].
 Status parse_timeout_seconds(const std::string &variable, const std::string &text, double *out);
+// A finite number in plain decimal notation (no spaces, hex, inf or nan); false otherwise.
+bool parse_decimal(const std::string &text, double *out);
 // A decimal integer in [0, 2^32).
 Status parse_uint32(const std::string &variable, const std::string &text, uint32_t *out);
 // The job secret as kungfu-run generates it: 64 hexadecimal characters.

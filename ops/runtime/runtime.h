@@ -272,6 +272,7 @@ class Runtime {
   // Times the candidates (no worker remembered a choice for this layout).
   void start_probe(const GenPtr &g, int size_class);
   void probe_step(const GenPtr &g, const std::shared_ptr<void> &state);
+  void probe_prune(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_decide(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_switch(const GenPtr &g, const std::shared_ptr<void> &state);
   void probe_tick(const GenPtr &g, const std::shared_ptr<void> &state);

@@ -17,18 +17,31 @@ namespace kungfu {
 
 namespace {
 
-// One probe's progress. Steps run one after another: sample 0 of every
-// candidate is a warm-up (connections open, buffers are allocated) and is
-// not timed; samples 1..samples are, candidates interleaved so that a change
-// of machine load touches all of them alike.
+// One probe's progress. Samples run one after another, each `calls`
+// all-reduces of one candidate, following `plan`: first an untimed warm-up
+// of every candidate (connections open), then timed samples, candidates
+// interleaved so that a change of machine load touches all of them alike.
+// A pruned probe plans the first timed sample of every candidate, agrees on
+// the survivors (auto_survivors), then plans the rest for them alone.
 struct Probe {
+  struct Slot {
+    size_t candidate;
+    int sample;  // 0: the warm-up
+  };
   int size_class = 0;
   std::vector<TopologyKind> candidates;
   int samples = 0;
   int calls = 0;  // all-reduces per sample
   std::vector<float> in, out;
   std::vector<std::vector<double>> seconds;  // per candidate, per timed sample
-  int step = 0;
+  std::vector<Slot> plan;
+  size_t next = 0;             // the slot under way
+  int call = 0;                // its all-reduce under way
+  int64_t sequence = 0;        // names the probe's all-reduces, the same on every worker
+  bool prune_pending = false;  // the survivors are still to be agreed after `plan`
+  bool alone = false;          // timed samples hold the class's new calls (AutoChoices::sample_started)
+  int32_t align = 0;           // all-reduced before each such sample, to start it together
+  std::vector<size_t> survivors;
   std::chrono::steady_clock::time_point sample_start;
   std::vector<double> totals;  // per candidate, summed over the workers
   TopologyKind best = TopologyKind::kStar;
@@ -39,10 +52,14 @@ struct Probe {
   bool parked = false;
   int64_t switch_call = 0;  // this worker's hold(), then the maximum over the workers
 
-  int steps() const { return (samples + 1) * static_cast<int>(candidates.size()) * calls; }
-  int call() const { return step % calls; }
-  int candidate() const { return step / calls % static_cast<int>(candidates.size()); }
-  int sample() const { return step / calls / static_cast<int>(candidates.size()); }
+  // Samples first..last of every candidate in `which`.
+  void plan_samples(const std::vector<size_t> &which, int first, int last) {
+    plan.clear();
+    next = 0;
+    for (int sample = first; sample <= last; ++sample) {
+      for (size_t c : which) plan.push_back(Slot{c, sample});
+    }
+  }
   // Names never seen by user code ('\x01'), the same on every worker.
   std::string name(const std::string &what) const {
     return "\x01"
@@ -57,8 +74,10 @@ void log_probe(const Generation &g, const Probe &p, TopologyKind best) {
   std::string line = "[kungfu] AUTO probe, " + std::to_string(auto_probe_bytes(p.size_class)) +
                      " B at np=" + std::to_string(g.size()) + ":";
   for (size_t i = 0; i < p.candidates.size() && i < p.totals.size(); ++i) {
-    char cell[64];
-    std::snprintf(cell, sizeof(cell), " %s %.2f us", topology_name(p.candidates[i]), p.totals[i] / g.size() * 1e6);
+    const bool kept = std::find(p.survivors.begin(), p.survivors.end(), i) != p.survivors.end();
+    char cell[80];
+    std::snprintf(cell, sizeof(cell), " %s %.2f us%s", topology_name(p.candidates[i]), p.totals[i] / g.size() * 1e6,
+                  kept ? "" : " (pruned after one sample)");
     line += cell;
   }
   line += std::string(" -> ") + topology_name(best) + "\n";
@@ -110,6 +129,13 @@ void Runtime::start_probe(const GenPtr &g, int size_class) {
   p->in.assign(count, 1.0f);
   p->out.assign(count, 0.0f);
   p->seconds.resize(p->candidates.size());
+  std::vector<size_t> all(p->candidates.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  p->survivors = all;
+  // Pruning needs a timed sample to judge by and one more to run after it.
+  p->prune_pending = opt_.auto_prune > 0 && size_class >= kAutoPruneMinClass && p->samples > 1;
+  p->alone = size_class >= kAutoPruneMinClass;
+  p->plan_samples(all, 0, p->prune_pending ? 1 : p->samples);
   // Weak: the tick lives in the generation, which must not keep itself alive.
   std::weak_ptr<Generation> weak = g;
   g->auto_choices.pace(size_class, [this, weak, p] {
@@ -132,27 +158,73 @@ void Runtime::probe_tick(const GenPtr &g, const std::shared_ptr<void> &state) {
 
 void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
   auto p = std::static_pointer_cast<Probe>(state);
-  if (p->step == p->steps()) return probe_decide(g, state);
-  if (p->call() == 0) {
+  if (p->next == p->plan.size()) return p->prune_pending ? probe_prune(g, state) : probe_decide(g, state);
+  const Probe::Slot slot = p->plan[p->next];
+  bool align = false;
+  if (p->call == 0) {
+    // A timed sample waits for a credit; the warm-ups (small) run together
+    // under the first one, so that a probe costs the class's calls one
+    // sample each, not one per candidate more.
     std::lock_guard<std::mutex> lock(p->pace_mu);
-    if (p->credits == 0) {
-      p->parked = true;  // probe_tick() resumes it
-      return;
+    if (slot.sample > 0 || p->next == 0) {
+      if (p->credits == 0) {
+        p->parked = true;  // probe_tick() resumes it
+        return;
+      }
+      --p->credits;
     }
-    --p->credits;
     ++auto_probe_samples_;
+    if (slot.sample > 0 && p->alone) {
+      g->auto_choices.sample_started(p->size_class);
+      align = true;
+    }
     p->sample_start = std::chrono::steady_clock::now();
   }
-  TopologyKind kind = p->candidates[static_cast<size_t>(p->candidate())];
-  size_t count = p->in.size();
-  Buffer buf{p->in.data(), p->out.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, p};
-  all_reduce_in(g, kind, p->name(std::to_string(p->step)), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
+  auto run = [this, g, p, slot] {
+    TopologyKind kind = p->candidates[slot.candidate];
+    size_t count = (slot.sample == 0 ? auto_warmup_bytes(p->size_class) : auto_probe_bytes(p->size_class)) /
+                   sizeof(float);
+    Buffer buf{p->in.data(), p->out.data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, p};
+    all_reduce_in(g, kind, p->name(std::to_string(p->sequence++)), buf, ReduceOp::kSum,
+                  [this, g, p, slot](const Status &s) {
+                    if (!s.ok()) return probe_failed(g, p->size_class);
+                    if (++p->call < p->calls) return probe_step(g, p);
+                    if (slot.sample > 0) {
+                      std::chrono::duration<double> took = std::chrono::steady_clock::now() - p->sample_start;
+                      p->seconds[slot.candidate].push_back(took.count() / p->calls);
+                      if (p->alone) g->auto_choices.sample_done(p->size_class);
+                    }
+                    p->call = 0;
+                    ++p->next;
+                    probe_step(g, p);
+                  });
+  };
+  if (!align) return run();
+  // A large sample is timed from a common start: each worker reaches it when
+  // its own last call of the class ended, and on a slow link those ends lie
+  // a good part of a call apart, time that would be charged to the sample.
+  Buffer flag{&p->align, &p->align, TensorDesc{DType::kInt32, {1}, 1}, p};
+  all_reduce_in(g, TopologyKind::kStar, p->name("align/" + std::to_string(p->sequence)), flag, ReduceOp::kMax,
+                [this, g, p, run](const Status &s) {
+                  if (!s.ok()) return probe_failed(g, p->size_class);
+                  p->sample_start = std::chrono::steady_clock::now();
+                  run();
+                });
+}
+
+void Runtime::probe_prune(const GenPtr &g, const std::shared_ptr<void> &state) {
+  auto p = std::static_pointer_cast<Probe>(state);
+  // Each candidate's first timed sample, summed over the workers: the same
+  // sums everywhere, hence the same survivors.
+  p->totals.clear();
+  for (const std::vector<double> &s : p->seconds) p->totals.push_back(s.empty() ? 0 : s.front());
+  size_t n = p->totals.size();
+  Buffer buf{p->totals.data(), p->totals.data(), TensorDesc{DType::kFloat64, {static_cast<int64_t>(n)}, n}, p};
+  all_reduce_in(g, TopologyKind::kStar, p->name("prune"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
-    if (p->sample() > 0 && p->call() == p->calls - 1) {
-      std::chrono::duration<double> took = std::chrono::steady_clock::now() - p->sample_start;
-      p->seconds[static_cast<size_t>(p->candidate())].push_back(took.count() / p->calls);
-    }
-    ++p->step;
+    p->survivors = auto_survivors(p->totals, opt_.auto_prune);
+    p->prune_pending = false;
+    p->plan_samples(p->survivors, 2, p->samples);
     probe_step(g, p);
   });
 }
@@ -160,13 +232,15 @@ void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
 void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) {
   auto p = std::static_pointer_cast<Probe>(state);
   // Each worker's median per candidate, summed over the workers: every
-  // worker gets the same sums, hence the same choice.
+  // worker gets the same sums, hence the same choice. A pruned candidate's
+  // one sample is summed too (for the log), but it cannot be chosen.
+  p->totals.clear();
   for (const std::vector<double> &s : p->seconds) p->totals.push_back(median(s));
   size_t n = p->totals.size();
   Buffer buf{p->totals.data(), p->totals.data(), TensorDesc{DType::kFloat64, {static_cast<int64_t>(n)}, n}, p};
   all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
-    p->best = fastest(p->candidates, p->totals);
+    p->best = fastest(p->candidates, p->totals, p->survivors);
     if (opt_.auto_log && g->self_rank == 0) log_probe(*g, *p, p->best);
     probe_switch(g, p);
   });

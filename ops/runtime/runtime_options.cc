@@ -100,6 +100,17 @@ Status RuntimeOptions::from_env(RuntimeOptions *out) {
     }
     o.auto_probes = static_cast<int>(v);
   }
+  std::string prune = env("KUNGFU_AUTO_PRUNE");
+  if (!prune.empty()) {
+    double v = 0;
+    if (!parse_decimal(prune, &v) || !(v == 0 || (v >= 1 && v <= kMaxAutoPrune))) {
+      return InvalidArgument("KUNGFU_AUTO_PRUNE='" + prune +
+                             "': expected how many times the fastest candidate's first sample a topology may take "
+                             "and still be probed further, from 1 to " +
+                             std::to_string(static_cast<int>(kMaxAutoPrune)) + ", or 0 to probe every candidate fully");
+    }
+    o.auto_prune = v;
+  }
   std::string auto_log = env("KUNGFU_AUTO_LOG");
   if (!auto_log.empty() && auto_log != "0" && auto_log != "1") {
     return InvalidArgument("KUNGFU_AUTO_LOG='" + auto_log +

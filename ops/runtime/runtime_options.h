@@ -15,6 +15,8 @@ namespace kungfu {
 
 // The most timed samples AUTO takes per candidate: more only delays the first step.
 constexpr int kMaxAutoProbes = 100;
+// The largest KUNGFU_AUTO_PRUNE: beyond it nothing is ever pruned.
+constexpr double kMaxAutoPrune = 100;
 
 struct RuntimeOptions {
   Cluster cluster;
@@ -32,6 +34,10 @@ struct RuntimeOptions {
   // (KUNGFU_AUTO_PROBES, auto_topology.h); 0: AUTO follows choose_auto's
   // fixed size rule instead of measuring. Every worker must have the same.
   int auto_probes = 3;
+  // A probe of a class of 1 MiB or more keeps, after one timed sample of
+  // each candidate, only those within this many times the fastest (and the
+  // two fastest); 0 keeps every candidate (KUNGFU_AUTO_PRUNE, auto_topology.h).
+  double auto_prune = 1.5;
   // Rank 0 prints each probe's timings and choice to stderr (KUNGFU_AUTO_LOG=1).
   bool auto_log = false;
   // Same-host peers exchange frames through shared-memory rings
@@ -40,7 +46,8 @@ struct RuntimeOptions {
 
   // Reads KUNGFU_SELF, KUNGFU_PEERS, KUNGFU_CLUSTER_VERSION, KUNGFU_TOPOLOGY,
   // KUNGFU_TIMEOUT, KUNGFU_JOB_SECRET, KUNGFU_JOB_ID,
-  // KUNGFU_AUTHENTICATE_FRAMES, KUNGFU_AUTO_PROBES and KUNGFU_SHM. Without
+  // KUNGFU_AUTHENTICATE_FRAMES, KUNGFU_AUTO_PROBES, KUNGFU_AUTO_PRUNE and
+  // KUNGFU_SHM. Without
   // KUNGFU_PEERS: a one-worker cluster.
   static Status from_env(RuntimeOptions *out);
 };

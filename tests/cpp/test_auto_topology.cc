@@ -248,16 +248,16 @@ void test_recall_votes() {
   CHECK(m.recall(3, "a*2\n") == ring && !m.recall(4, "a*2\n") && !m.recall(3, "a*3\n"));
 }
 
-// All-reduce (sum) of a 10-float tensor on the given runtimes; true if every
-// result is right.
-bool all_reduce_right(const std::vector<Runtime *> &rts, const std::string &name) {
-  std::vector<std::vector<float>> in(rts.size(), std::vector<float>(10));
+// All-reduce (sum) of a `count`-float tensor on the given runtimes; true if
+// every result is right.
+bool all_reduce_right(const std::vector<Runtime *> &rts, const std::string &name, size_t count = 10) {
+  std::vector<std::vector<float>> in(rts.size(), std::vector<float>(count));
   std::vector<std::future<Status>> fs;
   for (size_t r = 0; r < rts.size(); ++r) {
-    for (size_t i = 0; i < 10; ++i) in[r][i] = static_cast<float>(r + i);
+    for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>(r + i % 1000);
     auto p = std::make_shared<std::promise<Status>>();
     fs.push_back(p->get_future());
-    Buffer b{in[r].data(), in[r].data(), TensorDesc{DType::kFloat32, {10}, 10}, nullptr};
+    Buffer b{in[r].data(), in[r].data(), TensorDesc{DType::kFloat32, {static_cast<int64_t>(count)}, count}, nullptr};
     rts[r]->all_reduce(name, b, ReduceOp::kSum, [p](const Status &s) { p->set_value(s); });
   }
   bool right = true;
@@ -265,9 +265,9 @@ bool all_reduce_right(const std::vector<Runtime *> &rts, const std::string &name
     Status s = fs[r].get();
     CHECK_OK(s);
     right = right && s.ok();
-    for (size_t i = 0; i < 10; ++i) {
+    for (size_t i = 0; i < count; ++i) {
       float want = 0;
-      for (size_t q = 0; q < rts.size(); ++q) want += static_cast<float>(q + i);
+      for (size_t q = 0; q < rts.size(); ++q) want += static_cast<float>(q + i % 1000);
       right = right && in[r][i] == want;
     }
   }
@@ -278,7 +278,7 @@ bool all_reduce_right(const std::vector<Runtime *> &rts, const std::string &name
 // one sample per call, and may run behind the rounds), until every
 // runtime's AUTO has `classes` measured choices; true if it came to that,
 // every result right. The deadline only rules out a hang.
-bool settled(const std::vector<Runtime *> &rts, size_t classes, const std::string &name) {
+bool settled(const std::vector<Runtime *> &rts, size_t classes, const std::string &name, size_t count = 10) {
   auto measured = [&] {
     for (Runtime *rt : rts) {
       if (rt->auto_choices().size() != classes) return false;
@@ -287,7 +287,7 @@ bool settled(const std::vector<Runtime *> &rts, size_t classes, const std::strin
   };
   const auto start = std::chrono::steady_clock::now();
   while (!measured() && kftest::seconds_since(start) < 120) {
-    if (!all_reduce_right(rts, name)) return false;
+    if (!all_reduce_right(rts, name, count)) return false;
   }
   return measured();
 }
@@ -366,6 +366,93 @@ void test_unseen_layout_does_not_wait_for_its_probe() {
   for (Runtime *rt : two) CHECK(rt->pending_messages() == 0);
 }
 
+// Issue 23 §2: while a timed sample of a large class runs, the class's new
+// calls wait for it (so that it is timed without their traffic beside it),
+// then run on the prediction; calls after it run at once again, and a
+// decision releases the waiting ones too.
+void test_calls_wait_for_a_sample_of_their_class() {
+  AutoChoices c;
+  std::vector<std::string> got;
+  auto record = [&](const std::string &name) { return [&got, name](TopologyKind) { got.push_back(name); }; };
+  CHECK(c.resolve(21, "a", record("a0")));
+  c.predict(21, TopologyKind::kRing);
+  CHECK(c.resolve(22, "c", record("c0")));
+  c.predict(22, TopologyKind::kRing);
+  CHECK((got == std::vector<std::string>{"a0", "c0"}));
+  c.sample_started(21);
+  CHECK(!c.resolve(21, "a", record("a1")));
+  CHECK(!c.resolve(21, "b", record("b0")));
+  CHECK(!c.resolve(22, "c", record("c1")));  // another class does not wait
+  CHECK((got == std::vector<std::string>{"a0", "c0", "c1"}));
+  c.sample_done(21);
+  CHECK((got == std::vector<std::string>{"a0", "c0", "c1", "a1", "b0"}));
+  CHECK(!c.resolve(21, "a", record("a2")));  // no sample under way: at once
+  CHECK(got.size() == 6 && got[5] == "a2");
+  c.sample_started(21);
+  CHECK(!c.resolve(21, "a", record("a3")));
+  CHECK(got.size() == 6);
+  CHECK(c.decide(21, TopologyKind::kStar, false) == 1);  // a failed probe releases them
+  CHECK(got.size() == 7 && got[6] == "a3");
+  CHECK(!c.resolve(21, "a", record("a4")));
+  CHECK(got.size() == 8);
+}
+
+// Issue 23 §2: the survivors of a pruned probe, and the choice among them.
+void test_survivors() {
+  // The fastest, and those within the ratio of it; always the two fastest.
+  CHECK((auto_survivors({1, 3, 1.5, 2.1}, 2) == std::vector<size_t>{0, 2}));
+  CHECK((auto_survivors({1, 3, 1.5, 2.0}, 2) == std::vector<size_t>{0, 2, 3}));
+  CHECK((auto_survivors({9, 1, 50, 40}, 2) == std::vector<size_t>{0, 1}));
+  CHECK((auto_survivors({1, 3, 1.5, 2.1}, 3) == std::vector<size_t>{0, 1, 2, 3}));
+  CHECK((auto_survivors({1, 3, 1.5, 2.1}, 0) == std::vector<size_t>{0, 1, 2, 3}));  // off
+  CHECK((auto_survivors({2, 1, 1, 1}, 1) == std::vector<size_t>{1, 2, 3}));         // ties all stay
+  CHECK((auto_survivors({5}, 2) == std::vector<size_t>{0}));
+  const std::vector<TopologyKind> one = auto_candidates(hosts({"a", "a", "a"}));
+  // A pruned candidate is not chosen, even if its one sample beats the survivors' medians.
+  CHECK(fastest(one, {3, 1, 2, 0.5}, {0, 1, 2}) == TopologyKind::kRing);
+  CHECK(fastest(one, {1, 1, 2, 0.5}, {1, 2}) == TopologyKind::kRing);
+  CHECK(auto_warmup_bytes(2) == 4 && auto_warmup_bytes(16) == 64 << 10 && auto_warmup_bytes(26) == 64 << 10);
+}
+
+// Issue 23 §2: a probe of a large class (1 MiB or more) keeps only the
+// candidates within KUNGFU_AUTO_PRUNE times the fastest after one timed
+// sample each. At a ratio of 1 only the two fastest go on: 4 candidates x
+// (warm-up + 1) + 2 x 2 = 12 samples on every worker, against 4 x (1 + 3) =
+// 16 unpruned; the workers agree on the survivors (otherwise the probe's
+// all-reduces would not pair up, the probe would fail and no choice would be
+// measured) and on the choice, and every result stays exact. A class below
+// 1 MiB is never pruned.
+void test_large_class_probe_is_pruned() {
+  struct Case {
+    double ratio;
+    size_t count;
+    uint64_t samples;
+  };
+  for (const Case &c : {Case{1.0, 262144, 12}, Case{0.0, 262144, 16}, Case{1.0, 16384, 16}}) {
+    std::vector<kungfu::PeerID> peers = kftest::local_peers(3);
+    std::vector<std::unique_ptr<Runtime>> rts(3);
+    std::vector<Runtime *> all;
+    for (int r = 0; r < 3; ++r) {
+      RuntimeOptions o = kftest::options(peers, r, TopologyKind::kAuto, 60);
+      o.auto_prune = c.ratio;
+      CHECK_OK(Runtime::create(o, &rts[r]));
+      all.push_back(rts[r].get());
+    }
+    if (!rts[0] || !rts[1] || !rts[2]) return;
+    CHECK(settled(all, 1, "big", c.count));
+    for (Runtime *rt : all) {
+      if (rt->auto_probe_samples() != c.samples) {
+        std::fprintf(stderr, "  ratio %g, %zu floats: %llu samples, want %llu\n", c.ratio, c.count,
+                     static_cast<unsigned long long>(rt->auto_probe_samples()),
+                     static_cast<unsigned long long>(c.samples));
+      }
+      CHECK(rt->auto_probe_samples() == c.samples);
+      CHECK(rt->auto_choices() == rts[0]->auto_choices());
+    }
+    for (int k = 0; k < 2; ++k) CHECK(all_reduce_right(all, "big", c.count));
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -380,5 +467,8 @@ int main() {
       {"recall_votes", test_recall_votes},
       {"seen_layout_is_recalled", test_seen_layout_is_recalled},
       {"unseen_layout_does_not_wait_for_its_probe", test_unseen_layout_does_not_wait_for_its_probe},
+      {"calls_wait_for_a_sample_of_their_class", test_calls_wait_for_a_sample_of_their_class},
+      {"survivors", test_survivors},
+      {"large_class_probe_is_pruned", test_large_class_probe_is_pruned},
   });
 }

@@ -22,6 +22,7 @@ void set_good_env() {
   unsetenv("KUNGFU_TOPOLOGY");
   unsetenv("KUNGFU_AUTHENTICATE_FRAMES");
   unsetenv("KUNGFU_AUTO_PROBES");
+  unsetenv("KUNGFU_AUTO_PRUNE");
   unsetenv("KUNGFU_AUTO_LOG");
 }
 
@@ -61,6 +62,16 @@ void test_good_values() {
     CHECK_OK(RuntimeOptions::from_env(&set));
     CHECK(set.auto_probes == probes);
   }
+  // Large classes' probes prune at 1.5x by default; 0 keeps every candidate.
+  CHECK(o.auto_prune == 1.5);
+  for (auto [value, ratio] :
+       {std::pair{"0", 0.0}, std::pair{"1", 1.0}, std::pair{"1.5", 1.5}, std::pair{"100", 100.0}}) {
+    setenv("KUNGFU_AUTO_PRUNE", value, 1);
+    RuntimeOptions set;
+    CHECK_OK(RuntimeOptions::from_env(&set));
+    CHECK(set.auto_prune == ratio);
+  }
+  unsetenv("KUNGFU_AUTO_PRUNE");
   // AUTO's probes are silent unless KUNGFU_AUTO_LOG=1.
   CHECK(!o.auto_log);
   for (auto [value, on] : {std::pair{"0", false}, std::pair{"1", true}}) {
@@ -97,6 +108,15 @@ void test_bad_values() {
     Status rejected = RuntimeOptions::from_env(&o);
     CHECK(contains(rejected.message(), std::string("KUNGFU_AUTO_PROBES='") + v + "'"));
     CHECK(contains(rejected.message(), "from 0 to 100"));
+  }
+  // Below 1 a ratio would prune the fastest candidate itself.
+  for (const char *v : {"0.5", "-2", "101", "nan", "inf", "2x", " 2", "0x2"}) {
+    expect_rejected("KUNGFU_AUTO_PRUNE", v);
+    set_good_env();
+    setenv("KUNGFU_AUTO_PRUNE", v, 1);
+    Status rejected = RuntimeOptions::from_env(&o);
+    CHECK(contains(rejected.message(), std::string("KUNGFU_AUTO_PRUNE='") + v + "'"));
+    CHECK(contains(rejected.message(), "from 1 to 100"));
   }
 }
 
