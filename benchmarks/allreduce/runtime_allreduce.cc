@@ -19,6 +19,8 @@
 //   RESULT {"np": 2, "topology": "STAR", "auto_choice": "", "transport": "shm", "size": 4, "median_s": ...,
 //           "polled_frames": ..., "timed_calls": ..., "samples": [...]}
 // (auto_choice: for AUTO, the topology its probe chose for this size;
+// calls_held_for_sample: rank 0's calls that waited for a timed sample of
+// the probe of a class of 1 MiB or more, auto_topology.h;
 // polled_frames: frames rank 0's caller took from the rings itself during
 // the timed calls, the rest went through the receiving threads.)
 #include <sys/wait.h>
@@ -124,9 +126,11 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
     const char *auto_choice = it == chosen.end() ? "" : kungfu::topology_name(it->second);
     std::printf(
         "RESULT {\"np\": %d, \"topology\": \"%s\", \"auto_choice\": \"%s\", \"transport\": \"%s\", \"size\": %zu, "
-        "\"median_s\": %.9f, \"polled_frames\": %llu, \"timed_calls\": %d, \"samples\": [",
+        "\"median_s\": %.9f, \"polled_frames\": %llu, \"timed_calls\": %d, \"calls_held_for_sample\": %llu, "
+        "\"samples\": [",
         opt.cluster.size(), topo_name, auto_choice, opt.same_host_shm ? "shm" : "unix", count * 4,
-        sorted[sorted.size() / 2], static_cast<unsigned long long>(polled), iters * repeats);
+        sorted[sorted.size() / 2], static_cast<unsigned long long>(polled), iters * repeats,
+        static_cast<unsigned long long>(rt->auto_calls_held_for_sample()));
     for (size_t i = 0; i < samples.size(); ++i) std::printf("%s%.9f", i ? ", " : "", samples[i]);
     std::printf("]}\n");
   }

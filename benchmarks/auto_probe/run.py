@@ -15,8 +15,9 @@ rotating order, ``--rounds`` times:
 - every fixed topology, the reference AUTO is judged against.
 
 Per run: the topology AUTO ended on, the median of the last 5 calls (the
-steady state), the sum of all timed calls, and the probe's cost: that sum
-less ``--calls`` times the steady state.
+steady state), the sum of all timed calls, the probe's cost (that sum less
+``--calls`` times the steady state), and how many of rank 0's calls waited
+for a timed sample of the probe (which runs alone in its class).
 
     .venv/bin/python -m benchmarks.auto_probe        # root, ~8 min
 """
@@ -167,15 +168,15 @@ def report(
     lines = [
         f"AUTO's probe, {args.bytes} B at np=4 on two hosts, {args.rate} link; {args.calls} timed calls per run",
         "",
-        "| run | chose | steady state | ÷ best fixed | sum of the calls | probe's cost |",
-        "|---|---|---:|---:|---:|---:|",
+        "| run | chose | steady state | ÷ best fixed | sum of the calls | probe's cost | calls held by a sample |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name in list(AUTO_RUNS) + list(FIXED):
         for rec in runs.get(name, []):
             chose = rec["auto_choice"] or ("–" if name in FIXED else "(prediction)")
             lines.append(
                 f"| {name} | {chose} | {rec['steady_s']:.3f} s | {rec['steady_s'] / best_s:.2f} | "
-                f"{rec['total_s']:.1f} s | {rec['probe_cost_s']:.1f} s |"
+                f"{rec['total_s']:.1f} s | {rec['probe_cost_s']:.1f} s | {rec.get('calls_held_for_sample', '–')} |"
             )
     load = meta["loadavg_start"]
     lines += [

@@ -24,7 +24,7 @@ void AutoChoices::sample_started(int size_class) {
   classes_[size_class].sampling = true;
 }
 
-void AutoChoices::sample_done(int size_class) {
+size_t AutoChoices::sample_done(int size_class) {
   std::vector<std::pair<TopologyKind, Ready>> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -32,7 +32,7 @@ void AutoChoices::sample_done(int size_class) {
     c.sampling = false;
     if (c.state == State::kPredicted) ready = release(c);
   }
-  start(std::move(ready));
+  return start(std::move(ready));
 }
 
 void AutoChoices::predict(int size_class, TopologyKind predicted) {

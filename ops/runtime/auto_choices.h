@@ -81,7 +81,8 @@ class AutoChoices {
   // under way were started before the sample, so each worker's sample still
   // starts: its credit comes from a call that every worker has entered.
   void sample_started(int size_class);
-  void sample_done(int size_class);
+  // Returns how many calls waited for the sample.
+  size_t sample_done(int size_class);
 
  private:
   enum class State { kAgreeing, kPredicted, kHeld, kDecided };

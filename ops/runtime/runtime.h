@@ -113,13 +113,17 @@ class Runtime {
   uint64_t auto_probes_run() const { return auto_probes_.load(); }
   // AUTO all-reduces that waited for a probe to end, over every version so
   // far: only those started while the workers agree from which call on its
-  // choice applies; the others run on the prediction (auto_choices.h).
+  // choice applies (and those a failed probe's sample held); the others run
+  // on the prediction (auto_choices.h).
   uint64_t auto_calls_waited_for_probe() const { return auto_calls_waited_.load(); }
   // Samples AUTO's probes have started, over every version so far. It grows
   // while a size class of the layout is being measured (one sample after
   // each call of the class) and stops when every class that is called has
   // decided: a policy that times steps waits until it stops.
   uint64_t auto_probe_samples() const { return auto_probe_samples_.load(); }
+  // Calls of a class of 1 MiB or more that waited for a timed sample of its
+  // probe to end (AutoChoices::sample_started).
+  uint64_t auto_calls_held_for_sample() const { return auto_calls_held_.load(); }
   // Threads serving the current version's links (Transport::sender_threads,
   // receiver_threads): a worker has them only for the peers it talks to.
   size_t sender_threads() const;
@@ -317,6 +321,7 @@ class Runtime {
   std::atomic<uint64_t> leaves_cut_by_deadline_{0};
   std::atomic<uint64_t> auto_calls_waited_{0};
   std::atomic<uint64_t> auto_probe_samples_{0};
+  std::atomic<uint64_t> auto_calls_held_{0};
 
   mutable std::mutex gen_mu_;  // guards current_ (the pointer, not the object)
   GenPtr current_;

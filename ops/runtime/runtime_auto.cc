@@ -114,7 +114,6 @@ void Runtime::probe_auto(const GenPtr &g, int size_class) {
                   // Counted before the calls start, so that a caller who
                   // sees its call done also sees the probe it started.
                   ++auto_probes_;
-                  g->auto_choices.predict(size_class, choose_auto(auto_probe_bytes(size_class), g->cluster));
                   start_probe(g, size_class);
                 });
 }
@@ -141,6 +140,11 @@ void Runtime::start_probe(const GenPtr &g, int size_class) {
   g->auto_choices.pace(size_class, [this, weak, p] {
     if (GenPtr live = weak.lock()) probe_tick(live, p);
   });
+  // Only now may the class's calls run: every call that ends must find the
+  // probe paced, on every worker alike, or one worker would count a credit
+  // that another missed, and a sample holding the class's calls
+  // (AutoChoices::sample_started) would wait for a peer that waits for them.
+  g->auto_choices.predict(size_class, choose_auto(auto_probe_bytes(size_class), g->cluster));
   probe_step(g, p);
 }
 
@@ -192,7 +196,7 @@ void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
                     if (slot.sample > 0) {
                       std::chrono::duration<double> took = std::chrono::steady_clock::now() - p->sample_start;
                       p->seconds[slot.candidate].push_back(took.count() / p->calls);
-                      if (p->alone) g->auto_choices.sample_done(p->size_class);
+                      if (p->alone) auto_calls_held_ += g->auto_choices.sample_done(p->size_class);
                     }
                     p->call = 0;
                     ++p->next;

@@ -57,8 +57,12 @@ void Runtime::all_reduce_in(const GenPtr &g, TopologyKind kind, const std::strin
     int size_class = auto_size_class(bytes);
     auto run_on = [this, g, size_class, name, buf, op, done](TopologyKind decided) {
       all_reduce_in(g, decided, name, buf, op, [g, size_class, name, done](const Status &s) {
+        // Paces the class's probe before the caller learns the call ended:
+        // a sample that holds the class's calls has started by then, so the
+        // caller's next call of the class waits for it instead of running
+        // beside it.
+        g->auto_choices.call_ended(size_class, name);
         done(s);
-        g->auto_choices.call_ended(size_class, name);  // paces the class's probe
       });
     };
     if (g->auto_choices.resolve(size_class, name, std::move(run_on))) probe_auto(g, size_class);

@@ -37,6 +37,8 @@ struct RuntimeOptions {
   // A probe of a class of 1 MiB or more keeps, after one timed sample of
   // each candidate, only those within this many times the fastest (and the
   // two fastest); 0 keeps every candidate (KUNGFU_AUTO_PRUNE, auto_topology.h).
+  // Every worker must have the same, as for auto_probes (the launcher gives
+  // every worker the same environment).
   double auto_prune = 1.5;
   // Rank 0 prints each probe's timings and choice to stderr (KUNGFU_AUTO_LOG=1).
   bool auto_log = false;

@@ -373,7 +373,13 @@ void test_unseen_layout_does_not_wait_for_its_probe() {
 void test_calls_wait_for_a_sample_of_their_class() {
   AutoChoices c;
   std::vector<std::string> got;
-  auto record = [&](const std::string &name) { return [&got, name](TopologyKind) { got.push_back(name); }; };
+  std::vector<TopologyKind> kinds;
+  auto record = [&](const std::string &name) {
+    return [&got, &kinds, name](TopologyKind k) {
+      got.push_back(name);
+      kinds.push_back(k);
+    };
+  };
   CHECK(c.resolve(21, "a", record("a0")));
   c.predict(21, TopologyKind::kRing);
   CHECK(c.resolve(22, "c", record("c0")));
@@ -384,17 +390,19 @@ void test_calls_wait_for_a_sample_of_their_class() {
   CHECK(!c.resolve(21, "b", record("b0")));
   CHECK(!c.resolve(22, "c", record("c1")));  // another class does not wait
   CHECK((got == std::vector<std::string>{"a0", "c0", "c1"}));
-  c.sample_done(21);
+  CHECK(c.sample_done(21) == 2);
   CHECK((got == std::vector<std::string>{"a0", "c0", "c1", "a1", "b0"}));
-  CHECK(!c.resolve(21, "a", record("a2")));  // no sample under way: at once
+  CHECK(kinds[3] == TopologyKind::kRing && kinds[4] == TopologyKind::kRing);  // on the prediction
+  CHECK(!c.resolve(21, "a", record("a2")));                                   // no sample under way: at once
   CHECK(got.size() == 6 && got[5] == "a2");
   c.sample_started(21);
   CHECK(!c.resolve(21, "a", record("a3")));
   CHECK(got.size() == 6);
   CHECK(c.decide(21, TopologyKind::kStar, false) == 1);  // a failed probe releases them
-  CHECK(got.size() == 7 && got[6] == "a3");
+  CHECK(got.size() == 7 && got[6] == "a3" && kinds[6] == TopologyKind::kStar);
   CHECK(!c.resolve(21, "a", record("a4")));
-  CHECK(got.size() == 8);
+  CHECK(got.size() == 8 && kinds[7] == TopologyKind::kStar);
+  CHECK(c.sample_done(21) == 0);  // a late end of a failed sample releases nothing more
 }
 
 // Issue 23 §2: the survivors of a pruned probe, and the choice among them.
@@ -448,6 +456,7 @@ void test_large_class_probe_is_pruned() {
       }
       CHECK(rt->auto_probe_samples() == c.samples);
       CHECK(rt->auto_choices() == rts[0]->auto_choices());
+      if (c.count * sizeof(float) < size_t{1} << kAutoPruneMinClass) CHECK(rt->auto_calls_held_for_sample() == 0);
     }
     for (int k = 0; k < 2; ++k) CHECK(all_reduce_right(all, "big", c.count));
   }
