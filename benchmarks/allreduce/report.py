@@ -22,10 +22,13 @@ def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
 
 
 def _cell(point: dict[str, Any] | None) -> str:
-    """``time · bus bandwidth`` of one point, or a dash if not measured."""
+    """``time · bus bandwidth`` of one point (AUTO's: and its choice), or a dash if not measured."""
     if point is None:
         return "–"
-    return f"{format_time(point['median_s'])} · {format_rate(point['busbw'])}"
+    chose = point.get("auto_choice")
+    return f"{format_time(point['median_s'])} · {format_rate(point['busbw'])}" + (
+        f" ({chose})" if chose else ""
+    )
 
 
 def _ratio_cell(ours: dict[str, Any] | None, anchor: dict[str, Any] | None) -> str:
@@ -216,3 +219,25 @@ def shm_targets_table(evals: list[dict[str, Any]]) -> str:
         rows.append([e["target"], e["ours_text"], e["reference_text"], verdict])
     header = ["target", "ours", "reference (same run)", "verdict"]
     return _table(header, ["l", "r", "r", "l"], rows)
+
+
+def auto_table(evals: list[dict[str, Any]]) -> str:
+    """AUTO against the best fixed topology of the same run (issue 23 §2), a row per path, np and size."""
+    from benchmarks.allreduce.targets import AUTO_VS_BEST
+
+    rows = []
+    for e in evals:
+        verdict = f"{'MET' if e['met'] else 'NOT MET'}: {e['ratio']:.2f}"
+        rows.append([
+            e["path"], str(e["np"]), format_size(e["size"]), f"{e['best']} {format_time(e['best_s'])}",
+            format_time(e["auto_s"]) + (f" ({e['chose']})" if e["chose"] else ""), verdict,
+        ])  # fmt: skip
+    header = [
+        "path",
+        "np",
+        "size",
+        "best fixed topology",
+        "AUTO (its choice)",
+        f"AUTO ÷ best ≤ {AUTO_VS_BEST:g}",
+    ]
+    return _table(header, ["l", "r", "r", "l", "r", "l"], rows)

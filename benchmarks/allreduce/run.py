@@ -32,6 +32,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -43,12 +44,13 @@ from typing import Any, TypeVar
 from benchmarks.allreduce import mpi as bench_mpi
 from benchmarks.allreduce.report import (
     allreduce_tables,
+    auto_table,
     raw_table,
     runtime_table,
     shm_targets_table,
     targets_table,
 )
-from benchmarks.allreduce.targets import evaluate, evaluate_shm
+from benchmarks.allreduce.targets import evaluate, evaluate_auto, evaluate_shm
 from benchmarks.harness.load import CpuMeter
 from benchmarks.harness.meta import machine_metadata
 from benchmarks.harness.proc import LOOPBACK, free_ports, log, run_group, worker_env
@@ -105,6 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--repeats", type=int, help="timed loops per point (default 7)")
     p.add_argument(
+        "--rounds",
+        type=int,
+        help="our all-reduce in a tf.function: rounds over the topologies in rotated orders, "
+        "--repeats spread over them (default 3; --quick 1)",
+    )
+    p.add_argument(
         "--target-seconds", type=float, help="duration of one timed loop (default 0.25)"
     )
     p.add_argument(
@@ -133,6 +141,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.repeats is None:
         args.repeats = 3 if quick else 7
+    if args.rounds is None:
+        args.rounds = 1 if quick else 3
+    if args.rounds < 1 or args.repeats < 1:
+        p.error("--rounds and --repeats must be at least 1")
     if args.target_seconds is None:
         args.target_seconds = 0.05 if quick else 0.25
     if args.raw_seconds is None:
@@ -312,6 +324,26 @@ def run_raw_shm(
     return shm
 
 
+def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One runtime point from its rounds: every round's loops, their median, the choices seen.
+
+    Example:
+        >>> merge_rounds([{"samples": [3.0, 1.0], "auto_choice": "STAR", "timed_calls": 10},
+        ...               {"samples": [2.0], "auto_choice": "STAR", "timed_calls": 5}])["median_s"]
+        2.0
+    """
+    point = dict(runs[-1])
+    point["samples"] = [t for run in runs for t in run["samples"]]
+    point["median_s"] = statistics.median(point["samples"])
+    point["rounds"] = len(runs)
+    for key in ("timed_calls", "polled_frames", "calls_held_for_sample"):
+        if all(key in run for run in runs):
+            point[key] = sum(run[key] for run in runs)
+    choices = sorted({run.get("auto_choice", "") for run in runs} - {""})
+    point["auto_choice"] = "/".join(choices)  # each round is a new job: its own probe
+    return point
+
+
 def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, Any]]:
     """Compiles benchmarks/allreduce/runtime_allreduce.cc with the runtime sources and times it.
 
@@ -321,30 +353,41 @@ def run_runtime(args: argparse.Namespace, errors: list[str]) -> list[dict[str, A
     exe = compile_with_runtime("runtime_allreduce", errors, args.prebuilt)
     if exe is None:
         return []
+    per_round = str(-(-args.repeats // args.rounds))
     points: list[dict[str, Any]] = []
     for n in args.np:
-        for topology in args.topologies:
-            for size in args.sizes:
-                for transport, shm in RUNTIME_TRANSPORTS.items():
-                    iters = "1000" if size <= 1024 else "5"
-                    argv = [exe, str(n), topology, str(size), iters, str(args.repeats)]
-                    # One name for every call, as a training step's gradient: AUTO's probe
-                    # samples after each call of a name but its first, so with a new name
-                    # per call it would never run and AUTO would stay on its prediction.
-                    argv.append("repeated")
-                    env = worker_env({"KUNGFU_SHM": shm})
-                    (res,) = run_group([argv], [env], timeout_s=300)
-                    found = parse_results(res.lines)
-                    if not res.ok or not found:
-                        errors.append(
-                            f"runtime np={n} {topology} {size} B {transport} failed:\n{res.tail()}"
-                        )
-                        continue
-                    points.append(found[0])
-                    log(
-                        f"  runtime {topology} np={n} {format_size(size)} {transport}: "
-                        f"{format_time(found[0]['median_s'])}"
-                    )
+        for size in args.sizes:
+            # As in the tf.function part: rounds over the topologies in rotated orders.
+            found_by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            topologies = list(args.topologies)
+            for r in range(args.rounds):
+                k = r % len(topologies)
+                for topology in topologies[k:] + topologies[:k]:
+                    for transport, shm in RUNTIME_TRANSPORTS.items():
+                        iters = "1000" if size <= 1024 else "5"
+                        argv = [exe, str(n), topology, str(size), iters, per_round]
+                        # One name for every call, as a training step's gradient: AUTO's probe
+                        # samples after each call of a name but its first, so with a new name
+                        # per call it would never run and AUTO would stay on its prediction.
+                        # "settled": AUTO is timed once every worker holds its choice.
+                        argv.append("settled")
+                        env = worker_env({"KUNGFU_SHM": shm})
+                        (res,) = run_group([argv], [env], timeout_s=300)
+                        found = parse_results(res.lines)
+                        if not res.ok or not found:
+                            errors.append(
+                                f"runtime np={n} {topology} {size} B {transport} failed:\n{res.tail()}"
+                            )
+                            continue
+                        found_by.setdefault((topology, transport), []).append(found[0])
+            for (topology, transport), runs in found_by.items():
+                point = merge_rounds(runs)
+                points.append(point)
+                log(
+                    f"  runtime {topology} np={n} {format_size(size)} {transport}: "
+                    f"{format_time(point['median_s'])}"
+                    + (f" ({point['auto_choice']})" if point.get("auto_choice") else "")
+                )
     return points
 
 
@@ -403,6 +446,11 @@ def run_kungfu(
         sys.executable,
         str(EXP_DIR / "worker_kungfu.py"),
         *worker_args(args),
+        # The repeats spread over the rounds (argparse keeps the last --repeats).
+        "--repeats",
+        str(-(-args.repeats // args.rounds)),
+        "--rounds",
+        str(args.rounds),
         "--topologies",
         ",".join(topologies),
     ]
@@ -637,7 +685,16 @@ def print_report(
     print(
         "\nbus bandwidth = bytes / time · 2(n−1)/n; time = median over "
         f"{args.repeats} timed loops, each a tf.function call repeated "
-        "until ~" + format_time(args.target_seconds) + "."
+        "until ~"
+        + format_time(args.target_seconds)
+        + "."
+        + (
+            f" Ours: {args.rounds} rounds over the topologies, each size's in a rotated order, "
+            f"{-(-args.repeats // args.rounds)} loops per point and round; AUTO is timed once every "
+            "worker holds its choice (in parentheses)."
+            if args.rounds > 1
+            else ""
+        )
     )
     if with_mpi:
         print(
@@ -659,6 +716,10 @@ def print_report(
         print(raw_table(raw) + "\n")
     print("### Targets\n")
     print(targets_table(evals) + "\n")
+    auto_evals = evaluate_auto(measured.points, raw)
+    if auto_evals:
+        print("### AUTO against the best fixed topology (issue 23 §2)\n")
+        print(auto_table(auto_evals) + "\n")
     shm_evals = evaluate_shm(measured.points, raw)
     if shm_evals:
         print("### Targets of the shared-memory transport (issue 23 §1)\n")
@@ -696,6 +757,7 @@ def main() -> int:
         "points": measured.points,
         "targets": evals,
         "shm_targets": evaluate_shm(measured.points, measured.raw),
+        "auto_targets": evaluate_auto(measured.points, measured.raw),
         "mpi_not_run": measured.mpi_note,
         "errors": errors,
     }

@@ -11,16 +11,18 @@
 // With PEERS (host:port,... of all NP ranks) and RANK, runs that one rank in
 // this process instead of forking NP on loopback: start one per host (or
 // network namespace) to measure across a link. NAMES is "unique" (the
-// default: every call a new name) or "repeated" (every call the same name,
+// default: every call a new name), "repeated" (every call the same name,
 // as a training step all-reduces one gradient: AUTO's probe takes one sample
-// after each call of a name but its first, so only this lets it run).
+// after each call of a name but its first, so only this lets it run; the
+// timed calls carry the probe) or "settled" (repeated, and AUTO is timed
+// only once every worker holds its choice: its steady state).
 //
 // Prints one line from rank 0:
 //   RESULT {"np": 2, "topology": "STAR", "auto_choice": "", "transport": "shm", "size": 4, "median_s": ...,
 //           "polled_frames": ..., "timed_calls": ..., "samples": [...]}
 // (auto_choice: for AUTO, the topology its probe chose for this size;
 // calls_held_for_sample: rank 0's calls that waited for a timed sample of
-// the probe of a class of 1 MiB or more, auto_topology.h;
+// the probe, auto_topology.h;
 // polled_frames: frames rank 0's caller took from the rings itself during
 // the timed calls, the rest went through the receiving threads.)
 #include <sys/wait.h>
@@ -81,7 +83,7 @@ Status wait_op(Runtime &rt, const std::function<void(DoneCallback)> &start) {
 }
 
 int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int repeats, const char *topo_name,
-               bool repeated_name) {
+               bool repeated_name, bool settle) {
   std::unique_ptr<Runtime> rt;
   Status s = Runtime::create(opt, &rt);
   if (!s.ok()) {
@@ -99,6 +101,21 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
   };
   for (int i = 0; i < 3; ++i) {  // warm-up: connections, pools
     if (!(s = all_reduce()).ok()) break;
+  }
+  // AUTO is timed on its choice, not on the calls that carry its probe's
+  // samples (issue 23 §2 allows a probe at start): with repeated names, call
+  // until every worker holds the class's choice (a min on a fixed topology,
+  // so every worker makes the same calls), at most kSettleCalls times.
+  constexpr int kSettleCalls = 500;
+  const int size_class = kungfu::auto_size_class(count * 4);
+  for (int i = 0; settle && std::string(topo_name) == "AUTO" && s.ok() && i < kSettleCalls; ++i) {
+    int32_t decided = rt->auto_choices().count(size_class) ? 1 : 0;
+    Buffer flag{&decided, &decided, kungfu::TensorDesc{kungfu::DType::kInt32, {1}, 1}, nullptr};
+    s = wait_op(*rt, [&](DoneCallback d) {
+      rt->all_reduce_on(kungfu::TopologyKind::kStar, "settled" + std::to_string(i), flag, kungfu::ReduceOp::kMin, d);
+    });
+    if (!s.ok() || decided) break;
+    s = all_reduce();
   }
   std::vector<double> samples;
   const uint64_t polled_before = rt->polled_frames();
@@ -122,7 +139,7 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
     std::sort(sorted.begin(), sorted.end());
     // What AUTO measured and chose for this size ("" for a fixed topology).
     std::map<int, kungfu::TopologyKind> chosen = rt->auto_choices();
-    auto it = chosen.find(kungfu::auto_size_class(count * 4));
+    auto it = chosen.find(size_class);
     const char *auto_choice = it == chosen.end() ? "" : kungfu::topology_name(it->second);
     std::printf(
         "RESULT {\"np\": %d, \"topology\": \"%s\", \"auto_choice\": \"%s\", \"transport\": \"%s\", \"size\": %zu, "
@@ -143,8 +160,8 @@ int run_worker(const kungfu::RuntimeOptions &opt, size_t count, int iters, int r
 int main(int argc, char **argv) {
   if (argc < 6 || argc > 9) {
     std::fprintf(stderr,
-                 "usage: runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [unique|repeated | PEERS RANK "
-                 "[unique|repeated]]\n");
+                 "usage: runtime_allreduce NP TOPOLOGY BYTES ITERS REPEATS [NAMES | PEERS RANK [NAMES]], "
+                 "NAMES: unique, repeated or settled\n");
     return 2;
   }
   int np = std::atoi(argv[1]);
@@ -160,8 +177,8 @@ int main(int argc, char **argv) {
   std::vector<kungfu::PeerID> peers;
   int only_rank = -1;
   const std::string names = argc == 9 ? argv[8] : argc == 7 ? argv[6] : "unique";
-  if (names != "unique" && names != "repeated") {
-    std::fprintf(stderr, "bad NAMES '%s': expected unique or repeated\n", names.c_str());
+  if (names != "unique" && names != "repeated" && names != "settled") {
+    std::fprintf(stderr, "bad NAMES '%s': expected unique, repeated or settled\n", names.c_str());
     return 2;
   }
   if (argc >= 8) {
@@ -212,7 +229,7 @@ int main(int argc, char **argv) {
         std::_Exit(2);
       }
       opt.same_host_shm = shm == nullptr || std::string(shm) != "0";
-      int rc = run_worker(opt, bytes / 4, iters, repeats, argv[2], names == "repeated");
+      int rc = run_worker(opt, bytes / 4, iters, repeats, argv[2], names != "unique", names == "settled");
       if (only_rank >= 0) return rc;
       std::_Exit(rc);
     }

@@ -269,3 +269,54 @@ def evaluate_shm(points: list[dict[str, Any]], raw: dict[str, Any]) -> list[dict
             "rate_ratio", 1.0,
         )
     return out
+
+
+# Issue 23 §2: AUTO within this factor of the best fixed topology's time, at every size and np.
+AUTO_VS_BEST = 1.05
+FIXED_TOPOLOGIES = ("STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE")
+
+
+def evaluate_auto(
+    points: list[dict[str, Any]], raw: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """AUTO against the best fixed topology of the same run, per path, np and size.
+
+    Paths: ``tf.function`` (the ``kungfu`` points) and ``runtime alone``
+    (the C++ runtime over shared memory). One record per point where AUTO
+    and at least one fixed topology were measured: ``best`` (its name),
+    ``best_s``, ``auto_s``, ``chose`` (AUTO's agreed topology, "" if not
+    reported), ``ratio`` and ``met`` (ratio ≤ AUTO_VS_BEST).
+
+    Example:
+        >>> pts = [{"impl": "kungfu", "topology": t, "np": 2, "size": 4, "median_s": s}
+        ...        for t, s in (("STAR", 90e-6), ("RING", 180e-6), ("AUTO", 92e-6))]
+        >>> [(e["best"], round(e["ratio"], 2), e["met"]) for e in evaluate_auto(pts, {})]
+        [('STAR', 1.02, True)]
+    """
+    runtime = [
+        dict(p, impl="runtime")
+        for p in raw.get("runtime") or []
+        if p.get("transport", "unix") == "shm"
+    ]
+    out: list[dict[str, Any]] = []
+    for impl, path in (("kungfu", "tf.function"), ("runtime", "runtime alone")):
+        mine = [p for p in points + runtime if p.get("impl") == impl]
+        for n, size in sorted({(p["np"], p["size"]) for p in mine}):
+            auto = _find(mine, topology="AUTO", np=n, size=size)
+            fixed = [
+                p
+                for p in mine
+                if p["np"] == n
+                and p["size"] == size
+                and p["topology"] in FIXED_TOPOLOGIES
+            ]
+            if auto is None or not fixed:
+                continue
+            best = min(fixed, key=lambda p: p["median_s"])
+            ratio = auto["median_s"] / best["median_s"]
+            out.append({
+                "path": path, "np": n, "size": size, "best": best["topology"], "best_s": best["median_s"],
+                "auto_s": auto["median_s"], "chose": auto.get("auto_choice") or "", "ratio": ratio,
+                "met": ratio <= AUTO_VS_BEST,
+            })  # fmt: skip
+    return out

@@ -22,6 +22,7 @@ from kungfu_tf.ops.collective import (
     reduce,
 )
 from kungfu_tf.ops.config import (
+    auto_choice,
     auto_probe_samples,
     cluster_size,
     cluster_version,
@@ -67,6 +68,7 @@ del _collective, _config, _plain_joiner
 __all__ = [
     "all_gather",
     "all_reduce",
+    "auto_choice",
     "auto_probe_samples",
     "barrier",
     "broadcast",

@@ -71,6 +71,21 @@ def auto_probe_samples() -> tf.Tensor:
     return library().kungfu_auto_probe_samples()
 
 
+def auto_choice(nbytes: int | tf.Tensor) -> tf.Tensor:
+    """string scalar: the topology AUTO chose for all-reduces of ``nbytes`` bytes on this cluster version.
+
+    Empty until the workers have agreed on one (AUTO's probe of that size
+    class is still measuring, or the class was never called). Every worker
+    reads the same name once it is set.
+
+    Example:
+        >>> from kungfu_tf.ops import auto_choice
+        >>> auto_choice(4).numpy()   # doctest: +SKIP
+        b'STAR'
+    """
+    return library().kungfu_auto_choice(tf.cast(nbytes, tf.int64))
+
+
 def _from_env(op: Callable[[], tf.Tensor]) -> int:
     # The launcher's environment: what the runtime reads at start, so right
     # only until the cluster first changes (membership.update_cluster), so

@@ -1,6 +1,8 @@
 // Configuration ops (KungFu §5.1): they read the runtime at every run and are
 // stateful, so a graph traced once keeps seeing the current cluster after the
 // topology or membership changes instead of a constant folded at trace time.
+#include <map>
+
 #include "runtime_access.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -71,6 +73,32 @@ class TopologyOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("KungfuTopology").Device(tensorflow::DEVICE_CPU), TopologyOp);
+
+REGISTER_OP("KungfuAutoChoice")
+    .Input("bytes: int64")
+    .Output("name: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(
+        "The topology AUTO's probe chose (or recalled) for messages of `bytes` on the current cluster version; "
+        "empty until the workers agreed on one.");
+
+class AutoChoiceOp : public OpKernel {
+ public:
+  explicit AutoChoiceOp(OpKernelConstruction *ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext *ctx) override {
+    kungfu::Runtime *rt;
+    if (!check_runtime(ctx, &rt)) return;
+    const int64_t bytes = ctx->input(0).scalar<int64_t>()();
+    OP_REQUIRES(ctx, bytes >= 0, tensorflow::errors::InvalidArgument("auto_choice: bytes must be >= 0, got ", bytes));
+    const std::map<int, kungfu::TopologyKind> chosen = rt->auto_choices();
+    auto it = chosen.find(kungfu::auto_size_class(static_cast<size_t>(bytes)));
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<tensorflow::tstring>()() = it == chosen.end() ? "" : kungfu::topology_name(it->second);
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("KungfuAutoChoice").Device(tensorflow::DEVICE_CPU), AutoChoiceOp);
 
 REGISTER_OP("KungfuSetTopology")
     .Input("topology: string")

@@ -121,7 +121,7 @@ class Runtime {
   // each call of the class) and stops when every class that is called has
   // decided: a policy that times steps waits until it stops.
   uint64_t auto_probe_samples() const { return auto_probe_samples_.load(); }
-  // Calls of a class of 1 MiB or more that waited for a timed sample of its
+  // Calls of a class that waited for a timed sample of its
   // probe to end (AutoChoices::sample_started).
   uint64_t auto_calls_held_for_sample() const { return auto_calls_held_.load(); }
   // Threads serving the current version's links (Transport::sender_threads,
@@ -154,6 +154,8 @@ class Runtime {
   bool poll_until(const std::function<bool()> &done, std::chrono::nanoseconds budget);
   // Polls for at most this long.
   static constexpr std::chrono::microseconds kPollFor{50};
+  // The calling thread's current budget for poll_until() (tests).
+  static std::chrono::nanoseconds poll_budget();
   // Frames taken by poll_until() on the current version (for tests).
   uint64_t polled_frames() const;
   // KungFu Alg. 1: true iff every worker passed the same bytes.
@@ -322,6 +324,9 @@ class Runtime {
   std::atomic<uint64_t> auto_calls_waited_{0};
   std::atomic<uint64_t> auto_probe_samples_{0};
   std::atomic<uint64_t> auto_calls_held_{0};
+  // Advanced when an AUTO probe settles: every waiting thread's poll budget
+  // starts again from full (runtime_poll.cc).
+  std::atomic<uint64_t> poll_epoch_{0};
 
   mutable std::mutex gen_mu_;  // guards current_ (the pointer, not the object)
   GenPtr current_;

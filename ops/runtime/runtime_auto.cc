@@ -45,6 +45,7 @@ struct Probe {
   std::chrono::steady_clock::time_point sample_start;
   std::vector<double> totals;  // per candidate, summed over the workers
   TopologyKind best = TopologyKind::kStar;
+  TopologyKind predicted = TopologyKind::kStar;  // the fixed rule's, which keeps near-ties (auto_verdict)
   // Pacing: a sample starts only when a call of the class has ended since
   // the last one started (a credit); otherwise the probe parks until one does.
   std::mutex pace_mu;
@@ -80,7 +81,12 @@ void log_probe(const Generation &g, const Probe &p, TopologyKind best) {
                   kept ? "" : " (pruned after one sample)");
     line += cell;
   }
-  line += std::string(" -> ") + topology_name(best) + "\n";
+  line += std::string(" -> ") + topology_name(best);
+  if (best == p.predicted && best != fastest(p.candidates, p.totals, p.survivors)) {
+    line += " (the prediction, within " + std::to_string(static_cast<int>((kAutoKeepPrediction - 1) * 100 + 0.5)) +
+            " % of the fastest)";
+  }
+  line += "\n";
   std::fputs(line.c_str(), stderr);
 }
 
@@ -133,7 +139,11 @@ void Runtime::start_probe(const GenPtr &g, int size_class) {
   p->survivors = all;
   // Pruning needs a timed sample to judge by and one more to run after it.
   p->prune_pending = opt_.auto_prune > 0 && size_class >= kAutoPruneMinClass && p->samples > 1;
-  p->alone = size_class >= kAutoPruneMinClass;
+  // Every timed sample runs alone and from a common start, small ones too:
+  // a 4 B sample that began while a peer was still dispatching its own call
+  // measured that peer's lag (29 us for STAR, 2 us for the others, in a
+  // tf.function at np=2), not the topology.
+  p->alone = true;
   p->plan_samples(all, 0, p->prune_pending ? 1 : p->samples);
   // Weak: the tick lives in the generation, which must not keep itself alive.
   std::weak_ptr<Generation> weak = g;
@@ -204,9 +214,10 @@ void Runtime::probe_step(const GenPtr &g, const std::shared_ptr<void> &state) {
                   });
   };
   if (!align) return run();
-  // A large sample is timed from a common start: each worker reaches it when
-  // its own last call of the class ended, and on a slow link those ends lie
-  // a good part of a call apart, time that would be charged to the sample.
+  // A sample is timed from a common start: each worker reaches it when its
+  // own last call of the class ended, and those ends lie apart (a slow link,
+  // a peer still dispatching its call), time that would be charged to the
+  // sample.
   Buffer flag{&p->align, &p->align, TensorDesc{DType::kInt32, {1}, 1}, p};
   all_reduce_in(g, TopologyKind::kStar, p->name("align/" + std::to_string(p->sequence)), flag, ReduceOp::kMax,
                 [this, g, p, run](const Status &s) {
@@ -244,7 +255,8 @@ void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) 
   Buffer buf{p->totals.data(), p->totals.data(), TensorDesc{DType::kFloat64, {static_cast<int64_t>(n)}, n}, p};
   all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
-    p->best = fastest(p->candidates, p->totals, p->survivors);
+    p->predicted = choose_auto(auto_probe_bytes(p->size_class), g->cluster);
+    p->best = auto_verdict(p->candidates, p->totals, p->survivors, p->predicted);
     if (opt_.auto_log && g->self_rank == 0) log_probe(*g, *p, p->best);
     probe_switch(g, p);
   });
@@ -259,6 +271,7 @@ void Runtime::probe_switch(const GenPtr &g, const std::shared_ptr<void> &state) 
   all_reduce_in(g, TopologyKind::kStar, p->name("switch"), buf, ReduceOp::kMax, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
     auto_memory_.remember(p->size_class, auto_layout(g->cluster), p->best);
+    ++poll_epoch_;  // before the held calls are released (runtime_poll.cc)
     auto_calls_waited_ += g->auto_choices.settle(p->size_class, p->best, static_cast<uint64_t>(p->switch_call));
   });
 }

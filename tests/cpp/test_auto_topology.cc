@@ -366,7 +366,7 @@ void test_unseen_layout_does_not_wait_for_its_probe() {
   for (Runtime *rt : two) CHECK(rt->pending_messages() == 0);
 }
 
-// Issue 23 §2: while a timed sample of a large class runs, the class's new
+// Issue 23 §2: while a timed sample of a class runs, the class's new
 // calls wait for it (so that it is timed without their traffic beside it),
 // then run on the prediction; calls after it run at once again, and a
 // decision releases the waiting ones too.
@@ -422,6 +422,39 @@ void test_survivors() {
   CHECK(auto_warmup_bytes(2) == 4 && auto_warmup_bytes(16) == 64 << 10 && auto_warmup_bytes(26) == 64 << 10);
 }
 
+// Issue 23 §2: the fixed rule's prediction keeps a near-tie (make bench: 4 B
+// at np=2 in a tf.function, the probe measured every topology alike and chose
+// RING, 1.9x STAR's time there).
+void test_prediction_keeps_near_ties() {
+  const std::vector<TopologyKind> one = auto_candidates(hosts({"a", "a"}));  // STAR RING BINARY_TREE CLIQUE
+  const std::vector<size_t> all{0, 1, 2, 3};
+  CHECK(auto_verdict(one, {2.05, 2.0, 1.95, 2.1}, all, TopologyKind::kStar) == TopologyKind::kStar);
+  CHECK(auto_verdict(one, {2.2, 2.0, 1.95, 2.1}, all, TopologyKind::kStar) == TopologyKind::kBinaryTree);  // 13 %
+  CHECK(auto_verdict(one, {2.0, 2.0, 1.0, 2.1}, all, TopologyKind::kClique) == TopologyKind::kBinaryTree);
+  CHECK(auto_verdict(one, {2.0, 2.0, 1.0, 1.05}, all, TopologyKind::kClique) == TopologyKind::kClique);
+  // A pruned prediction is not kept; the fastest of the survivors is.
+  CHECK(auto_verdict(one, {1.0, 1.5, 1.2, 1.3}, {1, 2, 3}, TopologyKind::kStar) == TopologyKind::kBinaryTree);
+  // The prediction wins when it is the fastest, as before.
+  CHECK(auto_verdict(one, {1.0, 1.5, 1.2, 1.3}, all, TopologyKind::kStar) == TopologyKind::kStar);
+}
+
+// Issue 23 §2: a settled probe gives the waiting threads their whole poll
+// budget back. Its held calls had made it fall to nothing, and on AUTO's
+// choice 4 B then took up to 67 us per call against 1.8 us on the same
+// topology fixed (make bench, np=2: neither peer's retry was covered).
+void test_settled_probe_restores_the_poll_budget() {
+  auto rts = make_cluster(2, TopologyKind::kAuto, 60);
+  std::vector<Runtime *> two{rts[0].get(), rts[1].get()};
+  for (int i = 0; i < 10 && Runtime::poll_budget().count() > 0; ++i) rts[0]->poll_until([] { return false; });
+  CHECK(Runtime::poll_budget().count() == 0);  // six waits it did not cover
+  rts[0]->poll_until([] { return true; });
+  CHECK(Runtime::poll_budget().count() == 0);  // and it stays there for a while
+  CHECK(settled(two, 1, "grad"));
+  rts[0]->poll_until([] { return true; });
+  CHECK(Runtime::poll_budget() == Runtime::kPollFor);
+  CHECK(all_reduce_right(two, "grad"));
+}
+
 // Issue 23 §2: a probe of a large class (1 MiB or more) keeps only the
 // candidates within KUNGFU_AUTO_PRUNE times the fastest after one timed
 // sample each. At a ratio of 1 only the two fastest go on: 4 candidates x
@@ -456,7 +489,6 @@ void test_large_class_probe_is_pruned() {
       }
       CHECK(rt->auto_probe_samples() == c.samples);
       CHECK(rt->auto_choices() == rts[0]->auto_choices());
-      if (c.count * sizeof(float) < size_t{1} << kAutoPruneMinClass) CHECK(rt->auto_calls_held_for_sample() == 0);
     }
     for (int k = 0; k < 2; ++k) CHECK(all_reduce_right(all, "big", c.count));
   }
@@ -478,6 +510,8 @@ int main() {
       {"unseen_layout_does_not_wait_for_its_probe", test_unseen_layout_does_not_wait_for_its_probe},
       {"calls_wait_for_a_sample_of_their_class", test_calls_wait_for_a_sample_of_their_class},
       {"survivors", test_survivors},
+      {"prediction_keeps_near_ties", test_prediction_keeps_near_ties},
+      {"settled_probe_restores_the_poll_budget", test_settled_probe_restores_the_poll_budget},
       {"large_class_probe_is_pruned", test_large_class_probe_is_pruned},
   });
 }

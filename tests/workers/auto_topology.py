@@ -73,10 +73,29 @@ def main() -> None:
         quiet = quiet + 1 if int(moved.numpy()[0]) == 0 else 0
         seen = now
     chk.true(quiet == QUIET, f"the probe samples stopped growing within {MAX_STEPS} steps (ran {steps})")
-    if os.environ.get("KUNGFU_AUTO_PROBES") == "0":
-        chk.equal(seen, 0, "probe samples with KUNGFU_AUTO_PROBES=0")
-    else:
+    probing = os.environ.get("KUNGFU_AUTO_PROBES") != "0"
+    if probing:
         chk.true(seen > 0, f"probe samples started (got {seen})")
+    else:
+        chk.equal(seen, 0, "probe samples with KUNGFU_AUTO_PROBES=0")
+    # ops.auto_choice: each class's agreed topology, the same name on every worker (min == max of its
+    # index, on a fixed topology); with probing off no class was measured, and the name stays empty.
+    names = ("", "STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE")
+    for n, dt in SIZES:
+        nbytes = n * tf.dtypes.as_dtype(dt).size
+        name = ops.auto_choice(nbytes).numpy().decode()
+        index = tf.constant([names.index(name) if name in names else -1], tf.int32)
+        low = int(ops.all_reduce(index, op="min", topology="STAR").numpy()[0])
+        high = int(ops.all_reduce(index, op="max", topology="STAR").numpy()[0])
+        if probing:
+            chk.true(name in names[1:] and low == high, f"auto_choice({nbytes}) = {name!r}, agreed ({low}, {high})")
+        else:
+            chk.equal(name, "", f"auto_choice({nbytes}) with KUNGFU_AUTO_PROBES=0")
+    try:
+        ops.auto_choice(-1)
+        chk.true(False, "auto_choice(-1) raised nothing")
+    except tf.errors.InvalidArgumentError as e:
+        chk.true("bytes must be >= 0" in str(e), f"auto_choice(-1) names the cause: {e}")
     chk.done()
 
 
