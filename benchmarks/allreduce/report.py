@@ -228,16 +228,13 @@ def auto_table(evals: list[dict[str, Any]]) -> str:
     rows = []
     for e in evals:
         verdict = f"{'MET' if e['met'] else 'NOT MET'}: {e['ratio']:.2f}"
+        choice = "–" if e.get("choice_ratio") is None else f"{e['choice_ratio']:.2f}"
         rows.append([
             e["path"], str(e["np"]), format_size(e["size"]), f"{e['best']} {format_time(e['best_s'])}",
-            format_time(e["auto_s"]) + (f" ({e['chose']})" if e["chose"] else ""), verdict,
+            format_time(e["auto_s"]) + (f" ({e['chose']})" if e["chose"] else ""), choice, verdict,
         ])  # fmt: skip
     header = [
-        "path",
-        "np",
-        "size",
-        "best fixed topology",
-        "AUTO (its choice)",
+        "path", "np", "size", "best fixed topology", "AUTO (its choice)", "the choice held fixed ÷ best",
         f"AUTO ÷ best ≤ {AUTO_VS_BEST:g}",
-    ]
-    return _table(header, ["l", "r", "r", "l", "r", "l"], rows)
+    ]  # fmt: skip
+    return _table(header, ["l", "r", "r", "l", "r", "r", "l"], rows)

@@ -285,7 +285,9 @@ def evaluate_auto(
     (the C++ runtime over shared memory). One record per point where AUTO
     and at least one fixed topology were measured: ``best`` (its name),
     ``best_s``, ``auto_s``, ``chose`` (AUTO's agreed topology, "" if not
-    reported), ``ratio`` and ``met`` (ratio ≤ AUTO_VS_BEST).
+    reported), ``ratio`` and ``met`` (ratio ≤ AUTO_VS_BEST), and
+    ``choice_ratio``: the chosen topology's own time (held fixed) over the
+    best's (None if no choice was reported).
 
     Example:
         >>> pts = [{"impl": "kungfu", "topology": t, "np": 2, "size": 4, "median_s": s}
@@ -314,9 +316,13 @@ def evaluate_auto(
                 continue
             best = min(fixed, key=lambda p: p["median_s"])
             ratio = auto["median_s"] / best["median_s"]
+            chose = auto.get("auto_choice") or ""
+            # The chosen topology's own column (the first, if rounds chose differently): separates a
+            # wrong choice (it is slower than the best) from what running through AUTO costs.
+            own = _find(fixed, topology=chose.split("/")[0]) if chose else None
             out.append({
                 "path": path, "np": n, "size": size, "best": best["topology"], "best_s": best["median_s"],
-                "auto_s": auto["median_s"], "chose": auto.get("auto_choice") or "", "ratio": ratio,
-                "met": ratio <= AUTO_VS_BEST,
+                "auto_s": auto["median_s"], "chose": chose, "ratio": ratio, "met": ratio <= AUTO_VS_BEST,
+                "choice_ratio": own["median_s"] / best["median_s"] if own else None,
             })  # fmt: skip
     return out

@@ -59,17 +59,19 @@ TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vec
 }
 
 TopologyKind auto_verdict(const std::vector<TopologyKind> &candidates, const std::vector<double> &seconds,
-                          const std::vector<size_t> &among, TopologyKind predicted) {
+                          const std::vector<size_t> &among, TopologyKind predicted, double keep_within) {
   const TopologyKind best = fastest(candidates, seconds, among);
   const size_t best_at = std::find(candidates.begin(), candidates.end(), best) - candidates.begin();
   if (best_at >= seconds.size()) return best;
   for (size_t i : among) {
     if (i < candidates.size() && i < seconds.size() && candidates[i] == predicted &&
-        seconds[i] <= kAutoKeepPrediction * seconds[best_at]) {
+        seconds[i] <= keep_within * seconds[best_at]) {
       return predicted;
     }
   }
   return best;
 }
+
+double auto_keep_prediction(int size_class) { return size_class <= kAutoNearTieMaxClass ? kAutoKeepPrediction : 1.0; }
 
 }  // namespace kungfu

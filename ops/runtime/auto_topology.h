@@ -3,8 +3,8 @@
 // probe on every worker: each candidate topology all-reduces a buffer of 2^c
 // bytes a few times, every worker times it, the timings are summed over the
 // workers by one all-reduce on a fixed topology, and the fastest candidate
-// wins, unless the fixed rule's prediction measured within 10 % of it
-// (auto_verdict). Every worker receives the same sums, so every worker picks the same
+// wins, unless, up to 64 KiB, the fixed rule's prediction measured within
+// 10 % of it (auto_verdict). Every worker receives the same sums, so every worker picks the same
 // topology. The calls of the class do not wait for it: they run on the
 // fixed rule's prediction until the workers agree from which call on the
 // measured choice takes over (auto_choices.h), and the probe takes one
@@ -76,16 +76,22 @@ TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vec
 TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vector<double> &seconds,
                      const std::vector<size_t> &among);
 // How much slower than the fastest the prediction (choose_auto) may measure
-// and still be kept. Differences this small lie within a probe's noise (3
-// samples, on a host that runs the job beside it), and they are not what
+// and still be kept, in classes up to kAutoNearTieMaxClass (64 KiB, the
+// messages a waiting caller polls for). There a sample is a few wake-ups:
+// differences this small lie within a probe's noise, and they are not what
 // the callers see: the probe times back-to-back all-reduces, while a
 // worker's calls come one per step, each after its own dispatch, so a
 // topology with more sequential hops costs more there than measured (4 B
 // at np=2 in a tf.function: RING 1.9x STAR, equal in the probe; make bench).
+// Larger samples are transfers, timed well: the fastest wins there (CLIQUE
+// kept as a near-tie ran 1 MiB at np=4 1.4x slower than STAR).
 constexpr double kAutoKeepPrediction = 1.10;
+constexpr int kAutoNearTieMaxClass = 16;
 // The probe's verdict: the fastest among `among`, unless `predicted` is
-// among them and within kAutoKeepPrediction of it.
+// among them and within `keep_within` times its time (1: never).
 TopologyKind auto_verdict(const std::vector<TopologyKind> &candidates, const std::vector<double> &seconds,
-                          const std::vector<size_t> &among, TopologyKind predicted);
+                          const std::vector<size_t> &among, TopologyKind predicted, double keep_within);
+// kAutoKeepPrediction for the classes where near-ties keep the prediction, else 1.
+double auto_keep_prediction(int size_class);
 
 }  // namespace kungfu

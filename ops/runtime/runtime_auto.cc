@@ -83,7 +83,8 @@ void log_probe(const Generation &g, const Probe &p, TopologyKind best) {
   }
   line += std::string(" -> ") + topology_name(best);
   if (best == p.predicted && best != fastest(p.candidates, p.totals, p.survivors)) {
-    line += " (the prediction, within " + std::to_string(static_cast<int>((kAutoKeepPrediction - 1) * 100 + 0.5)) +
+    line += " (the prediction, within " +
+            std::to_string(static_cast<int>((auto_keep_prediction(p.size_class) - 1) * 100 + 0.5)) +
             " % of the fastest)";
   }
   line += "\n";
@@ -256,7 +257,7 @@ void Runtime::probe_decide(const GenPtr &g, const std::shared_ptr<void> &state) 
   all_reduce_in(g, TopologyKind::kStar, p->name("decide"), buf, ReduceOp::kSum, [this, g, p](const Status &s) {
     if (!s.ok()) return probe_failed(g, p->size_class);
     p->predicted = choose_auto(auto_probe_bytes(p->size_class), g->cluster);
-    p->best = auto_verdict(p->candidates, p->totals, p->survivors, p->predicted);
+    p->best = auto_verdict(p->candidates, p->totals, p->survivors, p->predicted, auto_keep_prediction(p->size_class));
     if (opt_.auto_log && g->self_rank == 0) log_probe(*g, *p, p->best);
     probe_switch(g, p);
   });
