@@ -4,7 +4,7 @@
 // bytes a few times, every worker times it, the timings are summed over the
 // workers by one all-reduce on a fixed topology, and the fastest candidate
 // wins, unless, up to 64 KiB, the fixed rule's prediction measured within
-// 10 % of it (auto_verdict). Every worker receives the same sums, so every worker picks the same
+// 1.5 times its time (auto_verdict). Every worker receives the same sums, so every worker picks the same
 // topology. The calls of the class do not wait for it: they run on the
 // fixed rule's prediction until the workers agree from which call on the
 // measured choice takes over (auto_choices.h), and the probe takes one
@@ -77,15 +77,16 @@ TopologyKind fastest(const std::vector<TopologyKind> &candidates, const std::vec
                      const std::vector<size_t> &among);
 // How much slower than the fastest the prediction (choose_auto) may measure
 // and still be kept, in classes up to kAutoNearTieMaxClass (64 KiB, the
-// messages a waiting caller polls for). There a sample is a few wake-ups:
-// differences this small lie within a probe's noise, and they are not what
-// the callers see: the probe times back-to-back all-reduces, while a
-// worker's calls come one per step, each after its own dispatch, so a
-// topology with more sequential hops costs more there than measured (4 B
-// at np=2 in a tf.function: RING 1.9x STAR, equal in the probe; make bench).
-// Larger samples are transfers, timed well: the fastest wins there (CLIQUE
-// kept as a near-tie ran 1 MiB at np=4 1.4x slower than STAR).
-constexpr double kAutoKeepPrediction = 1.10;
+// messages a waiting caller polls for). There a probe's sample is a chain of
+// the receiving threads' wake-ups, not what a polling caller sees: on one
+// idle host (np=2, a tf.function, three runs) it timed STAR at 4 B at 14,
+// 44 and 31 us and the fastest candidate differed in each run, while called
+// from a tf.function STAR took 90-110 us and RING and CLIQUE up to 1.9x and
+// 2.3x that. So only a clear win, by as much as KUNGFU_AUTO_PRUNE's default
+// calls a candidate clearly slower, overrides the size rule there. Larger
+// samples are transfers, timed well: the fastest wins (CLIQUE kept as a
+// near-tie ran 1 MiB at np=4 1.4x slower than STAR).
+constexpr double kAutoKeepPrediction = 1.5;
 constexpr int kAutoNearTieMaxClass = 16;
 // The probe's verdict: the fastest among `among`, unless `predicted` is
 // among them and within `keep_within` times its time (1: never).

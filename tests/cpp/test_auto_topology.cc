@@ -431,9 +431,10 @@ void test_prediction_keeps_near_ties() {
   const double keep = auto_keep_prediction(2);  // 4 B
   CHECK(keep == kAutoKeepPrediction && auto_keep_prediction(16) == keep);
   CHECK(auto_verdict(one, {2.05, 2.0, 1.95, 2.1}, all, TopologyKind::kStar, keep) == TopologyKind::kStar);
-  CHECK(auto_verdict(one, {2.2, 2.0, 1.95, 2.1}, all, TopologyKind::kStar, keep) == TopologyKind::kBinaryTree);
-  CHECK(auto_verdict(one, {2.0, 2.0, 1.0, 2.1}, all, TopologyKind::kClique, keep) == TopologyKind::kBinaryTree);
-  CHECK(auto_verdict(one, {2.0, 2.0, 1.0, 1.05}, all, TopologyKind::kClique, keep) == TopologyKind::kClique);
+  CHECK(auto_verdict(one, {2.8, 2.0, 1.95, 2.1}, all, TopologyKind::kStar, keep) == TopologyKind::kStar);
+  CHECK(auto_verdict(one, {3.0, 2.0, 1.95, 2.1}, all, TopologyKind::kStar, keep) == TopologyKind::kBinaryTree);
+  CHECK(auto_verdict(one, {2.0, 2.0, 1.0, 1.6}, all, TopologyKind::kClique, keep) == TopologyKind::kBinaryTree);
+  CHECK(auto_verdict(one, {2.0, 2.0, 1.0, 1.45}, all, TopologyKind::kClique, keep) == TopologyKind::kClique);
   // A pruned prediction is not kept; the fastest of the survivors is.
   CHECK(auto_verdict(one, {1.0, 1.5, 1.2, 1.3}, {1, 2, 3}, TopologyKind::kStar, keep) == TopologyKind::kBinaryTree);
   // The prediction wins when it is the fastest, as before.
