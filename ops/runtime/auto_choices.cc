@@ -19,6 +19,19 @@ bool AutoChoices::resolve(int size_class, const std::string &name, Ready ready) 
   return c.state == State::kAgreeing && c.waiting.size() == 1;
 }
 
+bool AutoChoices::steady(int size_class, const std::string &name, TopologyKind *kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = classes_.find(size_class);
+  if (it == classes_.end() || it->second.state != State::kDecided) return false;
+  const Class &c = it->second;
+  auto calls = c.started.find(name);
+  // The count stops here: nothing reads a decided class's counts again (a
+  // cluster change starts a new AutoChoices), and it stays past the point.
+  if ((calls == c.started.end() ? 0 : calls->second) < c.from_call) return false;
+  *kind = c.chosen;
+  return true;
+}
+
 void AutoChoices::sample_started(int size_class) {
   std::lock_guard<std::mutex> lock(mu_);
   classes_[size_class].sampling = true;

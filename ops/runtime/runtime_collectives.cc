@@ -50,6 +50,11 @@ void Runtime::all_reduce_in(const GenPtr &g, TopologyKind kind, const std::strin
     stage_input(buf, bytes);
     return done(Status::OK());
   }
+  TopologyKind steady = TopologyKind::kAuto;
+  if (kind == TopologyKind::kAuto && opt_.auto_probes > 0 &&
+      g->auto_choices.steady(auto_size_class(bytes), name, &steady)) {
+    kind = steady;  // decided, and this name is past the switch: as a fixed topology
+  }
   if (kind == TopologyKind::kAuto && opt_.auto_probes > 0) {
     // Measured AUTO: run on the class's topology for this call (predicted
     // while a probe runs, measured after, auto_choices.h); the first call

@@ -93,6 +93,8 @@ void test_prediction_then_switch_per_name() {
   c.call_ended(9, "a");
   CHECK(ticks == 2);
   CHECK(c.hold(9) == 3);  // "a" started three calls, "b" one
+  TopologyKind k = TopologyKind::kAuto;
+  CHECK(!c.steady(9, "a", &k));  // held, not decided
   c.call_ended(9, "b");
   CHECK(ticks == 2);  // decided: no more samples
   CHECK(!c.resolve(9, "b", record("b1")));
@@ -103,7 +105,13 @@ void test_prediction_then_switch_per_name() {
   CHECK(c.settle(9, ring, 3) == 2);
   CHECK(got.size() == 6 && got[4] == std::make_pair(std::string("b1"), star) &&
         got[5] == std::make_pair(std::string("a3"), ring));
+  // The steady state skips resolve(): only for a name past its switch point.
+  CHECK(c.steady(9, "a", &k) && k == ring);
+  CHECK(!c.steady(9, "b", &k));  // its third call still runs on the prediction
+  CHECK(!c.steady(9, "c", &k));  // a new name starts from call 0, before the switch
+  CHECK(!c.steady(8, "a", &k));  // a class never called
   CHECK(!c.resolve(9, "b", record("b2")));
+  CHECK(c.steady(9, "b", &k) && k == ring);
   CHECK(!c.resolve(9, "b", record("b3")));
   CHECK(!c.resolve(9, "b", record("b4")));
   CHECK(got[6].second == star && got[7].second == ring && got[8].second == ring);
