@@ -9,7 +9,7 @@ variable and the value; KUNGFU_AUTO_PROBES=0 (the fixed size rule) gives
 the same exact results. The probe samples (ops.auto_probe_samples) grow and
 then stop once every class has decided; with probing off they stay 0. Each
 class's ops.auto_choice is then a topology, the same on every worker (empty
-with probing off), and a negative size is refused by name.
+with probing off), and a negative size or a non-scalar is refused by name.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from conftest import assert_job_ok, describe, run_job, worker_env
 
 NP = 3
 SIZES, STEPS = 11, 3  # as in tests/workers/auto_topology.py
-# the default topology, every result of every step, the probe samples, each class's auto_choice, a bad size
-CHECKS = 1 + STEPS * SIZES + 2 + SIZES + 1
+# the default topology, every result of every step, the probe samples, each class's auto_choice, two bad sizes
+CHECKS = 1 + STEPS * SIZES + 2 + SIZES + 2
 
 
 @pytest.mark.parametrize("probes", [None, "0"])

@@ -317,7 +317,8 @@ def evaluate_auto(
             best = min(fixed, key=lambda p: p["median_s"])
             ratio = auto["median_s"] / best["median_s"]
             chose = auto.get("auto_choice") or ""
-            # The chosen topology's own column (the first, if rounds chose differently): separates a
+            # The chosen topology's own column (if the rounds, each a job of its own, chose differently:
+            # the alphabetically first of their choices, as merge_rounds lists them): separates a
             # wrong choice (it is slower than the best) from what running through AUTO costs.
             own = _find(fixed, topology=chose.split("/")[0]) if chose else None
             out.append({

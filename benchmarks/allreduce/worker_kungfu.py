@@ -114,13 +114,13 @@ def main() -> None:
         total = kf.all_reduce(tf.constant([v], tf.float32), op="sum")
         return float(total.numpy()[0]) / nworkers
 
-    def timed(step: Callable[[], tf.Tensor]) -> Timing:
+    def timed(step: Callable[[], tf.Tensor], repeats: int = args.repeats) -> Timing:
         return measure(
             step=step,
             materialise=lambda out: out.numpy(),
             barrier=kf.barrier,
             agree_mean=agree_mean,
-            repeats=args.repeats,
+            repeats=repeats,
             target_s=args.target_seconds,
             max_iters=args.max_iters,
         )
@@ -130,7 +130,8 @@ def main() -> None:
         return tf.identity(t)  # one trivial kernel in place of the all-reduce
 
     one = tf.ones([1], tf.float32)
-    floor = timed(lambda: nothing(one))
+    # As many loops as a point gets over all its rounds (--repeats is per round).
+    floor = timed(lambda: nothing(one), repeats=args.repeats * args.rounds)
     if rank == 0:
         emit_result({"impl": "kungfu_floor", "topology": "-", "np": nworkers, "size": 4}, floor)
 
@@ -183,7 +184,7 @@ def main() -> None:
                 emit_result(
                     record,
                     Timing(
-                        iters=runs[0].iters,
+                        iters=runs[0].iters,  # the first round's: each round agrees its own count
                         samples_s=[t for run in runs for t in run.samples_s],
                     ),
                 )

@@ -89,6 +89,9 @@ class AutoChoiceOp : public OpKernel {
   void Compute(OpKernelContext *ctx) override {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(0).shape()),
+                tensorflow::errors::InvalidArgument("auto_choice: bytes must be a scalar, got shape ",
+                                                    ctx->input(0).shape().DebugString()));
     const int64_t bytes = ctx->input(0).scalar<int64_t>()();
     OP_REQUIRES(ctx, bytes >= 0, tensorflow::errors::InvalidArgument("auto_choice: bytes must be >= 0, got ", bytes));
     const std::map<int, kungfu::TopologyKind> chosen = rt->auto_choices();

@@ -281,6 +281,7 @@ void Runtime::probe_failed(const GenPtr &g, int size_class) {
   // The class stays on the fixed rule, the prediction its calls ran on; the
   // calls that waited run on it and fail (or not) on their own, with their
   // own names in the error, as they did before AUTO measured.
+  ++poll_epoch_;  // the calls its samples held may have used up their budgets too
   auto_calls_waited_ += g->auto_choices.decide(size_class, choose_auto(auto_probe_bytes(size_class), g->cluster),
                                                false);
 }

@@ -80,9 +80,16 @@ def main() -> None:
         chk.equal(seen, 0, "probe samples with KUNGFU_AUTO_PROBES=0")
     # ops.auto_choice: each class's agreed topology, the same name on every worker (min == max of its
     # index, on a fixed topology); with probing off no class was measured, and the name stays empty.
+    # The last sample's start stops the count above, the agreement on the choice follows it in the
+    # background: step on (agreed, as above) until every worker holds every class's choice.
     names = ("", "STAR", "RING", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE")
-    for n, dt in SIZES:
-        nbytes = n * tf.dtypes.as_dtype(dt).size
+    sizes_bytes = [n * tf.dtypes.as_dtype(dt).size for n, dt in SIZES]
+    for _ in range(MAX_STEPS if probing else 0):
+        mine = int(all(ops.auto_choice(b).numpy() for b in sizes_bytes))
+        if int(ops.all_reduce(tf.constant([mine], tf.int32), op="min", topology="STAR").numpy()[0]):
+            break
+        step(inputs)
+    for nbytes in sizes_bytes:
         name = ops.auto_choice(nbytes).numpy().decode()
         index = tf.constant([names.index(name) if name in names else -1], tf.int32)
         low = int(ops.all_reduce(index, op="min", topology="STAR").numpy()[0])
@@ -91,11 +98,12 @@ def main() -> None:
             chk.true(name in names[1:] and low == high, f"auto_choice({nbytes}) = {name!r}, agreed ({low}, {high})")
         else:
             chk.equal(name, "", f"auto_choice({nbytes}) with KUNGFU_AUTO_PROBES=0")
-    try:
-        ops.auto_choice(-1)
-        chk.true(False, "auto_choice(-1) raised nothing")
-    except tf.errors.InvalidArgumentError as e:
-        chk.true("bytes must be >= 0" in str(e), f"auto_choice(-1) names the cause: {e}")
+    for bad, cause in ((-1, "bytes must be >= 0"), ([4, 8], "bytes must be a scalar")):
+        try:
+            ops.auto_choice(bad)
+            chk.true(False, f"auto_choice({bad}) raised nothing")
+        except tf.errors.InvalidArgumentError as e:
+            chk.true(cause in str(e), f"auto_choice({bad}) names the cause: {e}")
     chk.done()
 
 
