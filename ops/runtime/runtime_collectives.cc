@@ -50,16 +50,12 @@ void Runtime::all_reduce_in(const GenPtr &g, TopologyKind kind, const std::strin
     stage_input(buf, bytes);
     return done(Status::OK());
   }
-  TopologyKind steady = TopologyKind::kAuto;
-  if (kind == TopologyKind::kAuto && opt_.auto_probes > 0 &&
-      g->auto_choices.steady(auto_size_class(bytes), name, &steady)) {
-    kind = steady;  // decided, and this name is past the switch: as a fixed topology
-  }
-  if (kind == TopologyKind::kAuto && opt_.auto_probes > 0) {
+  const int size_class = kind == TopologyKind::kAuto ? auto_size_class(bytes) : 0;
+  if (kind == TopologyKind::kAuto && opt_.auto_probes > 0 && !g->auto_choices.steady(size_class, name, &kind)) {
     // Measured AUTO: run on the class's topology for this call (predicted
     // while a probe runs, measured after, auto_choices.h); the first call
-    // of the class starts the agreement (runtime_auto.cc).
-    int size_class = auto_size_class(bytes);
+    // of the class starts the agreement (runtime_auto.cc). A decided class's
+    // calls past the switch (steady) run below, as a fixed topology would.
     auto run_on = [this, g, size_class, name, buf, op, done](TopologyKind decided) {
       all_reduce_in(g, decided, name, buf, op, [g, size_class, name, done](const Status &s) {
         // Paces the class's probe before the caller learns the call ended:
