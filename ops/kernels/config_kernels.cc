@@ -2,6 +2,7 @@
 // stateful, so a graph traced once keeps seeing the current cluster after the
 // topology or membership changes instead of a constant folded at trace time.
 #include <map>
+#include <string>
 
 #include "runtime_access.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -90,10 +91,11 @@ class AutoChoiceOp : public OpKernel {
     kungfu::Runtime *rt;
     if (!check_runtime(ctx, &rt)) return;
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(0).shape()),
-                tensorflow::errors::InvalidArgument("auto_choice: bytes must be a scalar, got shape ",
-                                                    ctx->input(0).shape().DebugString()));
+                absl::InvalidArgumentError("auto_choice: bytes must be a scalar, got shape " +
+                                           ctx->input(0).shape().DebugString()));
     const int64_t bytes = ctx->input(0).scalar<int64_t>()();
-    OP_REQUIRES(ctx, bytes >= 0, tensorflow::errors::InvalidArgument("auto_choice: bytes must be >= 0, got ", bytes));
+    OP_REQUIRES(ctx, bytes >= 0,
+                absl::InvalidArgumentError("auto_choice: bytes must be >= 0, got " + std::to_string(bytes)));
     const std::map<int, kungfu::TopologyKind> chosen = rt->auto_choices();
     auto it = chosen.find(kungfu::auto_size_class(static_cast<size_t>(bytes)));
     Tensor *out = nullptr;
