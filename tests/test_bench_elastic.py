@@ -116,6 +116,58 @@ def test_schedule_checks_and_worker_spelling():
     assert verdict("crash 4 -> 3", 0.6, 20.0, 0.5)[1] is False
 
 
+def probed(recs, counts):
+    """``recs`` with AUTO's probe-sample count after each step: ``counts[k]`` for every peer's k-th step."""
+    seen: dict[str, int] = {}
+    for r in recs:
+        k = seen[r["peer"]] = seen.get(r["peer"], -1) + 1
+        r["probe"] = counts[k]
+    return recs
+
+
+def test_steps_that_carry_probe_samples_are_not_the_normal_step():
+    # 2 workers; after the shrink to 1, AUTO probes the new layout during steps 1-3 after the first (0.5 s
+    # each), then the step is 0.1 s. The normal step is 0.1 s (the median of all intervals would be 0.3 s).
+    before = steps("ab", [1, 2, 3])
+    after = steps("a", [4.0, 4.5, 5.0, 5.5, 5.6, 5.7, 5.8], version=2)
+    recs = probed(before, [10, 10, 10]) + probed(after, [11, 12, 13, 14, 14, 14, 14])
+    (tr,) = transitions(sorted(recs, key=lambda r: r["t"]), ["shrink 2 -> 1"])
+    assert tr.step_s == pytest.approx(0.1) and tr.idle_s == pytest.approx(1.0 - 0.1)
+    assert not tr.probing_before and tr.first_step_probed
+    assert tr.probe_steps_after == 3 and tr.probe_extra_s == pytest.approx(3 * 0.4)
+    # A layout still probed when the transition came: flagged; without counts (older logs) nothing is.
+    recs = probed(steps("ab", [1, 2, 3]), [1, 2, 3]) + probed(steps("a", [4, 4.1, 4.2], version=2), [3, 3, 3])
+    (tr,) = transitions(sorted(recs, key=lambda r: r["t"]), ["shrink 2 -> 1"])
+    assert tr.probing_before and not tr.first_step_probed and tr.probe_steps_after == 0
+    (tr,) = transitions(steps("ab", [1, 2, 3]) + steps("a", [4, 4.5, 5.0, 5.1], version=2), ["shrink 2 -> 1"])
+    assert (tr.probing_before, tr.first_step_probed, tr.probe_steps_after) == (False, False, 0)
+    assert tr.step_s == pytest.approx(0.5)  # the median of every interval, as before the counts were logged
+
+
+def test_steps_after_the_next_request_are_not_the_normal_step():
+    # After the shrink, 0.1 s steps; at t=4.35 the grow is asked for and the joiners' start slows the members
+    # to 0.3 s steps, for longer than before. The normal step is 0.1 s (the median of all would be 0.3 s).
+    recs = steps("ab", [1, 2, 3]) + steps("a", [4.0, 4.1, 4.2, 4.3, 4.6, 4.9, 5.2, 5.5, 5.8, 6.1], version=2)
+    recs.append({"e": "transition", "t": 4.35, "job": 0, "version": 2, "peer": "a", "kind": "grow"})
+    (tr,) = transitions(sorted(recs, key=lambda r: r["t"]), ["shrink 2 -> 1"])
+    assert tr.step_s == pytest.approx(0.1) and tr.idle_s == pytest.approx(1.0 - 0.1)
+    # A request right after the first step leaves too few steps before it: then every step counts.
+    recs[-1]["t"] = 4.05
+    (tr,) = transitions(sorted(recs, key=lambda r: r["t"]), ["shrink 2 -> 1"])
+    assert tr.step_s == pytest.approx(0.3)
+
+
+def test_worker_env_passes_only_what_was_asked(monkeypatch):
+    from benchmarks.elastic.run import parse_args, worker_env
+
+    monkeypatch.setenv("KUNGFU_AUTO_PROBES", "0")  # the caller's own: not passed on
+    assert "KUNGFU_AUTO_PROBES" not in worker_env()
+    assert worker_env(["KUNGFU_AUTO_PROBES=1", "A_B="])["KUNGFU_AUTO_PROBES"] == "1"
+    for bad in ("NOEQUALS", "=1", "1X=2", "A-B=1"):
+        with pytest.raises(SystemExit):
+            parse_args(["--worker-env", bad])
+
+
 def test_step_log_survives_a_cut_last_line(tmp_path):
     log = StepLog(tmp_path, "w", job=0)
     log.event("step", t=2.0, step=1)
@@ -155,6 +207,8 @@ def test_benchmark_smoke(tmp_path):
         if r["e"] == "step":
             steps_of.setdefault(r["peer"], []).append(r["step"])
     assert steps_of[elastic["survivors"][0]] == [1, 2, 3, 4, 5, 6], steps_of
+    probes = [r["probe"] for r in read_logs(work / "elastic" / "logs") if r["e"] == "step"]
+    assert all(isinstance(c, int) and c >= 0 for c in probes), probes  # AUTO's count, logged with every step
     recs = read_logs(work / "restart" / "logs")
     by_job: dict[int, set[int]] = {}
     for r in recs:

@@ -22,7 +22,10 @@ Idle time of a transition (what this module computes, precisely):
   synchronous, so every worker of a segment ends it within milliseconds);
 * ``step`` = the normal step time after the transition: the median, over the
   survivors, of the times between consecutive step ends in the new segment,
-  the first step after the transition excluded (it belongs to the gap);
+  the first step after the transition excluded (it belongs to the gap), and
+  so are steps during which AUTO's probe took samples (a new layout: logged
+  as ``probe``, reported apart) and steps after the next change was asked
+  for (joiners starting beside them: ``transition`` events);
 * ``idle = gap - step``: the time the survivors trained nothing, beyond the
   one step they would have spent anyway.
 
@@ -103,6 +106,20 @@ class Segment:
     size: int
     # peer -> its step-end times in this segment, in order
     ends: dict[str, list[float]] = field(default_factory=dict)
+    # peer -> AUTO's probe-sample count after each of those steps (None: not logged)
+    probes: dict[str, list[int | None]] = field(default_factory=dict)
+    # when a worker first logged ``transition`` here (the next change was asked for); None: never
+    requested_t: float | None = None
+
+    def probing(self, peer: str, before: int | None = None) -> list[bool]:
+        """For each of ``peer``'s steps here: did AUTO's probe take samples during it?
+
+        A step probed if the count after it exceeds the count after the step
+        before (``before``: the count after the last step of the previous
+        segment, for the first step; unknown: False).
+        """
+        counts = [before, *self.probes.get(peer, [None] * len(self.ends[peer]))]
+        return [a is not None and b is not None and b > a for a, b in itertools.pairwise(counts)]
 
     @property
     def first_t(self) -> float:
@@ -124,7 +141,11 @@ def segments(records: Iterable[dict[str, Any]]) -> list[Segment]:
     across versions (restart jobs tag theirs with the job, see benchmarks/elastic/worker.py).
     """
     by_key: dict[tuple[int, int], Segment] = {}
+    requested: dict[tuple[int, int], float] = {}
     for r in records:
+        if r["e"] == "transition":
+            key = (int(r["job"]), int(r["version"]))
+            requested[key] = min(float(r["t"]), requested.get(key, float("inf")))
         if r["e"] != "step":
             continue
         key = (int(r["job"]), int(r["version"]))
@@ -132,9 +153,13 @@ def segments(records: Iterable[dict[str, Any]]) -> list[Segment]:
         if int(r["size"]) != seg.size:
             raise ValueError(f"job {key[0]} version {key[1]}: steps at sizes {seg.size} and {r['size']}")
         seg.ends.setdefault(r["peer"], []).append(float(r["t"]))
-    for seg in by_key.values():
-        for ts in seg.ends.values():
-            ts.sort()
+        seg.probes.setdefault(r["peer"], []).append(r.get("probe"))
+    for key, seg in by_key.items():
+        seg.requested_t = requested.get(key)
+        for peer, ts in seg.ends.items():
+            order = sorted(range(len(ts)), key=ts.__getitem__)
+            seg.ends[peer] = [ts[k] for k in order]
+            seg.probes[peer] = [seg.probes[peer][k] for k in order]
     return sorted(by_key.values(), key=lambda s: s.first_t)
 
 
@@ -161,6 +186,10 @@ class Transition:
     steps_before: int
     steps_after: int
     detection_s: float | None = None  # crash: kill -> survivors' step failure (median)
+    probing_before: bool = False  # AUTO still probed in the last step before (the layout was not settled)
+    first_step_probed: bool = False  # AUTO took samples in the first step after (part of the gap)
+    probe_steps_after: int = 0  # later steps of the new segment that carried probe samples
+    probe_extra_s: float = 0.0  # their time beyond the normal step (a cost of AUTO, not in idle_s)
     parts: list[dict[str, float]] = field(default_factory=list)  # one per version change: gap_s, step_s, idle_s
     merged: bool = False  # a crash whose replacement joined before any step without the victim
 
@@ -181,12 +210,46 @@ def parse_label(label: str) -> tuple[str, int, int]:
     return m["kind"], int(m["before"]), int(m["after"])
 
 
+def _intervals(seg: Segment, peer: str) -> list[tuple[float, bool]]:
+    """(time since the step before, did AUTO probe in it) for each of ``peer``'s steps but the first, up to
+    the next change's request when at least two steps came before it.
+
+    After a grow is asked for, the members train on while the joiners start
+    (TensorFlow's import and the warm-up's trace take the CPU for seconds):
+    those steps are slower than the size's normal step, and there are more
+    of them than before the request, so they would set the median.
+    """
+    ends, probing = seg.ends[peer], seg.probing(peer)
+    pairs = [(b, b - a, p) for (a, b), p in zip(itertools.pairwise(ends), probing[1:], strict=True)]
+    cut = seg.requested_t
+    before = [x for x in pairs if cut is None or x[0] <= cut]
+    return [(d, p) for _, d, p in (before if len(before) >= 2 else pairs)]
+
+
 def normal_step_time(seg: Segment, peers: Sequence[str]) -> float:
-    """Median time between consecutive step ends of ``peers`` in ``seg``, its first step excluded."""
-    diffs = [b - a for p in peers for a, b in itertools.pairwise(seg.ends[p])]
-    if not diffs:
+    """Median time between consecutive step ends of ``peers`` in ``seg``, its first step excluded.
+
+    Steps during which AUTO's probe took samples (a layout not measured
+    before) are left out when at least two others remain: they are slower
+    than the layout's normal step, and counting them would make the
+    transition's idle look shorter (they are reported as ``probe_*``).
+    """
+    pairs = [x for p in peers for x in _intervals(seg, p)]
+    if not pairs:
         raise ValueError(f"job {seg.job} version {seg.version}: needs 2 steps after a transition, has {seg.steps}")
-    return statistics.median(diffs)
+    quiet = [d for d, probing in pairs if not probing]
+    return statistics.median(quiet if len(quiet) >= 2 else [d for d, _ in pairs])
+
+
+def probe_cost(seg: Segment, peers: Sequence[str], normal: float) -> tuple[int, float]:
+    """(steps after the first that carried AUTO's probe samples, their time beyond ``normal``): medians over
+    ``peers``. A new layout's probe runs beside training after the transition (ops/runtime/auto_choices.h)."""
+    per_peer = [[d for d, probing in _intervals(seg, p) if probing] for p in peers]
+    if not per_peer:
+        return 0, 0.0
+    steps = statistics.median(len(ds) for ds in per_peer)
+    extra = statistics.median(sum(d - normal for d in ds) for ds in per_peer)
+    return int(steps), float(extra)
 
 
 def _detection(records: Sequence[dict[str, Any]], t_before: float, t_after: float, survivors: Sequence[str]) -> float | None:
@@ -263,10 +326,18 @@ def _combined(records: Sequence[dict[str, Any]], label: str, segs: Sequence[Segm
         parts.append({"t_before": t_before, "t_after": t_after, "gap_s": t_after - t_before, "step_s": step,
                       "idle_s": t_after - t_before - step, "survivors": survivors})  # fmt: skip
     first, last = parts[0], parts[-1]
+    start, end = segs[0], segs[-1]
+    end_peers = final_survivors or list(end.ends)
+    probe_steps, probe_extra = probe_cost(end, end_peers, last["step_s"])
+    before_counts = {p: start.probes[p][-1] for p in start.ends}
+    probing_before = any(start.probing(p)[-1] for p in start.ends)
+    first_probed = any(end.probing(p, before_counts.get(p))[0] for p in end_peers)
     return Transition(
         label=label, size_before=segs[0].size, size_after=segs[-1].size, t_before=first["t_before"],
         t_after=last["t_after"], gap_s=sum(p["gap_s"] for p in parts), step_s=last["step_s"],
         idle_s=sum(p["idle_s"] for p in parts), survivors=final_survivors, steps_before=segs[0].steps,
         steps_after=segs[-1].steps, detection_s=_detection(records, first["t_before"], first["t_after"], first["survivors"]),
         parts=[{k: p[k] for k in ("gap_s", "step_s", "idle_s")} for p in parts], merged=merged,
+        probing_before=probing_before, first_step_probed=first_probed, probe_steps_after=probe_steps,
+        probe_extra_s=probe_extra,
     )  # fmt: skip

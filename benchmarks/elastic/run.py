@@ -77,13 +77,33 @@ def log(msg: str) -> None:
     print(f"[bench-elastic] {msg}", file=sys.stderr, flush=True)
 
 
-def worker_env() -> dict[str, str]:
-    """This environment without stray KUNGFU_* variables, benchmarks/ and this checkout first on the path."""
+def worker_env(extra: Sequence[str] = ()) -> dict[str, str]:
+    """This environment without stray KUNGFU_* variables, benchmarks/ and this checkout first on the path,
+    then ``extra`` (``KEY=VALUE`` items of ``--worker-env``: e.g. ``KUNGFU_AUTO_PROBES=0``).
+
+    Example:
+        >>> worker_env(["KUNGFU_AUTO_PROBES=0"])["KUNGFU_AUTO_PROBES"]
+        '0'
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUNGFU_")}
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([path] if path else []))
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.update(parse_env_item(item) for item in extra)
     return env
+
+
+def parse_env_item(item: str) -> tuple[str, str]:
+    """``"K=V"`` -> ("K", "V"); ValueError naming the item otherwise.
+
+    Example:
+        >>> parse_env_item("KUNGFU_AUTO_LOG=1")
+        ('KUNGFU_AUTO_LOG', '1')
+    """
+    key, sep, value = item.partition("=")
+    if not sep or not key or not key.replace("_", "").isalnum() or key[0].isdigit():
+        raise ValueError(f"--worker-env item {item!r} is not KEY=VALUE with KEY a variable name")
+    return key, value
 
 
 def check_schedule(labels: Sequence[str]) -> list[tuple[str, int, int]]:
@@ -107,7 +127,7 @@ def check_schedule(labels: Sequence[str]) -> list[tuple[str, int, int]]:
 
 
 # --------------------------------------------------------------------------- running jobs
-def launch(argv: Sequence[str], output: Path, timeout_s: float) -> tuple[int | None, float, float]:
+def launch(argv: Sequence[str], output: Path, timeout_s: float, env: dict[str, str]) -> tuple[int | None, float, float]:
     """Runs ``argv`` in its own session, output to ``output``: (exit status or None if killed, start, end).
 
     Waits on the process itself (no polling), so the next job of a restart
@@ -115,7 +135,7 @@ def launch(argv: Sequence[str], output: Path, timeout_s: float) -> tuple[int | N
     """
     with open(output, "ab") as out:
         t0 = time.time()
-        proc = subprocess.Popen(list(argv), cwd=REPO, env=worker_env(), stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(list(argv), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         try:
             rc: int | None = proc.wait(timeout_s)
@@ -151,7 +171,7 @@ def run_restart_chain(args: argparse.Namespace, model: str, labels: Sequence[str
         extra += ["--crash-rank", str(args.crash_rank)] if crash else []
         argv = [sys.executable, "-m", "kungfu_tf.run", "-np", str(size), "-q", "--logdir", str(work / f"job{j}"),
                 *worker_argv(args, model, log_dir, *extra)]  # fmt: skip
-        rc, t0, t1 = launch(argv, work / f"job{j}.out", args.job_timeout)
+        rc, t0, t1 = launch(argv, work / f"job{j}.out", args.job_timeout, worker_env(args.worker_env))
         jobs.append({"job": j, "size": size, "rc": rc, "spawn_t": t0, "exit_t": t1, "crash": crash})
         log(f"{model} restart job {j}: {size} workers, exit status {rc}, {t1 - t0:.1f} s")
         (work / "jobs.json").write_text(json.dumps(jobs))  # for --from-logs
@@ -182,7 +202,7 @@ def run_elastic_job(args: argparse.Namespace, model: str, labels: Sequence[str],
             *window, "-np", str(parsed[0][1]), "-q", "--logdir", str(work / "workers"),
             *worker_argv(args, model, log_dir, "--mode", "elastic", "--schedule", elastic_schedule(labels),
                          "--crash-rank", str(args.crash_rank))]  # fmt: skip
-    rc, t0, t1 = launch(argv, work / "job.out", args.elastic_timeout)
+    rc, t0, t1 = launch(argv, work / "job.out", args.elastic_timeout, worker_env(args.worker_env))
     log(f"{model} elastic job: exit status {rc}, {t1 - t0:.1f} s")
     return {"records": read_logs(log_dir), "rc": rc, "spawn_t": t0, "exit_t": t1}
 
@@ -247,6 +267,8 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row[f"{mode}_merged"] = [bool(t.get("merged")) for t in trs]
                 row[f"{mode}_median"] = statistics.median(row[f"{mode}_idle"]) if trs else None
                 if mode == "elastic":
+                    row["probe"] = [(t.get("probing_before", False), t.get("first_step_probed", False),
+                                     t.get("probe_steps_after", 0), t.get("probe_extra_s", 0.0)) for t in trs]  # fmt: skip
                     det = [t["detection_s"] for t in trs if t["detection_s"] is not None]
                     row["detection_median"] = statistics.median(det) if det else None
                     row["detection"] = det
@@ -295,6 +317,19 @@ def _raw(xs: Sequence[float], parts: Sequence[Sequence[float]] = (), merged: Seq
                      for x, ps, m in zip(xs, parts, merged, strict=True))  # fmt: skip
 
 
+def _probing(runs: Sequence[Sequence[Any]]) -> str:
+    """Each elastic run's AUTO probe around the transition: ``no / no / 0``, ``yes / yes / 12 (+0.310 s)``.
+
+    Example:
+        >>> _probing([(False, False, 0, 0.0), (True, True, 12, 0.31)])
+        'no / no / 0, yes / yes / 12 (+0.310 s)'
+    """
+    if not runs:
+        return "–"
+    yn = {True: "yes", False: "no"}
+    return ", ".join(f"{yn[bool(b)]} / {yn[bool(f)]} / {n}" + (f" (+{x:.3f} s)" if n else "") for b, f, n, x in runs)
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The side-by-side tables (one per model) and the restart break-down."""
     rows = summarize(results)
@@ -303,7 +338,7 @@ def markdown(results: dict[str, Any]) -> str:
         res = results["models"][model]
         head = ["transition", "elastic idle (median)", "elastic idle, each run", "checkpoint-restart idle (median)",
                 "checkpoint-restart, each run", "restart ÷ elastic", "crash detection", "normal step after",
-                "target", "met"]  # fmt: skip
+                "target", "met", "AUTO probing: before / first step / later steps (+ their extra time)"]  # fmt: skip
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in (r for r in rows if r["model"] == model):
             step = r["elastic_step"] or r["restart_step"]
@@ -313,7 +348,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{_s(r['restart_median'], 2)} | {_raw(r['restart_idle'])} | "
                          f"{ratio} | "
                          f"{_s(r['detection_median'])} | {_s(statistics.median(step)) if step else '–'} | "
-                         f"{r['target']} | {met} |")  # fmt: skip
+                         f"{r['target']} | {met} | {_probing(r.get('probe', []))} |")  # fmt: skip
         notes = [f"{mode}: {res[mode]['error']}" for mode in MODES if res.get(mode, {}).get("error")]
         if any(any(r["elastic_merged"]) for r in rows if r["model"] == model):
             lines.append("\n\\* crash and replacement in one transition: the replacement was admitted before the "
@@ -351,7 +386,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--transitions", type=lambda s: [t.strip() for t in s.split(",")], default=list(DEFAULT_TRANSITIONS),
                    help="comma-separated '<kind> <before> -> <after>', kinds " + ", ".join(KINDS))  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="times the schedule runs (in one elastic job)")
-    p.add_argument("--steps", type=int, default=8, help="steps between two transitions")
+    # 30: long enough for AUTO to settle on every layout between two transitions (a one-host class needs
+    # ~16 sampled calls), as it has in a job that trains for more than a minute between them; with 8 the
+    # transitions met layouts still being probed (the table's last column shows it).
+    p.add_argument("--steps", type=int, default=30, help="steps between two transitions")
     p.add_argument("--global-batch", type=int, default=128)
     p.add_argument("--crash-rank", type=int, default=1, help="rank that SIGKILLs itself in a crash")
     p.add_argument("--job-timeout", type=float, default=300.0, help="per restart job (s)")
@@ -364,7 +402,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    metavar="W1,W2", help="run the elastic job once per kungfu-run --admit-window value "
                    "(seconds; default: once, with kungfu-run's default)")  # fmt: skip
     p.add_argument("--note", help="a sentence for the table's header (e.g. the machine's load)")
+    p.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set in every worker's environment (repeatable), e.g. KUNGFU_AUTO_PROBES=0; the "
+                   "benchmark's own KUNGFU_* variables are not passed on")  # fmt: skip
     args = p.parse_args(argv)
+    for item in args.worker_env:
+        try:
+            parse_env_item(item)
+        except ValueError as e:
+            p.error(str(e))
     for m in args.models:
         if m not in MODELS:
             p.error(f"--models: unknown model {m!r}; choose from {', '.join(MODELS)}")

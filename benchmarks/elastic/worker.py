@@ -117,6 +117,18 @@ class Trainer:
         return float(self.train_step(*self.batch(step, rank, size)))
 
 
+def probe_samples() -> int:
+    """AUTO's probe samples started on this worker so far (a step whose count grew carried some).
+
+    Logged with every step: the analysis (benchmarks/elastic/idle.py) keeps
+    steps that carry probe samples out of the normal step time and reports
+    them apart, since they are AUTO measuring a new layout, not the transition.
+    """
+    from kungfu_tf.ops import auto_probe_samples
+
+    return int(auto_probe_samples())
+
+
 def configure_tf() -> None:
     import tensorflow as tf
 
@@ -152,7 +164,7 @@ def run_restart(args: argparse.Namespace) -> None:
     for _ in range(args.steps):
         trainer.run_step(int(step), rank, size)
         step.assign_add(1)
-        log.event("step", step=int(step), size=size)
+        log.event("step", step=int(step), size=size, probe=probe_samples())
     if args.save:
         if rank == 0:
             t0 = time.time()
@@ -286,7 +298,8 @@ def run_elastic(args: argparse.Namespace) -> None:
             state.seg_steps += 1
             t1 = time.time()
             recent[:] = [*recent[-4:], t1 - t0]
-            log.event("step", t=t1, step=state.step, size=size, version=version, rank=rank)
+            log.event("step", t=t1, t0=t0, step=state.step, size=size, version=version, rank=rank,
+                      probe=probe_samples())  # fmt: skip
 
     train(state)
     log.event("exit", step=state.step)
