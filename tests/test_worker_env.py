@@ -64,6 +64,9 @@ def test_no_launcher_is_a_one_worker_cluster():
         ("KUNGFU_CLUSTER_VERSION", " 7"),
         ("KUNGFU_SELF", "127.0.0.1:10003"),
         ("KUNGFU_SELF", "nonsense"),
+        ("KUNGFU_DETACHED_NICE", "-5"),
+        ("KUNGFU_DETACHED_NICE", "20"),
+        ("KUNGFU_DETACHED_NICE", "low"),
     ],
 )
 def test_malformed_variable_is_named_with_its_value(variable, value):

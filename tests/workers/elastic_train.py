@@ -203,7 +203,8 @@ def main() -> None:
 
     result = elastic.run(train, warm_up=warm_up)(state)
     if result in (None, "detached"):
-        print(f"detached at step {state.step}", flush=True)
+        # A detached worker lowered its CPU priority (KUNGFU_DETACHED_NICE, default 19).
+        print(f"detached at step {state.step} niceness {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
         return
     if joiner:
         print(f"joiner finished at step {state.step}", flush=True)

@@ -32,6 +32,9 @@ SECRET_ENV = "KUNGFU_JOB_SECRET"
 CONFIG_SERVER_ENV = "KUNGFU_CONFIG_SERVER"  # host:port of the config service
 ELASTIC_ENV = "KUNGFU_ELASTIC"  # "1": crashes are survived, resize is allowed
 JOINER_ENV = "KUNGFU_JOINER"  # "1": started to grow the cluster, not yet a member
+# The niceness a worker adds to its own when a shrink detaches it (0: keeps its priority).
+DETACHED_NICE_ENV = "KUNGFU_DETACHED_NICE"
+DEFAULT_DETACHED_NICE = 19
 
 # The runtime keeps deadlines as int64 nanoseconds of a monotonic clock; int64
 # overflows after 9.2e9 s, so some bound is needed. 1e6 s (11.6 days) is far
@@ -118,6 +121,7 @@ class WorkerEnv:
     config_server: str | None = None
     elastic: bool = False
     joiner: bool = False
+    detached_nice: int = DEFAULT_DETACHED_NICE
 
     @property
     def size(self) -> int:
@@ -168,6 +172,25 @@ def _parse_peer(text: str, variable: str) -> str:
     return text
 
 
+def read_detached_nice(environ: Mapping[str, str]) -> int:
+    """``KUNGFU_DETACHED_NICE``: the niceness a detached worker adds to its own (0..19; unset: 19).
+
+    A worker that a shrink detached only tears down from then on; on a host
+    it shares with members, its exit should not take their CPU
+    (kungfu_tf/ops/elastic_membership.py, where it is applied).
+
+    Example:
+        >>> read_detached_nice({}), read_detached_nice({"KUNGFU_DETACHED_NICE": "0"})
+        (19, 0)
+    """
+    text = environ.get(DETACHED_NICE_ENV, "")
+    if not text:
+        return DEFAULT_DETACHED_NICE
+    if not _DECIMAL.fullmatch(text) or int(text) > 19:
+        raise WorkerEnvError(f"{DETACHED_NICE_ENV} must be a niceness in 0..19 (0: keep the priority), got {text!r}")
+    return int(text)
+
+
 def _parse_flag(environ: Mapping[str, str], variable: str) -> bool:
     """An unset or empty variable, ``0`` or ``1``."""
     text = environ.get(variable, "")
@@ -207,7 +230,7 @@ def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
 
     Raises:
         WorkerEnvError: naming the variable and its value, if one is malformed
-            (for example ``KUNGFU_CLUSTER_VERSION=abc``, ``KUNGFU_TIMEOUT=nan``,
+            (for example ``KUNGFU_CLUSTER_VERSION=abc``, ``KUNGFU_TIMEOUT=nan``, ``KUNGFU_DETACHED_NICE=-5``,
             a one-character ``KUNGFU_JOB_SECRET``, or a ``KUNGFU_SELF`` that
             ``KUNGFU_PEERS`` does not list), or if the elastic variables
             contradict each other (``KUNGFU_ELASTIC=1`` without
@@ -250,4 +273,5 @@ def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
     if not secret and len(peers) > 1:
         raise WorkerEnvError(f"{SECRET_ENV} is not set: start the workers with kungfu-run, which generates it")
     config_server, elastic, joiner = _read_elastic(environ, peers, self_text, version)
-    return WorkerEnv(peers, self_text, version, timeout, secret, config_server, elastic, joiner)
+    nice = read_detached_nice(environ)
+    return WorkerEnv(peers, self_text, version, timeout, secret, config_server, elastic, joiner, nice)
