@@ -186,6 +186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", default=None,
                    help="a strategy builder's name (e.g. PSLoadBalancing) or a strategy file for "
                         "SynchronousSGDOptimizer(strategy=...); --api function and keras")
+    p.add_argument("--auto-budget", type=int, default=None,
+                   help="with --strategy Auto: a short search, builders.Auto(budget=N, trial_steps=1, warmup=1, "
+                        "probe_wait_steps=0, confirm_top=0)")
+    p.add_argument("--auto-research", type=int, default=None,
+                   help="with --auto-budget: builders.Auto(research_budget=N), a search of N trials on each new "
+                        "cluster after a membership change")
     p.add_argument("--switch-at", default="",
                    help="STEP:BUILDER,...: switch the strategy after that many steps (--api function, --strategy)")
     p.add_argument("--plain-tf-function", action="store_true",
@@ -214,6 +220,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--record-slots is for --api function with --strategy and --record-dir")
     if args.policy_schedule and args.api == "function":
         p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit) and v1 (a PolicyHook)")
+    if args.auto_budget is not None and args.strategy != "Auto":
+        p.error("--auto-budget is for --strategy Auto")
+    if args.auto_research is not None and args.auto_budget is None:
+        p.error("--auto-research is for --auto-budget")
     if args.strategy is not None and args.api == "v1":
         p.error("--strategy is for --api function and keras")
     if args.api == "v1" and args.optimizer != "sgd":
@@ -221,6 +231,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.epochs < 1 or args.batch_size < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
         p.error("--epochs, --batch-size, --samples and --steps must be positive")
     return args
+
+
+def strategy_source(args: argparse.Namespace) -> Any:
+    """What ``--strategy`` (and ``--auto-budget``) ask ``SynchronousSGDOptimizer`` for."""
+    if args.auto_budget is None:
+        return args.strategy
+    from kungfu_tf.strategy import builders
+
+    return builders.Auto(budget=args.auto_budget, trial_steps=1, warmup=1, probe_wait_steps=0, confirm_top=0,
+                         show_progress=False, research_budget=args.auto_research)  # fmt: skip
 
 
 def parse_schedule(text: str) -> dict[int, int]:
@@ -311,6 +331,7 @@ class Script:
         self.initial_rank = kungfu_tf.rank()  # --crash-rank names a rank of the initial cluster
         self._seen: Any = None
         self.slots: list[list[np.ndarray]] | None = None  # --record-slots: slots[kind][variable], at the end
+        self.optimizer: Any = None  # --strategy: the SynchronousSGDOptimizer (its plan is reported at the end)
 
     def finished(self, state: elastic.ElasticState) -> bool:
         return state.epoch >= self.args.epochs or (self.args.steps is not None and state.step >= self.args.steps)
@@ -361,7 +382,8 @@ def held_slots(optimizer: keras.optimizers.Optimizer) -> list[list[np.ndarray]]:
 def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
     args = script.args
     model = build_model(args)
-    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr), strategy=args.strategy)
+    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr), strategy=strategy_source(args))
+    script.optimizer = optimizer
     loss_object = loss_fn()
     spec = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int32))
 
@@ -448,7 +470,8 @@ def train_keras_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticSt
 
     args = script.args
     model = build_model(args)
-    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr), strategy=args.strategy)
+    optimizer = SynchronousSGDOptimizer(make_optimizer(args.optimizer, args.lr), strategy=strategy_source(args))
+    script.optimizer = optimizer
     model.compile(optimizer=optimizer, loss=loss_fn())
     extra: dict[str, Any] = {}
     policies: list[keras.callbacks.Callback] = []
@@ -566,6 +589,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     weights, state, detached = train(script)
     script.record.end(weights, state, detached, args.api, script.slots)
+    plan = getattr(script.optimizer, "_kungfu_plan", None)
+    if plan is not None and not detached:
+        results = getattr(getattr(script.optimizer, "_kungfu_strategy", None), "results", [])
+        found = ", ".join(f"{r.best.id!r} for {r.cluster.replicas} workers" for r in results)
+        print(f"[elastic_train] strategy {plan.strategy.id!r} at {kungfu_tf.size()} workers; Auto's results: "
+              f"{found or 'none'}", flush=True)  # fmt: skip
     if detached:
         print(f"[elastic_train] {os.environ.get('KUNGFU_SELF', 'local')} detached at step {state.step}", flush=True)
         return 0

@@ -22,11 +22,17 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
-from conftest import REPO_ROOT, assert_job_ok, run_job, worker_env
+from conftest import REPO_ROOT, assert_job_ok, describe, run_job, worker_env
+from elastic_records import final_weights, load, reference_weights, steps_by_index
 from test_elastic_strategy import (
+    HIDDEN,
     LAUNCHER,
+    LR,
     MODELS,
+    SAMPLES,
+    STEPS,
     check_trained_like_one_process,
     train_args,
 )
@@ -125,3 +131,51 @@ def test_a_membership_change_during_the_search_ends_it_and_training_stays_exact(
     check_trained_like_one_process(tmp_path, rc, out, err, [3, 3, 3, 3, 3, 2], "momentum")
     # How many trials ended before step 12 depends on how long each waited for AUTO's probes.
     assert re.search(r"the cluster changed during the search \(after [0-7] trials\)", err), err[-3000:]
+
+
+def test_a_joiner_builds_the_searched_strategy_the_members_build(tmp_path):
+    # A short search (Auto(budget=2), one warm-up and one timed step per trial) ends by step 6 on 3 workers.
+    # At step 8 the job shrinks to 2 (no result for 2 workers: the all-reduce strategy), at step 12 it grows
+    # back to 3: the members re-build their searched best for 3 workers, and the joiner, whose own Auto never
+    # searched, must build the same. It took the members' result; before, it built the all-reduce strategy
+    # alone, and the consensus on the strategy bytes failed at its admission whenever the best was another.
+    args = train_args(tmp_path, "Auto", "momentum") + ["--auto-budget", 2, "--resize-at", "8:2,12:3", "--resize-wait"]
+    out, _ = run_shrink_and_grow_back(tmp_path, args)
+    # Every final worker, the joiner among them, holds the search's result and trains on its best.
+    lines = re.findall(r"strategy '([^']*)' at 3 workers; Auto's results: (.*)", out)
+    assert len(lines) == 3, out[-3000:]
+    assert len({strategy for strategy, _ in lines}) == 1 and {r for _, r in lines} == {f"'{lines[0][0]}' for 3 workers"}, lines
+
+
+def test_auto_searches_a_new_cluster_again_with_research_budget(tmp_path):
+    # Auto(budget=2, research_budget=1): the shrink to 2 at step 8 starts a search of one trial on the two
+    # workers; the growth back to 3 at step 12 re-builds the first search's best (searched before: no new
+    # search), on the joiner too, which took both results. The trials train as any steps: the weights are
+    # one process's.
+    args = train_args(tmp_path, "Auto", "momentum") + ["--auto-budget", 2, "--auto-research", 1,
+                                                       "--resize-at", "8:2,12:3", "--resize-wait"]  # fmt: skip
+    out, err = run_shrink_and_grow_back(tmp_path, args)
+    assert len(re.findall(r"cluster v\d+ \(2 workers\) has not been searched: searching it again", err)) == 1, err[-3000:]
+    assert "(3 workers) has not been searched" not in err, err[-3000:]
+    lines = re.findall(r"strategy '([^']*)' at 3 workers; Auto's results: '([^']*)' for 3 workers, '([^']*)' for 2 "
+                       r"workers\n", out)  # fmt: skip
+    assert len(lines) == 3 and len(set(lines)) == 1 and lines[0][0] == lines[0][1], out[-3000:]
+
+
+def run_shrink_and_grow_back(tmp_path, args: list[object]) -> tuple[str, str]:
+    """np=3, shrink to 2 at step 8, grow back to 3 at step 12: trained like one process (the final three alike)."""
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=300, extra_launcher_args=LAUNCHER)
+    report = describe(rc, out, err)
+    assert rc == 0, report
+    records = load(tmp_path / "records")
+    steps = steps_by_index(records)
+    assert sorted(steps) == list(range(STEPS)), report
+    assert [len(steps[s]) for s in (3, 7, 8, 11, 12, 15)] == [3, 3, 2, 2, 3, 3], report
+    ends = {stem: lines[-1] for stem, lines in records.items() if lines and lines[-1]["event"] == "end"}
+    finals = [stem for stem, end in ends.items() if not end["detached"]]
+    assert len(finals) == 3 and len({ends[s]["weights_sha256"] for s in finals}) == 1, report
+    assert [ends[s]["optimizer_iterations"] for s in finals] == [[STEPS]] * 3, report
+    for got, want in zip(final_weights(tmp_path / "records", finals[0]),
+                         reference_weights(steps, SAMPLES, HIDDEN, LR, "momentum")):  # fmt: skip
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return out, err

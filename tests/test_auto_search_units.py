@@ -392,3 +392,34 @@ def test_a_trial_times_no_step_in_which_auto_probed(grow, wait, expected_waited)
     assert trial.waited_steps == expected_waited
     assert trial.steps_run == 2 + expected_waited + 2 and timed_from == 2 + expected_waited
     assert not trial.result().failed
+
+
+def test_a_joiner_adopts_the_members_result_and_builds_what_they_build():
+    from kungfu_tf.strategy import builders
+    from kungfu_tf.strategy.auto.builder import AutoResult
+    from kungfu_tf.strategy.format import canonical_bytes
+    from kungfu_tf.strategy.source_record import source_record
+
+    variables = [VariableInfo("w", (64, 8)), VariableInfo("b", (8,))]
+    three, two = ClusterSpec(3, (0, 0, 0)), ClusterSpec(2, (0, 0))
+    members = Auto()
+    members.result = AutoResult(builders.PS().build(variables, three), three, 0.02, search_seconds=3.0)
+    record = json.loads(json.dumps(source_record(members)))  # as the first member broadcasts it
+    joiner = Auto()
+    assert canonical_bytes(joiner.build(variables, three)) != canonical_bytes(members.build(variables, three))
+    joiner.adopt_results(record["auto"])
+    for cluster in (three, two):  # the searched best for its cluster, the all-reduce strategy for another
+        assert canonical_bytes(joiner.build(variables, cluster)) == canonical_bytes(members.build(variables, cluster))
+    assert [n.WhichOneof("synchronizer") for n in joiner.build(variables, three).node_config] == ["ps", "ps"]
+    # Results for several clusters: each builds its own best; a second search of one cluster replaces its first.
+    members.result = AutoResult(builders.PartitionedPS().build(variables, two), two, 0.01)
+    members.result = AutoResult(builders.PSLoadBalancing().build(variables, two), two, 0.01)
+    assert [r.cluster.replicas for r in members.results] == [3, 2]
+    joiner.adopt_results(json.loads(json.dumps(source_record(members)))["auto"])
+    for cluster in (three, two, ClusterSpec(4)):
+        assert canonical_bytes(joiner.build(variables, cluster)) == canonical_bytes(members.build(variables, cluster))
+    assert members.build(variables, two).id == "PSLoadBalancing"
+    joiner.adopt_results(json.loads(json.dumps(source_record(Auto())))["auto"])  # the members had no result
+    assert joiner.result is None and joiner.results == []
+    with pytest.raises(StrategyError, match="the members' Auto search results cannot be read here"):
+        joiner.adopt_results([{"best": "zz"}])

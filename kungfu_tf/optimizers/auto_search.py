@@ -27,7 +27,12 @@ is installed as the step driver (kungfu_tf/strategy/step_driver.py), and
   member alike and without a collective (a joiner never started it):
   the change re-built the strategy through ``Auto.build`` (no result yet:
   the all-reduce builder's strategy for the new cluster) and training goes
-  on with it.
+  on with it;
+* with ``Auto(research_budget=N)``, a membership change to a cluster of two
+  or more workers that Auto has no result for installs a new session on
+  every worker of the new cluster, joiners included (the change's apply
+  listener, kungfu_tf/optimizers/strategy_resize.py): the next step starts
+  a search of N trials there, whose result is kept beside the others.
 
 Example:
     >>> import keras
@@ -53,7 +58,12 @@ import tensorflow as tf
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import step_driver
 from kungfu_tf.strategy.auto.builder import Auto, AutoResult
-from kungfu_tf.strategy.auto.search import Search, SearchModel, check_searchable
+from kungfu_tf.strategy.auto.search import (
+    Search,
+    SearchBudget,
+    SearchModel,
+    check_searchable,
+)
 from kungfu_tf.strategy.auto.search_model import AutoDistModel
 from kungfu_tf.strategy.auto.trials import Trial
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
@@ -73,9 +83,10 @@ class AutoSearchSession:
         'a step'
     """
 
-    def __init__(self, optimizer: Any, auto: Auto) -> None:
+    def __init__(self, optimizer: Any, auto: Auto, budget: SearchBudget | None = None) -> None:
         self._optimizer = weakref.ref(optimizer)
         self.auto = auto
+        self.budget = budget or auto.budget
         self.search: Search | None = None
         self.trial: Trial | None = None
         self.finished = False
@@ -159,7 +170,7 @@ class AutoSearchSession:
         first = kungfu_tf.rank() == 0
         self.search = Search(
             model,
-            self.auto.budget,
+            self.budget,
             candidates_per_round=self.auto.candidates_per_round,
             trials_per_round=self.auto.trials_per_round,
             seed=self.auto.seed,
@@ -209,6 +220,12 @@ class AutoSearchSession:
                 optimizer._kungfu_plan.strategy.id,
             )  # fmt: skip
 
+    def stop(self) -> None:
+        """Ends this session where it stands (a new one replaces it): its log is closed, no step is run."""
+        if self.search is not None and not self.finished:
+            self.search.close()
+        self._leave()
+
     def _leave(self) -> None:
         self.finished = True
         step_driver.uninstall(self)
@@ -232,9 +249,14 @@ def _cluster_version() -> int:
     return int(cluster_version())
 
 
-def start_auto_search(optimizer: Any, auto: Auto) -> AutoSearchSession:
-    """Installs the search of ``auto`` on ``optimizer``'s steps (when the optimizer is built)."""
-    session = AutoSearchSession(optimizer, auto)
+def start_auto_search(optimizer: Any, auto: Auto, budget: SearchBudget | None = None) -> AutoSearchSession:
+    """Installs the search of ``auto`` on ``optimizer``'s steps (when the optimizer is built, and with
+    ``research_budget`` after a membership change); ``budget``: instead of ``auto.budget``. A session
+    still installed for ``optimizer`` is stopped first."""
+    previous = optimizer.__dict__.get("_kungfu_auto_session")
+    if previous is not None:
+        previous.stop()
+    session = AutoSearchSession(optimizer, auto, budget)
     step_driver.install(session)
     object.__setattr__(optimizer, "_kungfu_auto_session", session)  # for check_driven at every apply
     return session

@@ -97,6 +97,8 @@ def _source_in_force(opt: Any, joined: bool, first_member: int, prefix: str) -> 
     record = json.loads(_broadcast_bytes(mine, first_member, f"{prefix}/source").decode("utf-8"))
     if "written" in record:
         return None
+    if "auto" in record:
+        return _adopt_auto_result(opt, record["auto"], joined, prefix)
     if "opaque" in record:
         if joined:
             log.warning("kungfu strategy: the members' strategy builder cannot be described (%s): this joiner "
@@ -114,6 +116,33 @@ def _source_in_force(opt: Any, joined: bool, first_member: int, prefix: str) -> 
     if int(failed):
         raise StrategyError(error or f"a joiner could not make the members' strategy builder {record['builder']} again "
                             "(see its error): it is refused")  # fmt: skip
+    return source
+
+
+def _adopt_auto_result(opt: Any, results: list[dict[str, Any]], joined: bool, prefix: str) -> StrategySource:
+    """The members' ``builders.Auto``: a joiner's own ``Auto`` takes their search results (collective).
+
+    Raises:
+        StrategyError: on every worker alike, when a joiner does not run
+            ``builders.Auto`` (its script differs) or cannot read the result.
+    """
+    from kungfu_tf.strategy.auto.builder import Auto
+
+    source, error = opt._kungfu_strategy, ""
+    if joined:
+        if not isinstance(source, Auto):
+            error = (f"the members search with builders.Auto and this joiner runs {type(source).__name__}: the "
+                     "joiner's script must make the same optimizer")  # fmt: skip
+        else:
+            try:
+                source.adopt_results(results)
+            except StrategyError as e:
+                error = str(e)
+    failed = collective.all_reduce(
+        tf.constant(int(bool(error)), tf.int32), op="max", name=f"{prefix}/source/failed", topology="STAR"
+    )
+    if int(failed):
+        raise StrategyError(error or "a joiner could not take the members' Auto search results (see its error)")
     return source
 
 
@@ -210,6 +239,7 @@ def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
         object.__setattr__(opt, "_kungfu_handover", None)
         log.info("kungfu strategy: %r unchanged for cluster v%d (all-reduce): plan and traced step kept",
                  strategy.id, change.new_version)  # fmt: skip
+        _search_again_if_asked(opt, change)
         return
     handover = opt.__dict__.get("_kungfu_handover")
     object.__setattr__(opt, "_kungfu_handover", None)
@@ -224,9 +254,30 @@ def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
             log.warning("kungfu strategy: the owner of %s left without handing over its optimizer slots: they "
                         "restart at zero", ", ".join(lost))  # fmt: skip
     generation = install_plan(opt, strategy, kinds, full)
+    _search_again_if_asked(opt, change)
     log.info("kungfu strategy: %r re-built for cluster v%d (%d workers, %d slot kinds moved) in %.3f s; plan "
              "generation %d", strategy.id, change.new_version, len(change.new_peers), kinds,
              time.monotonic() - started, generation)  # fmt: skip
+
+
+def _search_again_if_asked(opt: Any, change: em.Change) -> None:
+    """``builders.Auto(research_budget=N)`` on a cluster it has no result for: a search of N trials from the next
+    step (kungfu_tf/optimizers/auto_search.py). Every worker of the new cluster decides alike: the members' results
+    are agreed, a joiner took them (``_adopt_auto_result``), and the cluster is the committed one."""
+    from kungfu_tf.optimizers.auto_search import start_auto_search
+    from kungfu_tf.strategy.auto.builder import Auto
+
+    auto = opt._kungfu_strategy
+    cluster = ClusterSpec.of_peers(change.new_peers)
+    if not isinstance(auto, Auto) or auto.research_budget is None or cluster.replicas < 2:
+        return
+    if auto.result_for(cluster) is not None:
+        return  # searched before: Auto.build re-built that search's best
+    start_auto_search(opt, auto, budget=auto.research_budget)
+    if _rank() == 0:
+        log.warning("kungfu auto: cluster v%d (%d workers) has not been searched: searching it again from the next "
+                    "step (research_budget=%s trials)", change.new_version, cluster.replicas,
+                    auto.research_budget.trials)  # fmt: skip
 
 
 def _rank() -> int:

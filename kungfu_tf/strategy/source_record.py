@@ -15,9 +15,13 @@ again from it:
   :meth:`~kungfu_tf.strategy.builders.base.StrategyBuilder.config`;
 * ``{"written": true}``: a strategy written once (a proto or a file): the
   members re-map the one they run for the new cluster and send it;
-* ``{"opaque": WHY}``: a builder that cannot be described (an ``Auto``
-  search holds its trials' results): every worker re-runs its own source,
-  as before the record existed.
+* ``{"auto": RESULTS}``: ``builders.Auto``, which cannot be made again from
+  settings (its results come from trials): the joiner keeps its own
+  ``Auto`` and adopts the members' search results (``Auto.result_record``,
+  one per cluster searched; empty before a search ended), so that it
+  builds what they build;
+* ``{"opaque": WHY}``: a builder that cannot be described: every worker
+  re-runs its own source, as before the record existed.
 
 Example:
     >>> from kungfu_tf.strategy import builders
@@ -56,6 +60,11 @@ def source_record(source: StrategySource) -> SourceRecord:
     """The record of ``source`` (module docstring); never raises: what cannot be described is ``opaque``."""
     if isinstance(source, str) and source in BUILDERS:
         return {"builder": source, "options": {}}
+    # Imported here: kungfu_tf.strategy.auto imports the builders, as this module does.
+    from kungfu_tf.strategy.auto.builder import Auto
+
+    if isinstance(source, Auto):
+        return {"auto": source.result_record()}
     if isinstance(source, StrategyBuilder):
         try:
             return {"builder": _class_name(source), "options": source.config()}

@@ -29,10 +29,16 @@ both, and a v1 optimizer refuses Auto (search with ``kungfu-strategy search``
 and pass its file then): never a silent fall-back to the starting strategy.
 
 After the search, :meth:`Auto.build` returns the best strategy for the
-cluster it was found on. At a membership change (an elastic job) the
-cluster differs and Auto re-builds as the all-reduce builder for the new
-cluster (no owners to re-map, valid on any cluster) rather than searching
-again; re-scoring for the new cluster is StrategyPolicy's job.
+cluster it was found on. At a membership change (an elastic job) to a
+cluster it has no result for, Auto re-builds as the all-reduce builder for
+the new cluster (no owners to re-map, valid on any cluster); with
+``research_budget`` it then searches again on the new cluster, from the
+next step, with that many trials, and keeps each cluster's result, so a
+job that returns to a cluster it searched builds that cluster's best
+without searching again. Without it, re-scoring for the new cluster is
+StrategyPolicy's job. A joiner takes the members' results with the
+membership change (kungfu_tf/strategy/source_record.py), so it builds what
+they build.
 
 Example:
     >>> from kungfu_tf.strategy.cluster_spec import ClusterSpec
@@ -67,6 +73,7 @@ from kungfu_tf.strategy.builders.all_reduce import AllReduce
 from kungfu_tf.strategy.builders.base import StrategyBuilder
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.errors import StrategyError
+from kungfu_tf.strategy.format import canonical_bytes
 from kungfu_tf.strategy.variable_info import VariableInfo
 
 SearchModelFactory = Callable[[Sequence[VariableInfo], ClusterSpec], SearchModel]
@@ -112,6 +119,9 @@ class Auto(StrategyBuilder):
             declared rates (``ClusterSpec.bandwidth_gbps`` between its hosts)
             instead of calibrated ones; None (default): the running job's,
             calibrated. The trials always run on the running job.
+        research_budget: after a membership change to a cluster without a
+            result, search again on it with this many trials (>= 1); None
+            (default): train on the all-reduce strategy there.
 
     Example:
         >>> Auto(budget=8).budget.trials, Auto(budget=None, seconds=60).budget.seconds
@@ -136,8 +146,10 @@ class Auto(StrategyBuilder):
         search_model: SearchModelFactory | None = None,
         extra_candidates: Sequence[strategy_pb2.Strategy] = (),
         cluster: ClusterSpec | None = None,
+        research_budget: int | None = None,
     ) -> None:
         self.budget = SearchBudget(budget, seconds)
+        self.research_budget = None if research_budget is None else SearchBudget(research_budget, None)
         if isinstance(trial_steps, bool) or not isinstance(trial_steps, int) or trial_steps < 1:
             raise StrategyError(f"trial_steps must be an int >= 1, got {trial_steps!r}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -158,19 +170,86 @@ class Auto(StrategyBuilder):
         self.search_model = search_model
         self.extra_candidates = list(extra_candidates)
         self.cluster = cluster
-        self.result: AutoResult | None = None
+        self.results: list[AutoResult] = []  # one per cluster searched, the latest last
+
+    @property
+    def result(self) -> AutoResult | None:
+        """The latest finished search's result (None before one ended)."""
+        return self.results[-1] if self.results else None
+
+    @result.setter
+    def result(self, value: AutoResult | None) -> None:
+        """Records a finished search (replacing an earlier one for the same cluster); None forgets them all."""
+        if value is None:
+            self.results = []
+            return
+        self.results = [r for r in self.results if not _same_cluster(r.cluster, value.cluster)] + [value]
+
+    def result_for(self, cluster: ClusterSpec) -> AutoResult | None:
+        """The result of the search on ``cluster`` (the same number of workers on the same hosts), if any."""
+        return next((r for r in reversed(self.results) if _same_cluster(r.cluster, cluster)), None)
 
     def build(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> strategy_pb2.Strategy:
         """The best strategy found for ``cluster``; before the search (or on another cluster) all-reduce."""
         if not variables:
             raise no_trainable_variables_error()
-        if self.result is not None and _same_cluster(self.result.cluster, cluster):
+        found = self.result_for(cluster)
+        if found is not None:
             best = strategy_pb2.Strategy()
-            best.CopyFrom(self.result.best)
+            best.CopyFrom(found.best)
             best.graph_config.replicas = cluster.replicas
             return best
         # The starting strategy is the all-reduce builder's, under its name (it is that strategy).
         return AllReduce().build(variables, cluster)
+
+    def result_record(self) -> list[dict[str, Any]]:
+        """What a joiner needs to build what the members build: each cluster's result as JSON-able data.
+
+        Empty before a search ended (or when it was abandoned): the members
+        then re-build the all-reduce strategy, as the joiner does on its own.
+        The trials' records stay with the members (they are the search log).
+
+        Example:
+            >>> Auto().result_record()
+            []
+        """
+        return [
+            {
+                "best": canonical_bytes(r.best).hex(),
+                "replicas": r.cluster.replicas,
+                "hosts": [r.cluster.host_of(k) for k in range(r.cluster.replicas)],
+                "best_seconds": r.best_seconds,
+                "search_seconds": r.search_seconds,
+            }
+            for r in self.results
+        ]
+
+    def adopt_results(self, records: list[dict[str, Any]]) -> None:
+        """Takes the members' search results (:meth:`result_record`), so this joiner builds what they build.
+
+        A joiner's ``Auto`` never searched: without the members' results it
+        would re-build the all-reduce strategy for a cluster they re-build
+        their searched best for, and the consensus on the strategy bytes
+        would fail when it is admitted.
+
+        Raises:
+            StrategyError: the records are not what :meth:`result_record` makes.
+
+        Example:
+            >>> a, b = Auto(), Auto()
+            >>> b.adopt_results(a.result_record()); b.result is None
+            True
+        """
+        results = []
+        try:
+            for record in records:
+                best = strategy_pb2.Strategy.FromString(bytes.fromhex(record["best"]))
+                cluster = ClusterSpec(int(record["replicas"]), tuple(int(h) for h in record["hosts"]))
+                results.append(AutoResult(best, cluster, float(record["best_seconds"]),
+                                          search_seconds=float(record["search_seconds"])))  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise StrategyError(f"the members' Auto search results cannot be read here: {e!r}") from e
+        self.results = results
 
     def config(self) -> dict[str, Any]:
         """Never: a search is not made again from settings (its trials' result and search model are state)."""
