@@ -53,15 +53,24 @@ class ClusterSpec:
     def current(cls, bandwidth_gbps: float | None = None) -> ClusterSpec:
         """The running job's cluster (one replica outside ``kungfu-run``).
 
-        Hosts come from the launcher's peer list (``KUNGFU_PEERS``, host:port
-        per rank): ranks with the same host string share a host.
+        Hosts come from the runtime's peer list (host:port per rank, as the
+        cluster is now: the launcher's ``KUNGFU_PEERS`` is the first
+        cluster's, stale after an elastic change): ranks with the same host
+        string share a host.
         """
         import os
 
+        import tensorflow as tf
+
         import kungfu_tf
+        from kungfu_tf.ops import membership
 
         n = kungfu_tf.size()
-        peers = [p for p in os.environ.get("KUNGFU_PEERS", "").split(",") if p]
+        with tf.init_scope():  # an optimizer may be built while a tf.function traces its step
+            if tf.executing_eagerly():
+                peers = [str(p) for p in membership.cluster_peers()]
+            else:  # eager execution off (a v1 graph): the launcher's list, right until a membership change
+                peers = [p for p in os.environ.get("KUNGFU_PEERS", "").split(",") if p]
         if len(peers) != n:
             return cls(n, None, bandwidth_gbps)
         return cls.of_peers(peers, bandwidth_gbps)
