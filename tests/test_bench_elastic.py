@@ -157,6 +157,18 @@ def test_steps_after_the_next_request_are_not_the_normal_step():
     assert tr.step_s == pytest.approx(0.3)
 
 
+def test_the_gap_splits_where_the_first_step_after_began():
+    # 0.1 s steps at 2 workers until t=3; the survivor "a" begins its first step at 1 worker at t=3.6 (the pause:
+    # the change and the sync) and ends it at t=4.0; older logs without t0 give no split.
+    before = [dict(r, t0=r["t"] - 0.1) for r in steps("ab", [2.9, 3.0])]
+    after = [dict(r, t0=r["t"] - (0.4 if r["t"] == 4.0 else 0.1)) for r in steps("a", [4.0, 4.1, 4.2], version=2)]
+    (tr,) = transitions(before + after, ["shrink 2 -> 1"])
+    assert tr.pause_s == pytest.approx(0.6) and tr.first_step_s == pytest.approx(0.4)
+    assert tr.gap_s == pytest.approx(tr.pause_s + tr.first_step_s)
+    (tr,) = transitions(steps("ab", [2.9, 3.0]) + steps("a", [4.0, 4.1, 4.2], version=2), ["shrink 2 -> 1"])
+    assert tr.pause_s is None and tr.first_step_s is None
+
+
 def test_worker_env_passes_only_what_was_asked(monkeypatch):
     from benchmarks.elastic.run import parse_args, worker_env
 

@@ -108,6 +108,8 @@ class Segment:
     ends: dict[str, list[float]] = field(default_factory=dict)
     # peer -> AUTO's probe-sample count after each of those steps (None: not logged)
     probes: dict[str, list[int | None]] = field(default_factory=dict)
+    # peer -> when each of those steps began (``t0``; None: not logged)
+    starts: dict[str, list[float | None]] = field(default_factory=dict)
     # when a worker first logged ``transition`` here (the next change was asked for); None: never
     requested_t: float | None = None
 
@@ -154,12 +156,14 @@ def segments(records: Iterable[dict[str, Any]]) -> list[Segment]:
             raise ValueError(f"job {key[0]} version {key[1]}: steps at sizes {seg.size} and {r['size']}")
         seg.ends.setdefault(r["peer"], []).append(float(r["t"]))
         seg.probes.setdefault(r["peer"], []).append(r.get("probe"))
+        seg.starts.setdefault(r["peer"], []).append(r.get("t0"))
     for key, seg in by_key.items():
         seg.requested_t = requested.get(key)
         for peer, ts in seg.ends.items():
             order = sorted(range(len(ts)), key=ts.__getitem__)
             seg.ends[peer] = [ts[k] for k in order]
             seg.probes[peer] = [seg.probes[peer][k] for k in order]
+            seg.starts[peer] = [seg.starts[peer][k] for k in order]
     return sorted(by_key.values(), key=lambda s: s.first_t)
 
 
@@ -190,6 +194,10 @@ class Transition:
     first_step_probed: bool = False  # AUTO took samples in the first step after (part of the gap)
     probe_steps_after: int = 0  # later steps of the new segment that carried probe samples
     probe_extra_s: float = 0.0  # their time beyond the normal step (a cost of AUTO, not in idle_s)
+    # The gap split where the first step after began (step logs with ``t0``; None otherwise): the pause
+    # between the steps (summed over the parts: the change, the state sync) and the first step itself.
+    pause_s: float | None = None
+    first_step_s: float | None = None
     parts: list[dict[str, float]] = field(default_factory=list)  # one per version change: gap_s, step_s, idle_s
     merged: bool = False  # a crash whose replacement joined before any step without the victim
 
@@ -323,9 +331,14 @@ def _combined(records: Sequence[dict[str, Any]], label: str, segs: Sequence[Segm
         # An admission right after another leaves one step at the size between: use the final size's.
         step_seg = after if after.steps >= 2 or after is segs[-1] else segs[-1]
         step = normal_step_time(step_seg, new if step_seg is after else final_survivors or list(step_seg.ends))
+        begun = [after.starts[p][0] for p in new]
+        t0_after = max(begun) if begun and None not in begun else None  # type: ignore[type-var]
         parts.append({"t_before": t_before, "t_after": t_after, "gap_s": t_after - t_before, "step_s": step,
-                      "idle_s": t_after - t_before - step, "survivors": survivors})  # fmt: skip
+                      "idle_s": t_after - t_before - step, "survivors": survivors, "t0_after": t0_after})  # fmt: skip
     first, last = parts[0], parts[-1]
+    timed = all(p["t0_after"] is not None for p in parts)
+    pause = sum(p["t0_after"] - p["t_before"] for p in parts) if timed else None
+    first_step = last["t_after"] - last["t0_after"] if timed else None
     start, end = segs[0], segs[-1]
     end_peers = final_survivors or list(end.ends)
     probe_steps, probe_extra = probe_cost(end, end_peers, last["step_s"])
@@ -339,5 +352,5 @@ def _combined(records: Sequence[dict[str, Any]], label: str, segs: Sequence[Segm
         steps_after=segs[-1].steps, detection_s=_detection(records, first["t_before"], first["t_after"], first["survivors"]),
         parts=[{k: p[k] for k in ("gap_s", "step_s", "idle_s")} for p in parts], merged=merged,
         probing_before=probing_before, first_step_probed=first_probed, probe_steps_after=probe_steps,
-        probe_extra_s=probe_extra,
+        probe_extra_s=probe_extra, pause_s=pause, first_step_s=first_step,
     )  # fmt: skip

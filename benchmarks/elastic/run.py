@@ -267,6 +267,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row[f"{mode}_merged"] = [bool(t.get("merged")) for t in trs]
                 row[f"{mode}_median"] = statistics.median(row[f"{mode}_idle"]) if trs else None
                 if mode == "elastic":
+                    row["split"] = [(t.get("pause_s"), t.get("first_step_s")) for t in trs]
                     row["probe"] = [(t.get("probing_before", False), t.get("first_step_probed", False),
                                      t.get("probe_steps_after", 0), t.get("probe_extra_s", 0.0)) for t in trs]  # fmt: skip
                     det = [t["detection_s"] for t in trs if t["detection_s"] is not None]
@@ -317,6 +318,18 @@ def _raw(xs: Sequence[float], parts: Sequence[Sequence[float]] = (), merged: Seq
                      for x, ps, m in zip(xs, parts, merged, strict=True))  # fmt: skip
 
 
+def _split(runs: Sequence[Sequence[float | None]]) -> str:
+    """Each elastic run's gap as (pause between the steps) + (the first step after): ``0.045+0.114``.
+
+    Example:
+        >>> _split([(0.045, 0.114), (None, None)])
+        '0.045+0.114, –'
+    """
+    if not runs:
+        return "–"
+    return ", ".join("–" if pause is None or first is None else f"{pause:.3f}+{first:.3f}" for pause, first in runs)
+
+
 def _probing(runs: Sequence[Sequence[Any]]) -> str:
     """Each elastic run's AUTO probe around the transition: ``no / no / 0``, ``yes / yes / 12 (+0.310 s)``.
 
@@ -338,7 +351,8 @@ def markdown(results: dict[str, Any]) -> str:
         res = results["models"][model]
         head = ["transition", "elastic idle (median)", "elastic idle, each run", "checkpoint-restart idle (median)",
                 "checkpoint-restart, each run", "restart ÷ elastic", "crash detection", "normal step after",
-                "target", "met", "AUTO probing: before / first step / later steps (+ their extra time)"]  # fmt: skip
+                "target", "met", "elastic: pause + first step, each run",
+                "AUTO probing: before / first step / later steps (+ their extra time)"]  # fmt: skip
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in (r for r in rows if r["model"] == model):
             step = r["elastic_step"] or r["restart_step"]
@@ -348,7 +362,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{_s(r['restart_median'], 2)} | {_raw(r['restart_idle'])} | "
                          f"{ratio} | "
                          f"{_s(r['detection_median'])} | {_s(statistics.median(step)) if step else '–'} | "
-                         f"{r['target']} | {met} | {_probing(r.get('probe', []))} |")  # fmt: skip
+                         f"{r['target']} | {met} | {_split(r.get('split', []))} | {_probing(r.get('probe', []))} |")  # fmt: skip
         notes = [f"{mode}: {res[mode]['error']}" for mode in MODES if res.get(mode, {}).get("error")]
         if any(any(r["elastic_merged"]) for r in rows if r["model"] == model):
             lines.append("\n\\* crash and replacement in one transition: the replacement was admitted before the "
