@@ -190,8 +190,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --strategy Auto: a short search, builders.Auto(budget=N, trial_steps=1, warmup=1, "
                         "probe_wait_steps=0, confirm_top=0)")
     p.add_argument("--auto-research", type=int, default=None,
-                   help="with --auto-budget: builders.Auto(research_budget=N), a search of N trials on each new "
-                        "cluster after a membership change")
+                   help="with --auto-budget: builders.Auto(research_budget=N), a search of N (>= 2) trials on "
+                        "each new cluster after a membership change")
     p.add_argument("--switch-at", default="",
                    help="STEP:BUILDER,...: switch the strategy after that many steps (--api function, --strategy)")
     p.add_argument("--plain-tf-function", action="store_true",

@@ -148,13 +148,14 @@ def test_a_joiner_builds_the_searched_strategy_the_members_build(tmp_path):
 
 
 def test_auto_searches_a_new_cluster_again_with_research_budget(tmp_path):
-    # Auto(budget=2, research_budget=1): the shrink to 2 at step 8 starts a search of one trial on the two
-    # workers; the growth back to 3 at step 12 re-builds the first search's best (searched before: no new
-    # search), on the joiner too, which took both results. The trials train as any steps: the weights are
+    # Auto(budget=2, research_budget=2): the first search ends by step 4; the shrink to 2 at step 6 starts a
+    # search of two trials (the all-reduce strategy the change re-built, a sampled one) on the two workers,
+    # over by step 10; the growth back to 3 at step 12 re-builds the first search's best (searched before: no
+    # new search), on the joiner too, which took both results. The trials train as any steps: the weights are
     # one process's.
-    args = train_args(tmp_path, "Auto", "momentum") + ["--auto-budget", 2, "--auto-research", 1,
-                                                       "--resize-at", "8:2,12:3", "--resize-wait"]  # fmt: skip
-    out, err = run_shrink_and_grow_back(tmp_path, args)
+    args = train_args(tmp_path, "Auto", "momentum") + ["--auto-budget", 2, "--auto-research", 2,
+                                                       "--resize-at", "6:2,12:3", "--resize-wait"]  # fmt: skip
+    out, err = run_shrink_and_grow_back(tmp_path, args, shrink_at=6)
     assert len(re.findall(r"cluster v\d+ \(2 workers\) has not been searched: searching it again", err)) == 1, err[-3000:]
     assert "(3 workers) has not been searched" not in err, err[-3000:]
     lines = re.findall(r"strategy '([^']*)' at 3 workers; Auto's results: '([^']*)' for 3 workers, '([^']*)' for 2 "
@@ -162,15 +163,16 @@ def test_auto_searches_a_new_cluster_again_with_research_budget(tmp_path):
     assert len(lines) == 3 and len(set(lines)) == 1 and lines[0][0] == lines[0][1], out[-3000:]
 
 
-def run_shrink_and_grow_back(tmp_path, args: list[object]) -> tuple[str, str]:
-    """np=3, shrink to 2 at step 8, grow back to 3 at step 12: trained like one process (the final three alike)."""
+def run_shrink_and_grow_back(tmp_path, args: list[object], shrink_at: int = 8) -> tuple[str, str]:
+    """np=3, shrink to 2 at ``shrink_at``, grow back to 3 at step 12: trained like one process (the final three
+    alike)."""
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=300, extra_launcher_args=LAUNCHER)
     report = describe(rc, out, err)
     assert rc == 0, report
     records = load(tmp_path / "records")
     steps = steps_by_index(records)
     assert sorted(steps) == list(range(STEPS)), report
-    assert [len(steps[s]) for s in (3, 7, 8, 11, 12, 15)] == [3, 3, 2, 2, 3, 3], report
+    assert [len(steps[s]) for s in (3, shrink_at - 1, shrink_at, 11, 12, 15)] == [3, 3, 2, 2, 3, 3], report
     ends = {stem: lines[-1] for stem, lines in records.items() if lines and lines[-1]["event"] == "end"}
     finals = [stem for stem, end in ends.items() if not end["detached"]]
     assert len(finals) == 3 and len({ends[s]["weights_sha256"] for s in finals}) == 1, report

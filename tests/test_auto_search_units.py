@@ -407,7 +407,8 @@ def test_a_joiner_adopts_the_members_result_and_builds_what_they_build():
     record = json.loads(json.dumps(source_record(members)))  # as the first member broadcasts it
     joiner = Auto()
     assert canonical_bytes(joiner.build(variables, three)) != canonical_bytes(members.build(variables, three))
-    joiner.adopt_results(record["auto"])
+    assert record["auto"]["settings"] == joiner.search_settings()
+    joiner.adopt_results(record["auto"]["results"])
     for cluster in (three, two):  # the searched best for its cluster, the all-reduce strategy for another
         assert canonical_bytes(joiner.build(variables, cluster)) == canonical_bytes(members.build(variables, cluster))
     assert [n.WhichOneof("synchronizer") for n in joiner.build(variables, three).node_config] == ["ps", "ps"]
@@ -415,11 +416,68 @@ def test_a_joiner_adopts_the_members_result_and_builds_what_they_build():
     members.result = AutoResult(builders.PartitionedPS().build(variables, two), two, 0.01)
     members.result = AutoResult(builders.PSLoadBalancing().build(variables, two), two, 0.01)
     assert [r.cluster.replicas for r in members.results] == [3, 2]
-    joiner.adopt_results(json.loads(json.dumps(source_record(members)))["auto"])
+    joiner.adopt_results(json.loads(json.dumps(source_record(members)))["auto"]["results"])
     for cluster in (three, two, ClusterSpec(4)):
         assert canonical_bytes(joiner.build(variables, cluster)) == canonical_bytes(members.build(variables, cluster))
     assert members.build(variables, two).id == "PSLoadBalancing"
-    joiner.adopt_results(json.loads(json.dumps(source_record(Auto())))["auto"])  # the members had no result
+    joiner.adopt_results(json.loads(json.dumps(source_record(Auto())))["auto"]["results"])  # the members had none
     assert joiner.result is None and joiner.results == []
     with pytest.raises(StrategyError, match="the members' Auto search results cannot be read here"):
         joiner.adopt_results([{"best": "zz"}])
+
+
+def test_a_joiner_with_other_auto_settings_is_refused():
+    from types import SimpleNamespace
+
+    from kungfu_tf.optimizers.strategy_resize import _adopt_auto_result
+    from kungfu_tf.strategy.source_record import source_record
+
+    members = Auto(budget=4, research_budget=2)
+    record = source_record(members)["auto"]
+    same = SimpleNamespace(_kungfu_strategy=Auto(budget=4, research_budget=2))
+    assert _adopt_auto_result(same, record, joined=True, prefix="t/same") is same._kungfu_strategy
+    # A joiner that would not search where the members do (or with other trials) would leave them waiting.
+    other = SimpleNamespace(_kungfu_strategy=Auto(budget=4))
+    with pytest.raises(StrategyError, match="the joiner's script must make the same Auto"):
+        _adopt_auto_result(other, record, joined=True, prefix="t/other")
+    with pytest.raises(StrategyError, match="this joiner runs PS"):
+        _adopt_auto_result(SimpleNamespace(_kungfu_strategy=builders_ps()), record, joined=True, prefix="t/ps")
+
+
+def builders_ps():
+    from kungfu_tf.strategy import builders
+
+    return builders.PS()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"research_budget": 1}, "research_budget must allow at least 2 trials"),
+    ({"research_budget": 0}, "the search budget must allow at least one trial"),
+    ({"research_budget": 2, "cluster": ClusterSpec(2)}, "pass one or the other"),
+])  # fmt: skip
+def test_research_budget_rejects_what_cannot_search(kwargs, message):
+    with pytest.raises(StrategyError, match=message):
+        Auto(**kwargs)
+
+
+def test_a_change_stops_a_search_session_that_has_not_started():
+    # A session installed (the optimizer built with Auto) but not started when the cluster changes: left
+    # installed, it would start its search at the next step on the members only (a joiner has none) or, at one
+    # worker, fail the step. The change stops it on every worker; with research_budget a new one replaces it.
+    import keras
+
+    from kungfu_tf.ops.elastic_membership import Change
+    from kungfu_tf.optimizers import SynchronousSGDOptimizer
+    from kungfu_tf.optimizers.strategy_resize import _search_again_if_asked
+    from kungfu_tf.strategy import step_driver
+
+    for research, peers, replaced in ((None, ("h:1", "h:2"), False), (2, ("h:1",), False), (2, ("h:1", "h:2"), True)):
+        opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=Auto(budget=2, research_budget=research))
+        opt.build([keras.Variable([1.0, 2.0], name="w")])
+        first = opt._kungfu_auto_session
+        assert step_driver.installed() is first and not first.finished
+        _search_again_if_asked(opt, Change(1, 2, ("h:1", "h:2", "h:3"), peers, "h:1"))
+        assert first.finished
+        now = step_driver.installed()
+        assert (now is not None and now is opt._kungfu_auto_session and now.research) == replaced, (research, peers)
+        step_driver.uninstall()

@@ -81,7 +81,8 @@ def test_written_strategies_and_undescribable_builders():
     assert source_record(strategy_pb2.Strategy(id="x")) == {"written": True}
     assert source_record("/some/strategy.pbtxt") == {"written": True}
     # A search holds state: not its settings but its results go to a joiner (none before one ended).
-    assert source_record(builders.Auto(budget=2)) == {"auto": []}
+    auto = builders.Auto(budget=2)
+    assert source_record(auto) == {"auto": {"settings": auto.search_settings(), "results": []}}
     elsewhere = source_record(KeepsItsSettingsElsewhere(owner=1))
     assert "__init__ takes 'owner' but the builder has no attribute of that name" in elsewhere["opaque"], elsewhere
 

@@ -467,13 +467,14 @@ def apply_version(version: int, peers: Sequence[str], *, notify: bool = True) ->
         if change.detached:
             log.info("kungfu elastic: leaving the job at cluster version %d", version)
             _membership().leave_cluster()
-            _yield_cpu_to_members()
         else:
             _membership().update_cluster(list(peers), version)
         _state.version, _state.peers = version, peers
         if not change.detached:
             _state.joined = True
         listeners = list(_state.listeners)
+    if change.detached:
+        _yield_cpu_to_members()
     if _state.watcher is not None:
         _state.watcher.recheck()  # a later version may already have dropped one of the new peers
     if not change.detached:
@@ -498,8 +499,12 @@ def _yield_cpu_to_members() -> None:
     """
     from kungfu_tf.run.worker_env.worker_env import read_detached_nice
 
-    nice = read_detached_nice(os.environ)
-    if not nice:
+    try:
+        nice = read_detached_nice(os.environ)  # checked at start-up: only a value changed since fails here
+    except ValueError as e:
+        log.warning("kungfu elastic: the detached worker keeps its priority: %s", e)
+        return
+    if not nice or not hasattr(os, "setpriority"):
         return
     # Linux keeps a niceness per thread, and this may run on one of TensorFlow's (resize in a
     # tf.function): every thread of the process is lowered, and threads started later inherit it.

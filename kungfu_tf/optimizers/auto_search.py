@@ -86,6 +86,7 @@ class AutoSearchSession:
     def __init__(self, optimizer: Any, auto: Auto, budget: SearchBudget | None = None) -> None:
         self._optimizer = weakref.ref(optimizer)
         self.auto = auto
+        self.research = budget is not None  # a search of a new cluster after a membership change
         self.budget = budget or auto.budget
         self.search: Search | None = None
         self.trial: Trial | None = None
@@ -140,6 +141,10 @@ class AutoSearchSession:
             return call()
         assert self.search is not None
         while True:
+            if self.finished:
+                # A membership change inside the step that just ran (resize in a tf.function) stopped this
+                # search (strategy_resize.py): the step runs on what the change re-built.
+                return call()
             if self.trial is None or self.trial.done:
                 if self.trial is not None:
                     self.search.record(self.trial.result())
@@ -178,6 +183,7 @@ class AutoSearchSession:
             show_progress=self.auto.show_progress and first,
             initial=[optimizer._kungfu_plan.strategy, *self.auto.extra_candidates],
             confirm_top=self.auto.confirm_top,
+            log_append=self.research,
         )
 
     def _finish(self, optimizer: Any) -> None:
@@ -220,11 +226,21 @@ class AutoSearchSession:
                 optimizer._kungfu_plan.strategy.id,
             )  # fmt: skip
 
-    def stop(self) -> None:
-        """Ends this session where it stands (a new one replaces it): its log is closed, no step is run."""
-        if self.search is not None and not self.finished:
-            self.search.close()
-        self._leave()
+    def stop(self, optimizer: Any) -> None:
+        """Ends this session at a membership change, on every worker of the new cluster alike, with no collective.
+
+        A search under way is abandoned (it measured another cluster); one
+        not started yet leaves quietly. Either way no later step runs it: a
+        session left installed would start its search at the next step on
+        the members only (a joiner has none), and their collectives would wait
+        for ever.
+        """
+        if self.finished:
+            return
+        if self.search is not None:
+            self._abandon(optimizer)
+        else:
+            self._leave()
 
     def _leave(self) -> None:
         self.finished = True
@@ -255,7 +271,7 @@ def start_auto_search(optimizer: Any, auto: Auto, budget: SearchBudget | None = 
     still installed for ``optimizer`` is stopped first."""
     previous = optimizer.__dict__.get("_kungfu_auto_session")
     if previous is not None:
-        previous.stop()
+        previous.stop(optimizer)
     session = AutoSearchSession(optimizer, auto, budget)
     step_driver.install(session)
     object.__setattr__(optimizer, "_kungfu_auto_session", session)  # for check_driven at every apply

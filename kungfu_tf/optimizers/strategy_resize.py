@@ -119,12 +119,14 @@ def _source_in_force(opt: Any, joined: bool, first_member: int, prefix: str) -> 
     return source
 
 
-def _adopt_auto_result(opt: Any, results: list[dict[str, Any]], joined: bool, prefix: str) -> StrategySource:
+def _adopt_auto_result(opt: Any, record: dict[str, Any], joined: bool, prefix: str) -> StrategySource:
     """The members' ``builders.Auto``: a joiner's own ``Auto`` takes their search results (collective).
 
     Raises:
         StrategyError: on every worker alike, when a joiner does not run
-            ``builders.Auto`` (its script differs) or cannot read the result.
+            ``builders.Auto`` with the members' settings (its script
+            differs: it would search, or not, where they do not) or cannot
+            read the results.
     """
     from kungfu_tf.strategy.auto.builder import Auto
 
@@ -133,9 +135,12 @@ def _adopt_auto_result(opt: Any, results: list[dict[str, Any]], joined: bool, pr
         if not isinstance(source, Auto):
             error = (f"the members search with builders.Auto and this joiner runs {type(source).__name__}: the "
                      "joiner's script must make the same optimizer")  # fmt: skip
+        elif source.search_settings() != record.get("settings"):
+            error = (f"the members' builders.Auto has the settings {record.get('settings')} and this joiner's "
+                     f"{source.search_settings()}: the joiner's script must make the same Auto")  # fmt: skip
         else:
             try:
-                source.adopt_results(results)
+                source.adopt_results(record.get("results", []))
             except StrategyError as e:
                 error = str(e)
     failed = collective.all_reduce(
@@ -267,6 +272,9 @@ def _search_again_if_asked(opt: Any, change: em.Change) -> None:
     from kungfu_tf.optimizers.auto_search import start_auto_search
     from kungfu_tf.strategy.auto.builder import Auto
 
+    session = opt.__dict__.get("_kungfu_auto_session")
+    if session is not None:
+        session.stop(opt)  # whatever follows: a search of the old cluster must not start or go on
     auto = opt._kungfu_strategy
     cluster = ClusterSpec.of_peers(change.new_peers)
     if not isinstance(auto, Auto) or auto.research_budget is None or cluster.replicas < 2:

@@ -15,11 +15,12 @@ again from it:
   :meth:`~kungfu_tf.strategy.builders.base.StrategyBuilder.config`;
 * ``{"written": true}``: a strategy written once (a proto or a file): the
   members re-map the one they run for the new cluster and send it;
-* ``{"auto": RESULTS}``: ``builders.Auto``, which cannot be made again from
-  settings (its results come from trials): the joiner keeps its own
-  ``Auto`` and adopts the members' search results (``Auto.result_record``,
-  one per cluster searched; empty before a search ended), so that it
-  builds what they build;
+* ``{"auto": {"settings": ..., "results": [...]}}``: ``builders.Auto``,
+  which cannot be made again from settings (its results come from trials):
+  the joiner keeps its own ``Auto``, checks that its settings are the
+  members' (``Auto.search_settings``: it searches again where they do) and
+  adopts their search results (``Auto.result_record``, one per cluster
+  searched; empty before a search ended), so that it builds what they build;
 * ``{"opaque": WHY}``: a builder that cannot be described: every worker
   re-runs its own source, as before the record existed.
 
@@ -64,7 +65,7 @@ def source_record(source: StrategySource) -> SourceRecord:
     from kungfu_tf.strategy.auto.builder import Auto
 
     if isinstance(source, Auto):
-        return {"auto": source.result_record()}
+        return {"auto": {"settings": source.search_settings(), "results": source.result_record()}}
     if isinstance(source, StrategyBuilder):
         try:
             return {"builder": _class_name(source), "options": source.config()}

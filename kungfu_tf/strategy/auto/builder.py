@@ -34,8 +34,9 @@ cluster it has no result for, Auto re-builds as the all-reduce builder for
 the new cluster (no owners to re-map, valid on any cluster); with
 ``research_budget`` it then searches again on the new cluster, from the
 next step, with that many trials, and keeps each cluster's result, so a
-job that returns to a cluster it searched builds that cluster's best
-without searching again. Without it, re-scoring for the new cluster is
+job that returns to a cluster of a shape it searched (as many workers,
+spread over hosts the same way) builds that search's best without
+searching again. Without it, re-scoring for the new cluster is
 StrategyPolicy's job. A joiner takes the members' results with the
 membership change (kungfu_tf/strategy/source_record.py), so it builds what
 they build.
@@ -120,8 +121,10 @@ class Auto(StrategyBuilder):
             instead of calibrated ones; None (default): the running job's,
             calibrated. The trials always run on the running job.
         research_budget: after a membership change to a cluster without a
-            result, search again on it with this many trials (>= 1); None
-            (default): train on the all-reduce strategy there.
+            result, search again on it with this many trials (>= 2: the
+            first measures the all-reduce strategy the change re-built);
+            None (default): train on the all-reduce strategy there. Not with
+            ``cluster`` (a declared cluster of one size).
 
     Example:
         >>> Auto(budget=8).budget.trials, Auto(budget=None, seconds=60).budget.seconds
@@ -150,6 +153,16 @@ class Auto(StrategyBuilder):
     ) -> None:
         self.budget = SearchBudget(budget, seconds)
         self.research_budget = None if research_budget is None else SearchBudget(research_budget, None)
+        if research_budget is not None and research_budget < 2:
+            raise StrategyError(
+                f"research_budget must allow at least 2 trials (the first measures the all-reduce strategy a "
+                f"change re-builds), got {research_budget!r}"
+            )
+        if research_budget is not None and cluster is not None:
+            raise StrategyError(
+                "research_budget searches each new cluster of an elastic job; cluster= declares one cluster of "
+                f"{cluster.replicas} workers instead: pass one or the other"
+            )
         if isinstance(trial_steps, bool) or not isinstance(trial_steps, int) or trial_steps < 1:
             raise StrategyError(f"trial_steps must be an int >= 1, got {trial_steps!r}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -186,7 +199,8 @@ class Auto(StrategyBuilder):
         self.results = [r for r in self.results if not _same_cluster(r.cluster, value.cluster)] + [value]
 
     def result_for(self, cluster: ClusterSpec) -> AutoResult | None:
-        """The result of the search on ``cluster`` (the same number of workers on the same hosts), if any."""
+        """The result of the search on a cluster of ``cluster``'s shape (as many workers, spread over hosts
+        the same way in rank order), if any."""
         return next((r for r in reversed(self.results) if _same_cluster(r.cluster, cluster)), None)
 
     def build(self, variables: Sequence[VariableInfo], cluster: ClusterSpec) -> strategy_pb2.Strategy:
@@ -201,6 +215,22 @@ class Auto(StrategyBuilder):
             return best
         # The starting strategy is the all-reduce builder's, under its name (it is that strategy).
         return AllReduce().build(variables, cluster)
+
+    def search_settings(self) -> dict[str, Any]:
+        """What decides when and how this Auto searches: a joiner's must be the members' (JSON-able).
+
+        Example:
+            >>> Auto(budget=4, research_budget=2).search_settings()["research_budget"]
+            2
+        """
+        return {
+            "budget": [self.budget.trials, self.budget.seconds],
+            "research_budget": None if self.research_budget is None else self.research_budget.trials,
+            "trial_steps": self.trial_steps, "warmup": self.warmup, "probe_wait_steps": self.probe_wait_steps,
+            "confirm_top": self.confirm_top, "candidates_per_round": self.candidates_per_round,
+            "trials_per_round": self.trials_per_round, "seed": self.seed,
+            "extra_candidates": [canonical_bytes(s).hex() for s in self.extra_candidates],
+        }  # fmt: skip
 
     def result_record(self) -> list[dict[str, Any]]:
         """What a joiner needs to build what the members build: each cluster's result as JSON-able data.

@@ -156,6 +156,8 @@ class Search:
         trials_per_round: K, trials per round (the ranker learns after each round).
         seed: the sampler's seed of round 0 (round r uses ``seed + r``).
         log_path: JSON lines file, one line per trial (rank 0 only, if given).
+        log_append: add to ``log_path`` instead of starting it afresh (a search
+            of a new cluster after a membership change keeps the earlier lines).
         show_progress: print one line per trial to ``out``.
         initial: strategies to try first, before any sampled one (e.g. the
             one training started with); they count against the budget.
@@ -176,6 +178,7 @@ class Search:
         out: IO[str] | None = None,
         initial: Sequence[strategy_pb2.Strategy] = (),
         confirm_top: int = 0,
+        log_append: bool = False,
     ) -> None:
         check_round_sizes(candidates_per_round, trials_per_round)
         check_confirm_top(confirm_top)
@@ -188,7 +191,8 @@ class Search:
         self.out = out
         self.records: list[SearchRecord] = []
         self.round = 0
-        self._log = open(log_path, "w", encoding="utf-8") if log_path else None  # noqa: SIM115 (closed in close())
+        mode = "a" if log_append else "w"
+        self._log = open(log_path, mode, encoding="utf-8") if log_path else None  # noqa: SIM115 (closed in close())
         self._tried: list[strategy_pb2.Strategy] = []
         self._measured: list[float] = []
         self._seen: set[bytes] = set()
