@@ -10,6 +10,8 @@
   crashed owner's values are on every worker, and it has no slots to lose. The step the crash failed
   is run again after the sync and must be counted once (Keras's ``iterations``, which Adam's bias
   correction reads): the survivors once counted it twice.
+* SGD with momentum and a SIGKILLed owner, with every strategy that has parameter servers: its slots
+  survive in the replicas every rank keeps (they restarted at zero before).
 * SGD with momentum, whose slots live on the owners only, through a shrink (the leaving owner hands its
   slots over before the change commits), a growth (the joiner's share moves to it) and a shrink again:
   the written partitioned strategy (shard slots), Parallax (all-reduced slots), and PSLoadBalancing in
@@ -109,6 +111,20 @@ def test_a_strategy_survives_a_crashed_owner_a_growth_and_a_shrink(tmp_path, str
         assert traces and set(traces) == {1}, traces
     elif strategy in ("PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "written"):
         assert traces and min(traces) >= 2, traces
+
+
+@pytest.mark.parametrize("strategy", ["PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "written"])
+def test_a_crashed_owners_optimizer_slots_survive_on_the_others(tmp_path, strategy):
+    # SGD with momentum: the owner's slots exist on the owner alone, and rank 2 (an owner in each of these
+    # strategies) is SIGKILLed as step 4 begins. Every rank keeps a replica of every parameter server's
+    # slots, published after each update, and the change takes the dead owner's from the first survivor.
+    # Before, they restarted at zero (a warning named them) and the weights left one process's.
+    source = written_strategy(tmp_path) if strategy == "written" else strategy
+    args = train_args(tmp_path, source, "momentum") + ["--crash-at", 4, "--crash-rank", 2, "--resize-at", "8:3,12:2",
+                                                       "--resize-wait"]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "momentum")
+    assert "left without handing over its optimizer slots" not in err, err[-3000:]
 
 
 @pytest.mark.parametrize("strategy", ["written", "Parallax"])  # PSLoadBalancing: the Keras test below

@@ -67,6 +67,7 @@ def test_no_launcher_is_a_one_worker_cluster():
         ("KUNGFU_DETACHED_NICE", "-5"),
         ("KUNGFU_DETACHED_NICE", "20"),
         ("KUNGFU_DETACHED_NICE", "low"),
+        ("KUNGFU_SLOT_REPLICAS", "yes"),
     ],
 )
 def test_malformed_variable_is_named_with_its_value(variable, value):

@@ -129,11 +129,23 @@ def one_off_topology(nbytes: int) -> str:
     return "RING" if nbytes > _ONE_OFF_RING_BYTES else "STAR"
 
 
+def _unit_region(node: Any, variable: Any) -> tuple[slice, ...]:
+    """Where a unit (a whole variable or one shard, by its node) lies in ``variable``."""
+    region = [slice(None)] * len(variable.shape)
+    if node.is_shard:
+        region[node.axis] = slice(*node.bounds)
+    return tuple(region)
+
+
 def _sum_slots(
     old: StrategyPlan, table: SlotTable, kinds: int, variables: list[Any], contributes: bool,
-    first: bool, prefix: str,
+    first: bool, prefix: str, lost_owners: frozenset[int] = frozenset(),
 ) -> FullSlots:  # fmt: skip
-    """Every slot of every model variable, as full arrays (kind × variable), on every worker (module docstring)."""
+    """Every slot of every model variable, as full arrays (kind × variable), on every worker (module docstring).
+
+    The slots of a unit whose owner (a rank of ``old``) is in ``lost_owners``
+    come from the first worker's replica of them, if the plan kept replicas.
+    """
     full = [[np.zeros(v.shape, _numpy_dtype(v)) for v in variables] for _ in range(kinds)]
     if contributes and table:
         index = {id(t): i for i, t in enumerate(old.targets)}
@@ -143,6 +155,14 @@ def _sum_slots(
             region = _region(node, target, variables[vi])
             for k in range(kinds):
                 full[k][vi][region] = table[k][index[id(target)]].numpy()
+    if contributes and first and kinds:
+        nodes = {(vi, ui): unit.node for vi, ui, unit in old.replicable_units()}
+        for (vi, ui), replicas in old.slot_replicas.items():
+            node = nodes[(vi, ui)]
+            if node.owner in lost_owners and len(replicas) == kinds:
+                region = _unit_region(node, variables[vi])
+                for k in range(kinds):
+                    full[k][vi][region] = replicas[k].numpy()
     by_dtype: dict[np.dtype, list[tuple[int, int]]] = {}
     for k in range(kinds):
         for vi in range(len(variables)):
@@ -160,20 +180,61 @@ def _sum_slots(
     return full
 
 
-def gather_slots(opt: Any, old: StrategyPlan, contributes: bool, first: bool, prefix: str) -> tuple[int, FullSlots]:
+def gather_slots(
+    opt: Any, old: StrategyPlan, contributes: bool, first: bool, prefix: str, lost_owners: frozenset[int] = frozenset()
+) -> tuple[int, FullSlots]:
     """``(slot kinds, full slots)``: every slot of every model variable on every worker (collective).
 
     ``contributes``: this worker holds slots of ``old`` (a joiner, whose plan
     was its warm-up's, does not); ``first``: it is the first such worker (it
-    gives the slots of the all-reduced variables, which every worker holds alike).
+    gives the slots of the all-reduced variables, which every worker holds
+    alike, and the replicas of the slots whose owners, ranks of ``old`` in
+    ``lost_owners``, crashed).
     """
     variables = list(opt._kungfu_model_variables)
     table = slot_table(opt, opt._kungfu_fixed_variable_ids, old.targets) if contributes else []
-    kinds = int(
-        collective.all_reduce(tf.constant(len(table), tf.int32), op="max", name=f"{prefix}/kinds", topology="STAR")
-    )
-    full = _sum_slots(old, table, kinds, variables, contributes, first, prefix) if kinds else []
+    mine = max(len(table), len(next(iter(old.slot_replicas.values()), []))) if contributes else 0
+    kinds = int(collective.all_reduce(tf.constant(mine, tf.int32), op="max", name=f"{prefix}/kinds", topology="STAR"))
+    full = _sum_slots(old, table, kinds, variables, contributes, first, prefix, lost_owners) if kinds else []
     return kinds, full
+
+
+def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | None = None) -> None:
+    """In an elastic job, ``opt``'s plan keeps every parameter-server unit's optimizer slots on every rank
+    (:meth:`StrategyPlan.keep_slot_replicas`), so that a crashed owner's slots survive.
+
+    ``full``: the slots the plan starts with (after a re-plan), None for a
+    fresh optimizer (zeros); ``kinds``: the slot kinds, agreed (after a
+    re-plan); None: agreed here, a collective every worker reaches when it
+    builds the optimizer. Nothing to keep: an all-reduce plan, a joiner's
+    warm-up plan, an optimizer without slots (plain SGD), or
+    ``KUNGFU_SLOT_REPLICAS=0`` (a crashed owner's slots then restart at zero).
+    """
+    import os
+
+    from kungfu_tf.ops import elastic_membership as em
+    from kungfu_tf.run.worker_env.worker_env import read_slot_replicas
+
+    plan: StrategyPlan = opt._kungfu_plan
+    if not em.is_elastic() or opt._kungfu_warm_up_plan or not plan.replicable_units():
+        return
+    if not read_slot_replicas(os.environ):  # KUNGFU_SLOT_REPLICAS=0, the same on every worker (the launcher's)
+        return
+    table = slot_table(opt, opt._kungfu_fixed_variable_ids, plan.targets)
+    if kinds is None:
+        with tf.init_scope():  # the optimizer may be built while the first step is traced
+            kinds = int(collective.all_reduce(tf.constant(len(table), tf.int32), op="max",
+                                              name=f"{plan.name}/slot_kinds", topology="STAR"))  # fmt: skip
+    if not kinds:
+        return
+    slots_of = {id(t): [table[k][i] for k in range(kinds)] for i, t in enumerate(plan.targets)} if table else {}
+    variables = list(opt._kungfu_model_variables)
+
+    def initial(vi: int, node: Any) -> list[np.ndarray]:
+        assert full is not None
+        return [full[k][vi][_unit_region(node, variables[vi])] for k in range(kinds)]
+
+    plan.keep_slot_replicas(slots_of, kinds, initial if full is not None else None)
 
 
 def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: FullSlots) -> int:
@@ -205,4 +266,6 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
         region = _region(node, target, variables[vi])
         for k in range(len(new_table)):
             new_table[k][index[id(target)]].assign(full[k][vi][region])
+    if kinds:
+        keep_slot_replicas(opt, full, kinds)
     return plan_generation.advance()

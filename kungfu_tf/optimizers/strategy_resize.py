@@ -16,7 +16,10 @@ listener (before the elastic state syncs):
    (kungfu_tf/optimizers/strategy_replan.py, the code path a strategy switch
    shares; for a shrink, before it commits, while the leaving owners are
    still members: :func:`prepare_shrink`). The slots of an owner that
-   crashed are gone: they restart at zero, and a warning names them;
+   crashed come from the replicas every rank keeps in an elastic job
+   (``strategy_replan.keep_slot_replicas``); without them (a stale
+   parameter server, ``KUNGFU_SLOT_REPLICAS=0``) they restart at zero, and
+   a warning names them;
 3. a new plan (its consensus checks that every worker holds the same
    strategy bytes, as at the start), the optimizer rebuilt on its targets,
    and each new target's slots cut from the gathered ones
@@ -179,12 +182,19 @@ def _nodes_bytes(strategy: strategy_pb2.Strategy) -> bytes:
     return canonical_bytes(nodes)
 
 
+def _lost_owners(change: em.Change) -> frozenset[int]:
+    """Ranks of the old cluster that the new one lacks."""
+    return frozenset(r for r, peer in enumerate(change.old_peers) if peer not in set(change.new_peers))
+
+
 def _lost_slots(old: StrategyPlan, change: em.Change, variables: list[Any]) -> list[str]:
-    """Names of the variables (or shards) whose owner left without handing over its slots."""
-    lost = set(change.old_peers) - set(change.new_peers)
+    """Names of the variables (or shards) whose owner left without handing over its slots, and of which no
+    replica was kept (a stale parameter server's)."""
+    lost = _lost_owners(change)
+    kept = {unit.node.name for _, _, unit in old.replicable_units()} if old.slot_replicas else set()
     names = []
     for vi, node, _ in old.placements():
-        if node.kind == "ps" and node.owner < len(change.old_peers) and change.old_peers[node.owner] in lost:
+        if node.kind == "ps" and node.owner in lost and node.name not in kept:
             names.append(node.name if node.is_shard else getattr(variables[vi], "path", variables[vi].name))
     return names
 
@@ -252,7 +262,8 @@ def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
         # A shrink: every member gathered the slots before it committed (prepare_shrink).
         kinds, full = handover[2], handover[3]
     else:
-        kinds, full = gather_slots(opt, old, contributes=not joined, first=_rank() == first, prefix=prefix)
+        kinds, full = gather_slots(opt, old, contributes=not joined, first=_rank() == first, prefix=prefix,
+                                   lost_owners=_lost_owners(change))  # fmt: skip
     if kinds and not joined and handover is None:
         lost = _lost_slots(old, change, variables)
         if lost:

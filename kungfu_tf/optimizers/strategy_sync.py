@@ -28,6 +28,7 @@ from kungfu_tf.ops.resize import add_growth_check, add_shrink_preparation
 from kungfu_tf.optimizers._wrapping import wrap_keras
 from kungfu_tf.optimizers.auto_search import start_auto_search
 from kungfu_tf.optimizers.gradient_order import after_gradients
+from kungfu_tf.optimizers.strategy_replan import keep_slot_replicas
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
     prepare_shrink,
@@ -109,6 +110,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     # The first steps of training are the search's trials (auto_search.py).
                     start_auto_search(self, self._kungfu_strategy)
             base.build(self, self._kungfu_plan.targets)
+            keep_slot_replicas(self)  # an elastic job's PS slots survive a crashed owner (strategy_replan.py)
 
         def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
             if trainable_variables is not None:

@@ -166,6 +166,10 @@ class StrategyPlan:
         self._stale_k = [u.node.staleness for p in self._plans for u in p.units if u.stale and u.node.sync]
         self._has_stale = any(u.stale for p in self._plans for u in p.units)
         self._checked_eagerly = self._check_identical_eagerly()
+        # Slot replicas (keep_slot_replicas): kinds, this rank's slots by target id, replicas by (vi, ui).
+        self._slot_kinds = 0
+        self._slots_of: dict[int, list[Any]] = {}
+        self.slot_replicas: dict[tuple[int, int], list[tf.Variable]] = {}
         # The plan is replaced at membership changes (elastic jobs) and at strategy switches (any TF2
         # job): steps check they are current. A v1 graph's plan is never replaced (no switch there).
         self.guarded = elastic_membership.is_elastic() or tf.compat.v1.executing_eagerly_outside_functions()
@@ -196,6 +200,65 @@ class StrategyPlan:
                     residual = make_variable(tf.zeros(n.shape, variable.dtype), f"{_safe(n.name)}_residual")
                 unit.compressor = Compressor(n.wire_dtype, residual, name=n.name)
         return plan
+
+    def replicable_units(self) -> list[tuple[int, int, _Unit]]:
+        """(variable index, unit index, unit) of every synchronous parameter-server unit: the ones whose
+        optimizer slots live on their owner alone."""
+        return [(vi, ui, u) for vi, p in enumerate(self._plans) for ui, u in enumerate(p.units)
+                if u.node.kind == "ps" and not u.stale]  # fmt: skip
+
+    def keep_slot_replicas(
+        self, slots_of: dict[int, list[Any]], kinds: int, initial: Callable[[int, Any], list[np.ndarray]] | None
+    ) -> None:
+        """From now on every step publishes each synchronous PS unit's ``kinds`` optimizer slots from its owner,
+        and every other rank keeps them in replica variables (:attr:`slot_replicas`).
+
+        A parameter server's slots (momentum, Adam's moments) exist on its
+        owner only; with replicas a crashed owner's slots survive on every
+        other rank as they were after the last step, and the slot gather of
+        the membership change takes them from there
+        (kungfu_tf/optimizers/strategy_replan.py). Costs one broadcast per
+        slot kind and unit per step (as much again as the values' publish
+        for SGD with momentum, twice for Adam).
+
+        ``slots_of``: id(target) -> its slots by kind, for the units this rank
+        owns; ``initial(vi, node)``: the replica's starting values by kind (the
+        slots the plan starts with), None for zeros (a fresh optimizer).
+        """
+        self._slot_kinds = kinds
+        self._slots_of = dict(slots_of)
+        self.slot_replicas = {}
+        with tf.init_scope():
+            for vi, ui, unit in self.replicable_units():
+                if unit.node.owner == self.rank:
+                    continue
+                dtype = self._plans[vi].variable.dtype
+                values = initial(vi, unit.node) if initial is not None else None
+                self.slot_replicas[(vi, ui)] = [
+                    tf.Variable(values[k] if values is not None else tf.zeros(unit.node.shape, dtype), trainable=False,
+                                name=f"{_safe(unit.node.name)}_slot{k}_replica")
+                    for k in range(kinds)
+                ]  # fmt: skip
+
+    def _publish_slots(self, prefix: str, after: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The owners' slots to every rank after the update: (collective outputs to keep alive, replica writes)."""
+        alive: list[Any] = []
+        writes: list[Any] = []
+        if not self._slot_kinds:
+            return alive, writes
+        with tf.control_dependencies(after):
+            for vi, ui, unit in self.replicable_units():
+                owner = unit.node.owner == self.rank
+                for k in range(self._slot_kinds):
+                    if owner:
+                        value = tf.convert_to_tensor(self._slots_of[id(unit.target)][k])
+                    else:
+                        value = tf.convert_to_tensor(self.slot_replicas[(vi, ui)][k])
+                    got = ps_sync.publish_value(value, unit.node.owner, f"{prefix}/v{vi}/s{ui}/slot{k}")
+                    alive.append(got)
+                    if not owner:
+                        writes.append(self.slot_replicas[(vi, ui)][k].assign(got))
+        return alive, writes
 
     def _check_identical_eagerly(self) -> bool:
         """Consensus on the strategy's bytes now, if we can run ops eagerly; False otherwise."""
@@ -324,9 +387,11 @@ class StrategyPlan:
         after = _as_dependency(applied)
         with tf.control_dependencies(after + before_apply):
             finished = self._publish(synced, snapshots, present, sparse, prefix, t)
+        slots_alive, slot_writes = self._publish_slots(prefix, after + before_apply)
         # The owner's broadcasts (and other collectives) produce outputs this
         # rank does not use: keep_alive makes them run (see kungfu_tf.ops.collective).
-        deps = [ops.keep_alive(finished + must_run), *after, *observed]
+        deps = [ops.keep_alive(finished + slots_alive + must_run), *after, *observed,
+                *[d for w in slot_writes for d in _as_dependency(w)]]
         if self._has_stale:
             with tf.control_dependencies([d for d in deps if d is not None]):
                 deps = [self._step.assign_add(1)]

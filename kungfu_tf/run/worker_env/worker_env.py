@@ -32,6 +32,8 @@ SECRET_ENV = "KUNGFU_JOB_SECRET"
 CONFIG_SERVER_ENV = "KUNGFU_CONFIG_SERVER"  # host:port of the config service
 ELASTIC_ENV = "KUNGFU_ELASTIC"  # "1": crashes are survived, resize is allowed
 JOINER_ENV = "KUNGFU_JOINER"  # "1": started to grow the cluster, not yet a member
+# "0": an elastic job's parameter servers keep their optimizer slots on the owner alone (no replicas).
+SLOT_REPLICAS_ENV = "KUNGFU_SLOT_REPLICAS"
 # The niceness a worker adds to its own when a shrink detaches it (0: keeps its priority).
 DETACHED_NICE_ENV = "KUNGFU_DETACHED_NICE"
 DEFAULT_DETACHED_NICE = 19
@@ -191,6 +193,16 @@ def read_detached_nice(environ: Mapping[str, str]) -> int:
     return int(text)
 
 
+def read_slot_replicas(environ: Mapping[str, str]) -> bool:
+    """``KUNGFU_SLOT_REPLICAS``: whether an elastic job's parameter-server slots are replicated (unset: yes).
+
+    Example:
+        >>> read_slot_replicas({}), read_slot_replicas({"KUNGFU_SLOT_REPLICAS": "0"})
+        (True, False)
+    """
+    return environ.get(SLOT_REPLICAS_ENV, "") == "" or _parse_flag(environ, SLOT_REPLICAS_ENV)
+
+
 def _parse_flag(environ: Mapping[str, str], variable: str) -> bool:
     """An unset or empty variable, ``0`` or ``1``."""
     text = environ.get(variable, "")
@@ -231,6 +243,7 @@ def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
     Raises:
         WorkerEnvError: naming the variable and its value, if one is malformed
             (for example ``KUNGFU_CLUSTER_VERSION=abc``, ``KUNGFU_TIMEOUT=nan``, ``KUNGFU_DETACHED_NICE=-5``,
+            ``KUNGFU_SLOT_REPLICAS=yes``,
             a one-character ``KUNGFU_JOB_SECRET``, or a ``KUNGFU_SELF`` that
             ``KUNGFU_PEERS`` does not list), or if the elastic variables
             contradict each other (``KUNGFU_ELASTIC=1`` without
@@ -274,4 +287,5 @@ def read_worker_env(environ: Mapping[str, str]) -> WorkerEnv:
         raise WorkerEnvError(f"{SECRET_ENV} is not set: start the workers with kungfu-run, which generates it")
     config_server, elastic, joiner = _read_elastic(environ, peers, self_text, version)
     nice = read_detached_nice(environ)
+    read_slot_replicas(environ)
     return WorkerEnv(peers, self_text, version, timeout, secret, config_server, elastic, joiner, nice)
