@@ -30,6 +30,8 @@
 #                  choice, pruned and not, against every fixed topology (root, ~8 min)
 #   make bench-step-completion  a parameter-server step with and without the wait that completes it on every
 #                  rank or on none (np 2 and 4, two MLPs, loopback; ~2 min)
+#   make bench-slot-replicas  an elastic job's step with and without replicas of the parameter servers'
+#                  optimizer slots (KUNGFU_SLOT_REPLICAS), np 3, three strategies, momentum and Adam (~2 min)
 #   make bench-autoscaling  AutoscalingPolicy vs static sizes, StragglerPolicy vs a slowed worker,
 #                  utility vs cost across prices (cgroup CPU quotas: root; ~14 min)
 #   make lint      ruff, then mypy over the public API and the launcher ([tool.mypy] in pyproject.toml; ~10 s),
@@ -142,7 +144,7 @@ CLANG_FORMAT ?= clang-format
 CPP_FORMAT_SRCS = $(sort $(shell find ops tests benchmarks -type f \( -name '*.cc' -o -name '*.h' \)))
 
 # ---------------------------------------------------------------- targets
-.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-strategy-policy bench-auto-probe bench-step-completion bench-config-store bench-etcd-security bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
+.PHONY: install constraints sysdeps test cpp-test sanitize tsan fuzz fuzz-smoke demo bench bench-frame-auth bench-training bench-strategies bench-adaptive bench-listing-one bench-monitoring bench-adaptive-topology bench-elastic bench-strategy-resize bench-strategy-policy bench-auto-probe bench-step-completion bench-slot-replicas bench-config-store bench-etcd-security bench-autoscaling bench-scaling lint cpp-format format docs clean distclean
 
 install: sysdeps $(INSTALL_STAMP) $(SO)
 
@@ -341,6 +343,9 @@ bench-auto-probe: install
 
 bench-step-completion: install
 	$(PY) -m benchmarks.step_completion
+
+bench-slot-replicas: install
+	$(PY) -m benchmarks.slot_replicas
 
 # Recovery times of an elastic job whose state is in etcd (--config-store):
 # 3 real etcd members on loopback, launchers killed, the etcd leader killed,

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.slot_replicas.run import main
+
+sys.exit(main())
