@@ -20,7 +20,8 @@ the data position:
 ``--optimizer momentum|adam|lossscale`` trains with a Keras optimizer that builds its
 slots in its first step, as users write it (``lossscale``: Keras's ``LossScaleOptimizer``
 around SGD with momentum, whose loss scale and counter are variables of its own; the
-step scales the loss, as ``fit`` does); ``--state-form`` picks how the
+step scales the loss, as ``fit`` does; ``adafactor``: Keras's Adafactor, whose factored
+slots do not have the variables' shapes); ``--state-form`` picks how the
 ``ElasticState`` is given the variables (``model``: ``ElasticState(model=,
 optimizer=)``, the README's; ``callable``; ``list``).
 
@@ -83,7 +84,7 @@ from kungfu_tf.optimizers.strategy_replan import gather_slots, slot_table
 from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
-OPTIMIZERS = ("sgd", "momentum", "adam", "lossscale")
+OPTIMIZERS = ("sgd", "momentum", "adam", "lossscale", "adafactor")
 # --optimizer lossscale: the loss scale doubles every this many finite steps (Keras's default, 2000, would
 # leave it unchanged in a short run: its own variables must change to show that they travel with the state).
 LOSS_SCALE_GROWTH_STEPS = 3
@@ -143,6 +144,11 @@ def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
         return keras.optimizers.SGD(lr, momentum=0.9)
     if name == "adam":
         return keras.optimizers.Adam(lr)
+    if name == "adafactor":
+        # Factored slots, not of the variables' shapes: they cannot follow a parameter server's variables to new
+        # owners. epsilon_1: with Keras's 1e-30 the factored second moment of a weight whose gradient is always 0
+        # (the digits' blank pixels) underflows to 0 in float32, and 0 / sqrt(0) makes every weight NaN.
+        return keras.optimizers.Adafactor(lr, epsilon_1=1e-8)
     if name == "lossscale":
         inner = keras.optimizers.SGD(lr, momentum=0.9)
         return keras.mixed_precision.LossScaleOptimizer(inner, dynamic_growth_steps=LOSS_SCALE_GROWTH_STEPS)

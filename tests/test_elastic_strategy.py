@@ -127,6 +127,32 @@ def test_a_crashed_owners_optimizer_slots_survive_on_the_others(tmp_path, strate
     assert "left without handing over its optimizer slots" not in err, err[-3000:]
 
 
+def test_an_optimizer_whose_slots_cannot_move_is_refused_with_parameter_servers_before_it_trains(tmp_path):
+    # Keras's Adafactor makes factored slots (not of its variables' shapes, without add_variable_from_reference):
+    # they cannot follow a parameter server's variables to new owners. Before, the owners raised while building
+    # the optimizer and the others waited for them; with replicas off, every worker died at the first change
+    # (the launcher ended with 0 workers). Now every worker refuses it at its first step, with the same error.
+    args = train_args(tmp_path, "PS", "adafactor") + ["--resize-at", "12:2"]
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
+    report = describe(rc, out, err)
+    assert rc != 0, report
+    lines = rank_lines(err)
+    for rank in range(3):
+        text = "\n".join(lines.get(rank, []))
+        assert "Adafactor cannot train with parameter servers in an elastic job" in text, report
+    steps = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "step"]
+    assert not steps, report
+
+
+def test_an_optimizer_whose_slots_cannot_move_trains_with_all_reduce_through_changes(tmp_path):
+    # Under all-reduce every worker updates (and holds the slots of) every variable: the state sync brings
+    # Adafactor's factored slots to joiners, and nothing has to move between owners.
+    args = train_args(tmp_path, "AllReduce", "adafactor") + ["--crash-at", 4, "--crash-rank", 2, "--resize-at",
+                                                             "8:3,12:2", "--resize-wait"]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "adafactor")
+
+
 @pytest.mark.parametrize("strategy", ["written", "Parallax"])  # PSLoadBalancing: the Keras test below
 def test_optimizer_slots_move_to_the_new_owners(tmp_path, strategy):
     source = written_strategy(tmp_path) if strategy == "written" else strategy

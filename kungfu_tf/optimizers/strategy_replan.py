@@ -205,10 +205,20 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
 
     ``full``: the slots the plan starts with (after a re-plan), None for a
     fresh optimizer (zeros); ``kinds``: the slot kinds, agreed (after a
-    re-plan); None: agreed here, a collective every worker reaches when it
-    builds the optimizer. Nothing to keep: an all-reduce plan, a joiner's
-    warm-up plan, an optimizer without slots (plain SGD), or
-    ``KUNGFU_SLOT_REPLICAS=0`` (a crashed owner's slots then restart at zero).
+    re-plan); None: agreed here. Either way, when the plan has parameter
+    servers, one collective that every worker reaches when it builds the
+    optimizer agrees on two things: ``KUNGFU_SLOT_REPLICAS=0`` on any
+    worker turns the replicas off on all (a crashed owner's slots then
+    restart at zero), and an optimizer whose slots cannot follow their
+    variables to new owners (Adafactor's factored moments, not of the
+    variables' shapes) is refused on every worker now, before it trains,
+    rather than failing every worker at the first membership change (a
+    rank that owns no variable cannot tell: alone, the owners would have
+    raised and the others waited). Nothing to keep: an all-reduce plan, a
+    joiner's warm-up plan, an optimizer without slots (plain SGD).
+
+    Raises:
+        StrategyError: on every worker, the optimizer's slots cannot move.
     """
     import os
 
@@ -216,16 +226,27 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
     from kungfu_tf.run.worker_env.worker_env import read_slot_replicas
 
     plan: StrategyPlan = opt._kungfu_plan
-    if not em.is_elastic() or opt._kungfu_warm_up_plan or not plan.replicable_units():
-        return
-    if not read_slot_replicas(os.environ):  # KUNGFU_SLOT_REPLICAS=0, the same on every worker (the launcher's)
-        return
-    table = slot_table(opt, opt._kungfu_fixed_variable_ids, plan.targets)
-    if kinds is None:
-        with tf.init_scope():  # the optimizer may be built while the first step is traced
-            kinds = int(collective.all_reduce(tf.constant(len(table), tf.int32), op="max",
-                                              name=f"{plan.name}/slot_kinds", topology="STAR"))  # fmt: skip
-    if not kinds:
+    if not em.is_elastic() or opt._kungfu_warm_up_plan or plan.replicated:
+        return  # the same on every rank that reaches here (a function of the strategy): no collective
+    refused = ""
+    try:
+        table = slot_table(opt, opt._kungfu_fixed_variable_ids, plan.targets)
+    except StrategyError as e:
+        table, refused = [], str(e)
+    off = not read_slot_replicas(os.environ)
+    with tf.init_scope():  # the optimizer may be built while the first step is traced
+        agreed = collective.all_reduce(tf.constant([len(table), int(off), int(bool(refused))], tf.int32), op="max",
+                                       name=f"{plan.name}/slot_replicas", topology="STAR").numpy()  # fmt: skip
+    if agreed[2]:
+        raise StrategyError(
+            f"{type(opt).__name__} cannot train with parameter servers in an elastic job: its optimizer slots cannot "
+            "follow their variables to new owners at a membership change"
+            + (f" ({refused})" if refused else " (another worker's cannot)")
+            + "; use an all-reduce strategy (AllReduce, PartitionedAR) or an optimizer whose slots have their "
+            "variables' shapes (SGD, Adam, RMSprop, ...)"
+        )
+    kinds = int(agreed[0]) if kinds is None else kinds
+    if agreed[1] or not kinds or not plan.replicable_units():
         return
     slots_of = {id(t): [table[k][i] for k in range(kinds)] for i, t in enumerate(plan.targets)} if table else {}
     variables = list(opt._kungfu_model_variables)

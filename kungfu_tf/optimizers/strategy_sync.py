@@ -28,6 +28,7 @@ from kungfu_tf.ops.resize import add_growth_check, add_shrink_preparation
 from kungfu_tf.optimizers._wrapping import wrap_keras
 from kungfu_tf.optimizers.auto_search import start_auto_search
 from kungfu_tf.optimizers.gradient_order import after_gradients
+from kungfu_tf.optimizers.keras_build import build_as_apply_would
 from kungfu_tf.optimizers.strategy_replan import keep_slot_replicas
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
@@ -73,7 +74,8 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
     def methods(base: type) -> dict[str, Any]:
         def build(self: keras.optimizers.Optimizer, var_list: Any) -> None:
             var_list = list(var_list)
-            if self.__dict__.get("_kungfu_plan") is None:
+            first_build = self.__dict__.get("_kungfu_plan") is None
+            if first_build:
                 plan = make_plan(self._kungfu_strategy, var_list, self._kungfu_name, _keras_variable)
                 if self.kungfu_monitor is not None:
                     check_monitorable(plan)
@@ -110,13 +112,17 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     # The first steps of training are the search's trials (auto_search.py).
                     start_auto_search(self, self._kungfu_strategy)
             base.build(self, self._kungfu_plan.targets)
-            keep_slot_replicas(self)  # an elastic job's PS slots survive a crashed owner (strategy_replan.py)
+            if first_build:
+                # An elastic job's PS slots survive a crashed owner (strategy_replan.py). Only once: a
+                # second build (compile_from_config) would replace the replicas the traced step writes.
+                keep_slot_replicas(self)
 
         def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
             if trainable_variables is not None:
                 trainable_variables = list(trainable_variables)
-                if not self.built:
-                    self.build(trainable_variables)
+                # As Keras's apply builds (in the optimizer's name scope): a worker whose ElasticState built it
+                # (keras_build.py) and a joiner whose warm-up step did must hold variables of the same names.
+                build_as_apply_would(self, trainable_variables)
             elif not self.built:
                 raise ValueError("call apply() with the variables the first time (the optimizer is not built)")
             session = self.__dict__.get("_kungfu_auto_session")
@@ -166,8 +172,10 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             return slot
 
         def build_base(self: keras.optimizers.Optimizer, targets: list[Any]) -> None:
-            # The wrapped optimizer's own build (its slots) on a new plan's targets (strategy_replan.py).
-            base.build(self, targets)
+            # The wrapped optimizer's own build (its slots) on a new plan's targets (strategy_replan.py), named as
+            # its first step named them: a joiner that kept its warm-up's must hold the same names.
+            with keras.name_scope(self.name, caller=self):
+                base.build(self, targets)
 
         def switch(self: keras.optimizers.Optimizer, strategy: StrategySource, model: Any = None) -> Any:
             """:func:`kungfu_tf.optimizers.switch_strategy` of this optimizer."""

@@ -219,7 +219,8 @@ class StrategyPlan:
         the membership change takes them from there
         (kungfu_tf/optimizers/strategy_replan.py). Costs one broadcast per
         slot kind and unit per step (as much again as the values' publish
-        for SGD with momentum, twice for Adam).
+        for SGD with momentum, twice for Adam). A sparse variable's slots go
+        whole (the rows a step touched are not tracked).
 
         ``slots_of``: id(target) -> its slots by kind, for the units this rank
         owns; ``initial(vi, node)``: the replica's starting values by kind (the
@@ -240,14 +241,20 @@ class StrategyPlan:
                     for k in range(kinds)
                 ]  # fmt: skip
 
-    def _publish_slots(self, prefix: str, after: list[Any]) -> tuple[list[Any], list[Any]]:
-        """The owners' slots to every rank after the update: (collective outputs to keep alive, replica writes)."""
+    def _publish_slots(self, prefix: str, after: list[Any], present: set[int]) -> tuple[list[Any], list[Any]]:
+        """The owners' slots to every rank after the update: (collective outputs to keep alive, replica writes).
+
+        A variable without a gradient this step (``present``) was not
+        updated, and its values are not published either: its slots neither.
+        """
         alive: list[Any] = []
         writes: list[Any] = []
         if not self._slot_kinds:
             return alive, writes
         with tf.control_dependencies(after):
             for vi, ui, unit in self.replicable_units():
+                if vi not in present:
+                    continue
                 owner = unit.node.owner == self.rank
                 for k in range(self._slot_kinds):
                     if owner:
@@ -387,7 +394,7 @@ class StrategyPlan:
         after = _as_dependency(applied)
         with tf.control_dependencies(after + before_apply):
             finished = self._publish(synced, snapshots, present, sparse, prefix, t)
-        slots_alive, slot_writes = self._publish_slots(prefix, after + before_apply)
+        slots_alive, slot_writes = self._publish_slots(prefix, after + before_apply, present)
         # The owner's broadcasts (and other collectives) produce outputs this
         # rank does not use: keep_alive makes them run (see kungfu_tf.ops.collective).
         deps = [ops.keep_alive(finished + slots_alive + must_run), *after, *observed,
