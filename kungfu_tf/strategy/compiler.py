@@ -217,35 +217,49 @@ class StrategyPlan:
         owner only; with replicas a crashed owner's slots survive on every
         other rank as they were after the last step, and the slot gather of
         the membership change takes them from there
-        (kungfu_tf/optimizers/strategy_replan.py). Costs one broadcast per
-        slot kind and unit per step (as much again as the values' publish
-        for SGD with momentum, twice for Adam). A sparse variable's slots go
-        whole (the rows a step touched are not tracked).
+        (kungfu_tf/optimizers/strategy_replan.py). They travel in the same
+        broadcast as the unit's new value (:meth:`_publish_unit`): as many
+        bytes again as the value for SGD with momentum, twice for Adam. A
+        sparse variable's slots go whole, in broadcasts of their own (the
+        rows a step touched are not tracked).
 
         ``slots_of``: id(target) -> its slots by kind, for the units this rank
         owns; ``initial(vi, node)``: the replica's starting values by kind (the
-        slots the plan starts with), None for zeros (a fresh optimizer).
+        slots the plan starts with); None: the owners' slots as they are now
+        (a fresh optimizer's, which are not all zeros: Adagrad's and Ftrl's
+        accumulators start at 0.1), one broadcast per unit, run now on every
+        rank (collective).
         """
         self._slot_kinds = kinds
         self._slots_of = dict(slots_of)
         self.slot_replicas = {}
         with tf.init_scope():
             for vi, ui, unit in self.replicable_units():
-                if unit.node.owner == self.rank:
+                owner = unit.node.owner == self.rank
+                if initial is not None:
+                    values = None if owner else initial(vi, unit.node)
+                else:
+                    dtype = self._plans[vi].variable.dtype
+                    mine = slots_of[id(unit.target)] if owner else [tf.zeros(unit.node.shape, dtype)] * kinds
+                    values = ps_sync.publish_together([tf.convert_to_tensor(s) for s in mine], unit.node.owner,
+                                                      f"{self.name}/slot_replicas/v{vi}/s{ui}")  # fmt: skip
+                if owner:
                     continue
-                dtype = self._plans[vi].variable.dtype
-                values = initial(vi, unit.node) if initial is not None else None
+                assert values is not None
                 self.slot_replicas[(vi, ui)] = [
-                    tf.Variable(values[k] if values is not None else tf.zeros(unit.node.shape, dtype), trainable=False,
-                                name=f"{_safe(unit.node.name)}_slot{k}_replica")
+                    tf.Variable(values[k], trainable=False, name=f"{_safe(unit.node.name)}_slot{k}_replica")
                     for k in range(kinds)
-                ]  # fmt: skip
+                ]
 
-    def _publish_slots(self, prefix: str, after: list[Any], present: set[int]) -> tuple[list[Any], list[Any]]:
+    def _publish_slots(
+        self, prefix: str, after: list[Any], present: set[int], sent: set[tuple[int, int]]
+    ) -> tuple[list[Any], list[Any]]:
         """The owners' slots to every rank after the update: (collective outputs to keep alive, replica writes).
 
-        A variable without a gradient this step (``present``) was not
-        updated, and its values are not published either: its slots neither.
+        Only those that did not travel with their unit's value (``sent``,
+        see :meth:`_publish_unit`): a sparse unit's, whose value goes by
+        rows while its slots go whole. A variable without a gradient this
+        step (``present``) was not updated, nor its slots.
         """
         alive: list[Any] = []
         writes: list[Any] = []
@@ -253,7 +267,7 @@ class StrategyPlan:
             return alive, writes
         with tf.control_dependencies(after):
             for vi, ui, unit in self.replicable_units():
-                if vi not in present:
+                if vi not in present or (vi, ui) in sent:
                     continue
                 owner = unit.node.owner == self.rank
                 for k in range(self._slot_kinds):
@@ -392,9 +406,11 @@ class StrategyPlan:
         with tf.control_dependencies(before_apply + list(snapshots.values()) + completed):
             applied = apply_fn(apply_grads, apply_vars)
         after = _as_dependency(applied)
+        sent_slots: dict[tuple[int, int], list[Any]] = {}  # replica writes of the slots sent with their values
         with tf.control_dependencies(after + before_apply):
-            finished = self._publish(synced, snapshots, present, sparse, prefix, t)
-        slots_alive, slot_writes = self._publish_slots(prefix, after + before_apply, present)
+            finished = self._publish(synced, snapshots, present, sparse, prefix, t, sent_slots)
+        slots_alive, slot_writes = self._publish_slots(prefix, after + before_apply, present, set(sent_slots))
+        slot_writes += [w for writes in sent_slots.values() for w in writes]
         # The owner's broadcasts (and other collectives) produce outputs this
         # rank does not use: keep_alive makes them run (see kungfu_tf.ops.collective).
         deps = [ops.keep_alive(finished + slots_alive + must_run), *after, *observed,
@@ -538,8 +554,12 @@ class StrategyPlan:
         sparse: set[tuple[int, int]],
         prefix: str,
         t: tf.Tensor | None,
+        sent_slots: dict[tuple[int, int], list[Any]],
     ) -> list[Any]:
-        """Brings every rank's variables up to date after the owners' updates; returns the ops."""
+        """Brings every rank's variables up to date after the owners' updates; returns the ops.
+
+        ``sent_slots`` gets, for each unit whose slot replicas travelled with
+        its value, the replicas' writes (none on the owner)."""
         done: list[Any] = []
         for vi, plan in enumerate(self._plans):
             # All-reduced variables are already up to date; a variable whose
@@ -547,7 +567,7 @@ class StrategyPlan:
             if plan.mode == "stitched" or plan.all_reduced or vi not in present:
                 continue
             updates = [
-                self._publish_unit(plan, vi, ui, unit, snapshots, (vi, ui) in sparse, prefix, t)
+                self._publish_unit(plan, vi, ui, unit, snapshots, (vi, ui) in sparse, prefix, t, sent_slots)
                 for ui, unit in enumerate(plan.units)
             ]
             done.extend(self._write_back(plan, updates))
@@ -571,6 +591,7 @@ class StrategyPlan:
         sparse: bool,
         prefix: str,
         t: tf.Tensor | None,
+        sent_slots: dict[tuple[int, int], list[Any]],
     ) -> tuple[str, Any]:
         """("full", value) | ("rows", (indices, values, a tensor to depend on)) for one unit."""
         node = unit.node
@@ -603,7 +624,17 @@ class StrategyPlan:
             )
             return ("rows", (rows, values, count))
         value = tf.convert_to_tensor(source) if owner else tf.convert_to_tensor(like)
-        return ("full", ps_sync.publish_value(value, node.owner, f"{base}/value"))
+        if not self._slot_kinds:
+            return ("full", ps_sync.publish_value(value, node.owner, f"{base}/value"))
+        # The slot replicas (keep_slot_replicas) travel with the value: one broadcast instead of 1 + kinds, and
+        # an owner lost in it leaves value and slots as they were together, or neither.
+        if owner:
+            slots = [tf.convert_to_tensor(s) for s in self._slots_of[id(unit.target)]]
+        else:
+            slots = [tf.convert_to_tensor(r) for r in self.slot_replicas[(vi, ui)]]
+        got = ps_sync.publish_together([value, *slots], node.owner, f"{base}/value_and_slots")
+        sent_slots[(vi, ui)] = [] if owner else [r.assign(s) for r, s in zip(self.slot_replicas[(vi, ui)], got[1:])]
+        return ("full", got[0])
 
     def _write_back(self, plan: _VariablePlan, updates: list[tuple[str, Any]]) -> list[Any]:
         var = plan.variable

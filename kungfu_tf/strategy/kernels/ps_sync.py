@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from kungfu_tf import ops
@@ -32,6 +34,24 @@ def reduce_to_owner(g: tf.Tensor, owner: int, name: str) -> tf.Tensor:
 def publish_value(value: tf.Tensor, owner: int, name: str) -> tf.Tensor:
     """``owner``'s ``value`` on every rank (the others pass any tensor of the same shape)."""
     return ops.broadcast(value, root=owner, name=name)
+
+
+def publish_together(values: Sequence[tf.Tensor], owner: int, name: str) -> list[tf.Tensor]:
+    """``owner``'s ``values`` (of one dtype, static shapes) on every rank, in one broadcast.
+
+    A parameter server's new value and its optimizer slots' replicas travel
+    together: one message instead of one per tensor, and a broadcast that a
+    lost owner fails leaves all of them as they were or none.
+
+    Example:
+        >>> value, slot = publish_together([tf.ones([2]), tf.zeros([1, 3])], owner=0, name="doc")  # one worker
+        >>> value.numpy(), slot.shape
+        (array([1., 1.], dtype=float32), TensorShape([1, 3]))
+    """
+    sizes = [v.shape.num_elements() for v in values]
+    packed = tf.concat([tf.reshape(v, [-1]) for v in values], 0)
+    got = publish_value(packed, owner, name)
+    return [tf.reshape(part, v.shape) for part, v in zip(tf.split(got, sizes), values)]
 
 
 def changed_rows(before: tf.Tensor, after: tf.Tensor) -> tf.Tensor:
