@@ -74,3 +74,12 @@ def test_a_fresh_optimizers_replicas_start_as_its_owners_slots():
     rc, out, err = run_job(2, "slot_replica_start.py", timeout=120, extra_launcher_args=["--elastic", "--max-np", "2"])
     assert rc == 0, describe(rc, out, err)
     assert checked_counts(out) == {0: 7, 1: 7}, describe(rc, out, err)
+
+
+def test_optimizers_whose_slots_cannot_move_are_refused_on_every_worker():
+    # tests/workers/slot_refusal.py: Adafactor (slots not of the variables' shapes) under PS, and Muon (one slot for
+    # matrices, two for the rest: each rank alone looks consistent) under PSLoadBalancing. Before, one rank raised
+    # and the other waited for it.
+    rc, out, err = run_job(2, "slot_refusal.py", timeout=120, extra_launcher_args=["--elastic", "--max-np", "2"])
+    assert rc == 0, describe(rc, out, err)
+    assert checked_counts(out) == {0: 6, 1: 6}, describe(rc, out, err)

@@ -86,13 +86,54 @@ def slot_table(opt: Any, fixed_ids: set[int], targets: Sequence[Any]) -> SlotTab
     table = [[per_target[i][k] for i in range(len(targets))] for k in range(kinds.pop())]
     for row in table:
         for slot, target in zip(row, targets):
-            if tuple(slot.shape) != tuple(target.shape):
+            if tuple(slot.shape) != tuple(target.shape) or slot.dtype != target.dtype:
                 raise StrategyError(
                     f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
-                    f"{getattr(slot, 'path', slot.name)!r} has shape {tuple(slot.shape)}, its variable "
-                    f"{getattr(target, 'path', target.name)!r} {tuple(target.shape)}"
+                    f"{getattr(slot, 'path', slot.name)!r} is {slot.dtype} {tuple(slot.shape)}, its variable "
+                    f"{getattr(target, 'path', target.name)!r} {target.dtype} {tuple(target.shape)}"
                 )
     return table
+
+
+# Encodes "fewest slot kinds" in a max all-reduce (max of SPREAD - n is SPREAD - min n).
+_SPREAD = 1 << 16
+
+
+def agreed_slot_table(
+    opt: Any, targets: Sequence[Any] | None, name: str, extra: Sequence[int] = ()
+) -> tuple[SlotTable, int, list[int]]:
+    """:func:`slot_table` for ``targets`` on every worker, agreed in one collective: (this worker's table, the
+    slot kinds of the workers that have any, the maximum over the workers of each of ``extra``).
+
+    ``targets``: None where this worker contributes no slots (a joiner's
+    warm-up made its own). A refusal on some workers only (slots that cannot
+    be told apart by variable) or workers with different numbers of slots
+    per variable (Keras's Muon: one for matrices, two for the rest; a rank
+    that owns only matrices and one that owns only biases each look
+    consistent alone) would raise on some and leave the others waiting in
+    the next collective: every worker raises the same StrategyError instead.
+
+    Raises:
+        StrategyError: on every worker.
+    """
+    refused, table = "", []
+    if targets is not None:
+        try:
+            table = slot_table(opt, opt._kungfu_fixed_variable_ids, targets)
+        except StrategyError as e:
+            refused = str(e)
+    counts = len(table), _SPREAD - len(table) if targets and not refused else 0, int(bool(refused))
+    with tf.init_scope():  # the optimizer may be built while a step is traced
+        agreed = collective.all_reduce(tf.constant([*counts, *extra], tf.int32), op="max", name=name,
+                                       topology="STAR").numpy().tolist()  # fmt: skip
+    most, fewest = agreed[0], _SPREAD - agreed[1] if agreed[1] else agreed[0]
+    if agreed[2] or fewest != most:
+        reason = refused or ("another worker's cannot move" if agreed[2] else
+                             f"its variables have {fewest} slots on some workers and {most} on others")  # fmt: skip
+        if not reason.startswith("cannot move"):
+            reason = f"cannot move the optimizer slots of {type(opt).__name__} to new owners: {reason}"
+        raise StrategyError(reason)
+    return table, most, agreed[3:]
 
 
 def _region(node: Any, target: Any, variable: Any) -> tuple[slice, ...]:
@@ -192,9 +233,10 @@ def gather_slots(
     ``lost_owners``, crashed).
     """
     variables = list(opt._kungfu_model_variables)
-    table = slot_table(opt, opt._kungfu_fixed_variable_ids, old.targets) if contributes else []
-    mine = max(len(table), len(next(iter(old.slot_replicas.values()), []))) if contributes else 0
-    kinds = int(collective.all_reduce(tf.constant(mine, tf.int32), op="max", name=f"{prefix}/kinds", topology="STAR"))
+    replica_kinds = len(next(iter(old.slot_replicas.values()), [])) if contributes else 0
+    table, most, [most_replicas] = agreed_slot_table(opt, old.targets if contributes else None, f"{prefix}/kinds",
+                                                     [replica_kinds])  # fmt: skip
+    kinds = max(most, most_replicas)
     full = _sum_slots(old, table, kinds, variables, contributes, first, prefix, lost_owners) if kinds else []
     return kinds, full
 
@@ -204,18 +246,20 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
     (:meth:`StrategyPlan.keep_slot_replicas`), so that a crashed owner's slots survive.
 
     ``full``: the slots the plan starts with (after a re-plan), None for a
-    fresh optimizer (zeros); ``kinds``: the slot kinds, agreed (after a
-    re-plan); None: agreed here. Either way, when the plan has parameter
-    servers, one collective that every worker reaches when it builds the
-    optimizer agrees on two things: ``KUNGFU_SLOT_REPLICAS=0`` on any
-    worker turns the replicas off on all (a crashed owner's slots then
-    restart at zero), and an optimizer whose slots cannot follow their
-    variables to new owners (Adafactor's factored moments, not of the
-    variables' shapes) is refused on every worker now, before it trains,
-    rather than failing every worker at the first membership change (a
-    rank that owns no variable cannot tell: alone, the owners would have
-    raised and the others waited). Nothing to keep: an all-reduce plan, a
-    joiner's warm-up plan, an optimizer without slots (plain SGD).
+    fresh optimizer (the replicas start as the owners' slots); ``kinds``:
+    the slot kinds, agreed (after a re-plan); None: agreed here. Either way,
+    when the plan has parameter servers, one collective that every worker
+    reaches when it builds the optimizer (:func:`agreed_slot_table`) agrees
+    on two things: ``KUNGFU_SLOT_REPLICAS=0`` on any worker turns the
+    replicas off on all (a crashed owner's slots then restart at zero), and
+    an optimizer whose slots cannot follow their variables to new owners
+    (Adafactor's factored moments, not of the variables' shapes; Muon's one
+    slot for matrices and two for the rest) is refused on every worker now,
+    before it trains, rather than failing every worker at the first
+    membership change (a rank that owns no variable cannot tell: alone, the
+    owners would have raised and the others waited). Nothing to keep: an
+    all-reduce plan, a joiner's warm-up plan, an optimizer without slots
+    (plain SGD).
 
     Raises:
         StrategyError: on every worker, the optimizer's slots cannot move.
@@ -228,25 +272,18 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
     plan: StrategyPlan = opt._kungfu_plan
     if not em.is_elastic() or opt._kungfu_warm_up_plan or plan.replicated:
         return  # the same on every rank that reaches here (a function of the strategy): no collective
-    refused = ""
-    try:
-        table = slot_table(opt, opt._kungfu_fixed_variable_ids, plan.targets)
-    except StrategyError as e:
-        table, refused = [], str(e)
     off = not read_slot_replicas(os.environ)
-    with tf.init_scope():  # the optimizer may be built while the first step is traced
-        agreed = collective.all_reduce(tf.constant([len(table), int(off), int(bool(refused))], tf.int32), op="max",
-                                       name=f"{plan.name}/slot_replicas", topology="STAR").numpy()  # fmt: skip
-    if agreed[2]:
+    try:
+        table, most, [off_somewhere] = agreed_slot_table(opt, plan.targets, f"{plan.name}/slot_replicas", [int(off)])
+    except StrategyError as e:
         raise StrategyError(
-            f"{type(opt).__name__} cannot train with parameter servers in an elastic job: its optimizer slots cannot "
-            "follow their variables to new owners at a membership change"
-            + (f" ({refused})" if refused else " (another worker's cannot)")
-            + "; use an all-reduce strategy (AllReduce, PartitionedAR) or an optimizer whose slots have their "
-            "variables' shapes (SGD, Adam, RMSprop, ...)"
-        )
-    kinds = int(agreed[0]) if kinds is None else kinds
-    if agreed[1] or not kinds or not plan.replicable_units():
+            f"{type(opt).__name__} cannot train with parameter servers in an elastic job: its optimizer slots must "
+            f"follow their variables to new owners at a membership change, and they cannot ({e}); use an all-reduce "
+            "strategy (AllReduce, PartitionedAR) or an optimizer with one slot of its variable's shape and dtype per "
+            "kind for every variable (SGD, Adam, RMSprop, ...)"
+        ) from e
+    kinds = most if kinds is None else kinds
+    if off_somewhere or not kinds or not plan.replicable_units():
         return
     slots_of = {id(t): [table[k][i] for k in range(kinds)] for i, t in enumerate(plan.targets)} if table else {}
     variables = list(opt._kungfu_model_variables)
@@ -277,9 +314,9 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
     object.__setattr__(opt, "_kungfu_plan", plan)
     object.__setattr__(opt, "_kungfu_warm_up_plan", False)
     opt._kungfu_build_base(plan.targets)
-    new_table = slot_table(opt, fixed, plan.targets)
-    if new_table and len(new_table) != kinds:
-        raise StrategyError(f"{type(opt).__name__} has {len(new_table)} slots per variable here, {kinds} elsewhere")
+    new_table, most, _ = agreed_slot_table(opt, plan.targets, f"{plan.name}/install_slots")
+    if most and most != kinds:  # the same on every worker
+        raise StrategyError(f"{type(opt).__name__} has {most} slots per variable under the new plan, {kinds} before")
     index = {id(t): i for i, t in enumerate(plan.targets)}
     for vi, node, target in plan.placements():
         if target is None:

@@ -39,6 +39,7 @@ from kungfu_tf.optimizers.strategy_resize import (
 from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan
+from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.remap import remap_owners
 from kungfu_tf.strategy.source import StrategySource, resolve_strategy
 from kungfu_tf.strategy.variable_info import describe_variables
@@ -115,9 +116,17 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             if first_build:
                 # An elastic job's PS slots survive a crashed owner (strategy_replan.py). Only once: a
                 # second build (compile_from_config) would replace the replicas the traced step writes.
-                keep_slot_replicas(self)
+                try:
+                    keep_slot_replicas(self)
+                except StrategyError as e:
+                    # Built and planned by now: a caller that caught this must not train on in the next step.
+                    object.__setattr__(self, "_kungfu_refused", str(e))
+                    raise
 
         def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
+            refused = self.__dict__.get("_kungfu_refused")
+            if refused is not None:
+                raise StrategyError(refused)
             if trainable_variables is not None:
                 trainable_variables = list(trainable_variables)
                 # As Keras's apply builds (in the optimizer's name scope): a worker whose ElasticState built it
