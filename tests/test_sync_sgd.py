@@ -136,3 +136,28 @@ def test_fusion_and_sparse_map_onto_collectives(threshold, sparse_as_dense, expe
         average_gradients(_grads(), fusion_threshold_bytes=threshold, sparse_as_dense=sparse_as_dense)
 
     assert _collective_ops(build) == {k: 2 * n for k, n in expected.items()}
+
+
+def test_a_loss_scale_optimizer_is_refused_with_parameter_servers():
+    # Each owner would skip steps and grow its loss scale from its own variables' gradients alone: the workers'
+    # scales drift apart (a rank that owns nothing never grows its scale) and the averages mix them. Before, it
+    # trained; in an elastic job it was refused with "has 2 slot variables but updates no variable here".
+    from kungfu_tf.strategy.errors import StrategyError
+
+    w = keras.Variable([1.0, 2.0], name="lso_w")
+    opt = SynchronousSGDOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), strategy="PS")
+    for _ in range(2):  # and again: nothing was built by the first try
+        with pytest.raises(StrategyError, match=r"updates \['lso_w'\] on parameter servers: each owner would skip"):
+            opt.apply([tf.constant([1.0, 1.0])], [w])
+    np.testing.assert_array_equal(w.numpy(), [1.0, 2.0])
+    # Under all-reduce it steps as Keras's own LossScaleOptimizer does (one worker).
+    ours = SynchronousSGDOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), strategy="AllReduce")
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    a, b = keras.Variable([1.0, 2.0], name="lso_a"), keras.Variable([1.0, 2.0], name="lso_b")
+    ours.build([a])
+    theirs.build([b])
+    for g in ([1.0, 1.0], [np.inf, 1.0], [0.5, -1.0]):
+        ours.apply([tf.constant(g) * ours.dynamic_scale], [a])
+        theirs.apply([tf.constant(g) * theirs.dynamic_scale], [b])
+    np.testing.assert_allclose(a.numpy(), b.numpy())
+    assert float(ours.dynamic_scale) == float(theirs.dynamic_scale) < 32768.0  # the inf halved both

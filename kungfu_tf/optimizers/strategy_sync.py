@@ -80,6 +80,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                 plan = make_plan(self._kungfu_strategy, var_list, self._kungfu_name, _keras_variable)
                 if self.kungfu_monitor is not None:
                     check_monitorable(plan)
+                check_loss_scale(self, plan)
                 # Bypass Keras' attribute tracking: the plan is not a layer or variable.
                 object.__setattr__(self, "_kungfu_plan", plan)
                 object.__setattr__(self, "_kungfu_model_variables", var_list)
@@ -212,6 +213,27 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
         _kungfu_make_variable=staticmethod(_keras_variable),
         kungfu_monitor=None,
     )
+
+
+def check_loss_scale(opt: keras.optimizers.Optimizer, plan: StrategyPlan) -> None:
+    """``StrategyError`` if ``opt`` is a LossScaleOptimizer and ``plan`` puts variables on parameter servers.
+
+    A LossScaleOptimizer decides in its ``apply`` whether the step's
+    gradients are finite, skips the update and halves its scale if not, and
+    grows the scale after enough finite steps. Under parameter servers each
+    rank applies only the variables it owns: an owner whose share held an
+    inf would skip while the others applied theirs, and a rank that owns
+    nothing would never grow its scale; the workers' scales drift apart and
+    the averaged gradients mix them. The same on every rank (a function of
+    the strategy), before anything is built.
+    """
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer) and not plan.replicated:
+        raise StrategyError(
+            "SynchronousSGDOptimizer(LossScaleOptimizer(...), strategy=...) needs every worker to apply every "
+            f"variable, but the strategy updates {plan.server_variables} on parameter servers: each owner would "
+            "skip steps and grow its loss scale from its own variables' gradients alone, and the workers' scales "
+            "would drift apart; use an all-reduce strategy ('AllReduce', 'PartitionedAR')"
+        )
 
 
 def check_monitorable(plan: StrategyPlan) -> None:
