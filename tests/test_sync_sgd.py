@@ -26,7 +26,7 @@ import contextlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_job_ok, run_job
+from conftest import assert_job_ok, rank_lines, run_job
 
 with contextlib.suppress(RuntimeError):  # already set if another test ran TF first
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -161,3 +161,14 @@ def test_a_loss_scale_optimizer_is_refused_with_parameter_servers():
         theirs.apply([tf.constant(g) * theirs.dynamic_scale], [b])
     np.testing.assert_allclose(a.numpy(), b.numpy())
     assert float(ours.dynamic_scale) == float(theirs.dynamic_scale) < 32768.0  # the inf halved both
+
+
+def test_fit_under_mixed_float16_with_one_worker_overflowing():
+    # tests/workers/loss_scale_fit.py: compile() wraps SynchronousSGDOptimizer in a LossScaleOptimizer, which
+    # stepped (and entered the all-reduce) only where the worker's own gradients were finite: the job hung with
+    # the workers' averages paired across steps. Now refused on every worker; the other way round
+    # (SynchronousSGDOptimizer(LossScaleOptimizer(opt))) both workers skip and apply alike.
+    rc, out, err = run_job(2, "loss_scale_fit.py", timeout=120)
+    assert_job_ok(rc, out, err, np=2, expected_checks=5)
+    lines = {rank: [line for line in got if line.startswith("weights ")] for rank, got in rank_lines(out).items()}
+    assert len(lines[0]) == 1 and lines[0] == lines[1], lines  # the same weights and scale on both workers

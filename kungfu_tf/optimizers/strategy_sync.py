@@ -29,6 +29,7 @@ from kungfu_tf.optimizers._wrapping import wrap_keras
 from kungfu_tf.optimizers.auto_search import start_auto_search
 from kungfu_tf.optimizers.gradient_order import after_gradients
 from kungfu_tf.optimizers.keras_build import build_as_apply_would
+from kungfu_tf.optimizers.loss_scale_guard import refuse_inside_loss_scale
 from kungfu_tf.optimizers.strategy_replan import keep_slot_replicas
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
@@ -125,6 +126,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     raise
 
         def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
+            refuse_inside_loss_scale(self, "SynchronousSGDOptimizer")
             refused = self.__dict__.get("_kungfu_refused")
             if refused is not None:
                 raise StrategyError(refused)

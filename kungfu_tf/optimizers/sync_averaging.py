@@ -48,6 +48,7 @@ from kungfu_tf.optimizers._wrapping import (
     require_keras,
     wrap_keras,
 )
+from kungfu_tf.optimizers.loss_scale_guard import refuse_inside_loss_scale
 from kungfu_tf.optimizers.sync_averaging_v1 import SynchronousAveragingOptimizerV1
 
 DEFAULT_NAME = "kungfu_sync_averaging"
@@ -56,6 +57,7 @@ DEFAULT_NAME = "kungfu_sync_averaging"
 def _methods(base: type) -> dict[str, Any]:
     def apply(self: keras.optimizers.Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
         # apply() is where Keras 3 sends both model.fit() and apply_gradients().
+        refuse_inside_loss_scale(self, "SynchronousAveragingOptimizer")
         grads = list(grads)
         if trainable_variables is not None:
             trainable_variables = list(trainable_variables)

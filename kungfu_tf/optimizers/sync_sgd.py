@@ -31,6 +31,7 @@ from kungfu_tf.optimizers.gradient_sync import (
     average_gradients_with_rider,
 )
 from kungfu_tf.optimizers.keras_build import build_as_apply_would
+from kungfu_tf.optimizers.loss_scale_guard import refuse_inside_loss_scale
 from kungfu_tf.optimizers.sync_sgd_v1 import DEFAULT_NAME, SynchronousSGDOptimizerV1
 from kungfu_tf.strategy.source import StrategySource, check_source
 
@@ -69,6 +70,7 @@ def _wrap_keras(
             # Keras 3 funnels apply_gradients() and model.fit() through apply();
             # averaging here, before loss-scale unscaling, clipping, accumulation
             # and the update, keeps every worker's optimizer state identical.
+            refuse_inside_loss_scale(self, "SynchronousSGDOptimizer")
             grads = list(grads)
             monitor = self.kungfu_monitor
             if monitor is None:
