@@ -161,6 +161,14 @@ def test_a_loss_scale_optimizer_is_refused_with_parameter_servers():
         theirs.apply([tf.constant(g) * theirs.dynamic_scale], [b])
     np.testing.assert_allclose(a.numpy(), b.numpy())
     assert float(ours.dynamic_scale) == float(theirs.dynamic_scale) < 32768.0  # the inf halved both
+    # Nor may a switch put it under parameter servers (switch_strategy, and builders.Auto's trials, which
+    # start from AllReduce): refused before anything moves, and the step goes on under all-reduce.
+    with pytest.raises(StrategyError, match=r"updates \['lso_a'\] on parameter servers: each owner would skip"):
+        ours.kungfu_switch_strategy("PS")
+    assert ours._kungfu_plan.replicated
+    ours.apply([tf.constant([1.0, 1.0]) * ours.dynamic_scale], [a])
+    theirs.apply([tf.constant([1.0, 1.0]) * theirs.dynamic_scale], [b])
+    np.testing.assert_allclose(a.numpy(), b.numpy())
 
 
 def test_fit_under_mixed_float16_with_one_worker_overflowing():
@@ -169,6 +177,6 @@ def test_fit_under_mixed_float16_with_one_worker_overflowing():
     # the workers' averages paired across steps. Now refused on every worker; the other way round
     # (SynchronousSGDOptimizer(LossScaleOptimizer(opt))) both workers skip and apply alike.
     rc, out, err = run_job(2, "loss_scale_fit.py", timeout=120)
-    assert_job_ok(rc, out, err, np=2, expected_checks=5)
+    assert_job_ok(rc, out, err, np=2, expected_checks=6)
     lines = {rank: [line for line in got if line.startswith("weights ")] for rank, got in rank_lines(out).items()}
     assert len(lines[0]) == 1 and lines[0] == lines[1], lines  # the same weights and scale on both workers

@@ -1,4 +1,4 @@
-"""Refusing a synchronous optimizer inside a Keras ``LossScaleOptimizer``.
+"""Refusing a synchronous optimizer inside a Keras ``LossScaleOptimizer``, and one around it under parameter servers.
 
 Keras's ``Model.compile`` wraps the optimizer in a ``LossScaleOptimizer``
 when the model's dtype policy is ``mixed_float16`` (``auto_scale_loss``).
@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -34,12 +35,15 @@ _FRAMES = 4
 
 
 def refuse_inside_loss_scale(opt: Any, wrapper: str) -> None:
-    """``ValueError`` if ``opt.apply`` was called by a ``LossScaleOptimizer`` that wraps ``opt``.
+    """``ValueError`` if ``opt.build`` or ``opt.apply`` was called by a ``LossScaleOptimizer`` that wraps ``opt``.
 
-    Every worker traces or runs the same code, so every worker raises,
-    before any collective.
+    Called from both: the wrapper calls ``apply`` only where the worker's
+    gradients are finite (in an eager step, where Keras's ``cond`` runs one
+    branch, a worker that overflowed would not get here), but it builds its
+    inner optimizer on every worker before the first step. Every worker
+    runs the same code, so every worker raises, before any collective.
     """
-    frame = sys._getframe(2)  # the caller of the wrapped optimizer's apply
+    frame = sys._getframe(2)  # the caller of the wrapped optimizer's build or apply
     for _ in range(_FRAMES):
         if frame is None:
             return
@@ -55,4 +59,28 @@ def refuse_inside_loss_scale(opt: Any, wrapper: str) -> None:
         frame = frame.f_back
 
 
-__all__ = ["refuse_inside_loss_scale"]
+def refuse_loss_scale_with_servers(opt: Any, servers: Sequence[str]) -> None:
+    """``StrategyError`` if ``opt`` is a LossScaleOptimizer and a strategy puts ``servers`` on parameter servers.
+
+    A LossScaleOptimizer decides in its ``apply`` whether the step's
+    gradients are finite, skips the update and halves its scale if not, and
+    grows the scale after enough finite steps. Under parameter servers each
+    rank applies only the variables it owns: an owner whose share held an
+    inf would skip while the others applied theirs, and a rank that owns
+    nothing would never grow its scale; the workers' scales drift apart and
+    the averaged gradients mix them. Checked when the optimizer is built and
+    before a switch (``switch_strategy``, ``builders.Auto``'s trials); the
+    same on every rank (a function of the strategy).
+    """
+    from kungfu_tf.strategy.errors import StrategyError
+
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer) and servers:
+        raise StrategyError(
+            "SynchronousSGDOptimizer(LossScaleOptimizer(...), strategy=...) needs every worker to apply every "
+            f"variable, but the strategy updates {list(servers)} on parameter servers: each owner would skip steps "
+            "and grow its loss scale from its own variables' gradients alone, and the workers' scales would drift "
+            "apart; use an all-reduce strategy ('AllReduce', 'PartitionedAR')"
+        )
+
+
+__all__ = ["refuse_inside_loss_scale", "refuse_loss_scale_with_servers"]

@@ -51,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from kungfu_tf.ops import collective
+from kungfu_tf.optimizers.loss_scale_guard import refuse_loss_scale_with_servers
 from kungfu_tf.optimizers.strategy_replan import gather_slots, install_plan
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import plan_generation
@@ -126,6 +127,7 @@ def _resolve(optimizer: Any, source: StrategySource, plan: StrategyPlan) -> stra
             f"strategy {strategy.id!r} puts variables on parameter servers, but the optimizer has a GradientMonitor, "
             "which needs the averaged gradient of every variable on every worker; switch to an all-reduce strategy"
         )
+    refuse_loss_scale_with_servers(optimizer, sorted({n.var_name for n in nodes if n.kind != "all_reduce"}))
     return strategy
 
 

@@ -29,7 +29,10 @@ from kungfu_tf.optimizers._wrapping import wrap_keras
 from kungfu_tf.optimizers.auto_search import start_auto_search
 from kungfu_tf.optimizers.gradient_order import after_gradients
 from kungfu_tf.optimizers.keras_build import build_as_apply_would
-from kungfu_tf.optimizers.loss_scale_guard import refuse_inside_loss_scale
+from kungfu_tf.optimizers.loss_scale_guard import (
+    refuse_inside_loss_scale,
+    refuse_loss_scale_with_servers,
+)
 from kungfu_tf.optimizers.strategy_replan import keep_slot_replicas
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
@@ -75,13 +78,14 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
 
     def methods(base: type) -> dict[str, Any]:
         def build(self: keras.optimizers.Optimizer, var_list: Any) -> None:
+            refuse_inside_loss_scale(self, "SynchronousSGDOptimizer")
             var_list = list(var_list)
             first_build = self.__dict__.get("_kungfu_plan") is None
             if first_build:
                 plan = make_plan(self._kungfu_strategy, var_list, self._kungfu_name, _keras_variable)
                 if self.kungfu_monitor is not None:
                     check_monitorable(plan)
-                check_loss_scale(self, plan)
+                refuse_loss_scale_with_servers(self, plan.server_variables)
                 # Bypass Keras' attribute tracking: the plan is not a layer or variable.
                 object.__setattr__(self, "_kungfu_plan", plan)
                 object.__setattr__(self, "_kungfu_model_variables", var_list)
@@ -215,27 +219,6 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
         _kungfu_make_variable=staticmethod(_keras_variable),
         kungfu_monitor=None,
     )
-
-
-def check_loss_scale(opt: keras.optimizers.Optimizer, plan: StrategyPlan) -> None:
-    """``StrategyError`` if ``opt`` is a LossScaleOptimizer and ``plan`` puts variables on parameter servers.
-
-    A LossScaleOptimizer decides in its ``apply`` whether the step's
-    gradients are finite, skips the update and halves its scale if not, and
-    grows the scale after enough finite steps. Under parameter servers each
-    rank applies only the variables it owns: an owner whose share held an
-    inf would skip while the others applied theirs, and a rank that owns
-    nothing would never grow its scale; the workers' scales drift apart and
-    the averaged gradients mix them. The same on every rank (a function of
-    the strategy), before anything is built.
-    """
-    if isinstance(opt, keras.optimizers.LossScaleOptimizer) and not plan.replicated:
-        raise StrategyError(
-            "SynchronousSGDOptimizer(LossScaleOptimizer(...), strategy=...) needs every worker to apply every "
-            f"variable, but the strategy updates {plan.server_variables} on parameter servers: each owner would "
-            "skip steps and grow its loss scale from its own variables' gradients alone, and the workers' scales "
-            "would drift apart; use an all-reduce strategy ('AllReduce', 'PartitionedAR')"
-        )
 
 
 def check_monitorable(plan: StrategyPlan) -> None:

@@ -82,7 +82,11 @@ def _methods(base: type) -> dict[str, Any]:
                 v.assign_add(tf.cast(alpha, v.dtype) * (mean - tf.convert_to_tensor(v)))
         return result
 
-    return {"apply": apply}
+    def build(self: keras.optimizers.Optimizer, variables: Any) -> None:
+        refuse_inside_loss_scale(self, "SynchronousAveragingOptimizer")  # built on every worker, finite gradients or not
+        base.build(self, variables)
+
+    return {"apply": apply, "build": build}
 
 
 def SynchronousAveragingOptimizer(  # a factory named like the class it returns, as in Horovod

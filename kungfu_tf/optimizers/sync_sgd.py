@@ -93,7 +93,11 @@ def _wrap_keras(
             with after_gradients(averaged):
                 return base.apply(self, averaged, trainable_variables)
 
-        return {"apply": apply}
+        def build(self: keras.optimizers.Optimizer, variables: Any) -> None:
+            refuse_inside_loss_scale(self, "SynchronousSGDOptimizer")  # built on every worker, finite gradients or not
+            base.build(self, variables)
+
+        return {"apply": apply, "build": build}
 
     return wrap_keras(
         opt,

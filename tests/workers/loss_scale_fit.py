@@ -7,7 +7,9 @@ Rank 0's first batch holds a value beyond float16's range, rank 1's does not.
    where the worker's own gradients are finite. Rank 0 skipped the average
    rank 1 entered: the averages paired with different steps, the scales
    drifted apart, and the job hung. Now every worker raises ValueError
-   naming the cause and the form that works, before any collective.
+   naming the cause and the form that works, before any collective; also
+   with ``run_eagerly=True``, where the worker that overflows would not
+   call ``apply`` at all (the refusal comes when the wrapper builds it).
 2. ``compile(optimizer=SynchronousSGDOptimizer(LossScaleOptimizer(SGD)))``:
    the average comes first, so both workers skip the first step alike
    (halving the scale) and apply the second alike.
@@ -24,12 +26,12 @@ from _setup import Checker, env_rank, np
 from kungfu_tf.optimizers import SynchronousSGDOptimizer
 
 
-def model_and_data(rank: int):
+def model_and_data(rank: int, every_batch: bool = False):
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1, dtype="float32")])
     x = np.ones((8, 4), np.float32) * (1 + rank)
     if rank == 0:
-        x[0, 0] = 70000.0  # beyond float16's 65504: this worker's first step overflows
+        x[0 if not every_batch else slice(None), 0] = 70000.0  # beyond float16's 65504: this worker's step overflows
     return model, x, np.ones((8, 1), np.float32)
 
 
@@ -43,6 +45,16 @@ def main() -> None:
     try:
         model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
         check.fail("fit with SynchronousSGDOptimizer inside compile()'s LossScaleOptimizer ran")
+    except ValueError as e:
+        check.true("SynchronousSGDOptimizer inside a LossScaleOptimizer" in str(e), f"the error names the cause: {e}")
+
+    # Eagerly, Keras's cond runs only the branch taken: a worker whose every step overflows never calls apply.
+    # The LossScaleOptimizer builds its inner optimizer on every worker first, and that is refused too.
+    model, x, y = model_and_data(rank, every_batch=True)
+    model.compile(optimizer=SynchronousSGDOptimizer(keras.optimizers.SGD(0.01)), loss="mse", run_eagerly=True)
+    try:
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        check.fail("an eager fit with SynchronousSGDOptimizer inside compile()'s LossScaleOptimizer ran")
     except ValueError as e:
         check.true("SynchronousSGDOptimizer inside a LossScaleOptimizer" in str(e), f"the error names the cause: {e}")
 
