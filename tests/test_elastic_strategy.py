@@ -91,6 +91,13 @@ def check_trained_like_one_process(tmp_path, rc, out, err, sizes: list[int], opt
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def assert_every_rank_said(err: str, ranks: int, text: str, report: str) -> None:
+    """Each of ranks 0..ranks-1 printed ``text`` (the same precise error on every worker)."""
+    lines = rank_lines(err)
+    for rank in range(ranks):
+        assert text in "\n".join(lines.get(rank, [])), report
+
+
 def train_args(tmp_path, strategy: str, optimizer: str = "sgd") -> list[object]:
     return ["--api", "function", "--strategy", strategy, "--optimizer", optimizer, "--samples", SAMPLES,
             "--batch-size", BATCH, "--hidden", HIDDEN, "--lr", LR, "--steps", STEPS, "--epochs", 10,
@@ -136,10 +143,7 @@ def test_an_optimizer_whose_slots_cannot_move_is_refused_with_parameter_servers_
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
     report = describe(rc, out, err)
     assert rc != 0, report
-    lines = rank_lines(err)
-    for rank in range(3):
-        text = "\n".join(lines.get(rank, []))
-        assert "Adafactor cannot train with parameter servers in an elastic job" in text, report
+    assert_every_rank_said(err, 3, "Adafactor cannot train with parameter servers in an elastic job", report)
     steps = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "step"]
     assert not steps, report
 
@@ -178,10 +182,7 @@ def test_a_strategy_written_for_3_replicas_refuses_a_shrink_before_it_commits(tm
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
     report = describe(rc, out, err)
     assert rc != 0, report
-    lines = rank_lines(err)
-    for rank in range(3):
-        text = "\n".join(lines.get(rank, []))
-        assert "was written for 3 replicas (graph_config.replicas) and the cluster changed to 2 workers" in text, report
+    assert_every_rank_said(err, 3, "was written for 3 replicas (graph_config.replicas) and the cluster changed to 2 workers", report)
     # Nothing changed: no worker applied a new cluster (the launcher drops the workers after they failed).
     changes = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "change"]
     assert not changes and "3 -> 2 workers" not in out, report
@@ -194,10 +195,7 @@ def test_a_strategy_written_for_2_replicas_refuses_a_growth_before_it_is_request
     rc, out, err = run_job(2, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
     report = describe(rc, out, err)
     assert rc != 0, report
-    lines = rank_lines(err)
-    for rank in range(2):
-        text = "\n".join(lines.get(rank, []))
-        assert "was written for 2 replicas (graph_config.replicas) and the cluster changed to 3 workers" in text, report
+    assert_every_rank_said(err, 2, "was written for 2 replicas (graph_config.replicas) and the cluster changed to 3 workers", report)
     changes = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "change"]
     assert not changes and "2 -> 3 workers" not in out, report
 
@@ -207,8 +205,6 @@ def test_a_plain_tf_function_refuses_to_run_a_stale_plan(tmp_path):
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
     report = describe(rc, out, err)
     assert rc != 0, report
-    lines = rank_lines(err)
-    for rank in range(2):  # the survivors; rank 2 left at the shrink
-        text = "\n".join(lines.get(rank, []))
-        assert "this step was traced for the strategy as it was before a membership change" in text, report
+    # The survivors; rank 2 left at the shrink.
+    assert_every_rank_said(err, 2, "this step was traced for the strategy as it was before a membership change", report)
     assert "outside a cluster" not in err, report
