@@ -28,6 +28,7 @@ from netns import make_two_hosts
 from waiting import HANG_BOUND_SECONDS, NEVER_SECONDS
 
 from benchmarks.harness.etcd_cluster import EtcdCluster
+from benchmarks.harness.port_block import free_port_block
 from kungfu_tf.proto import config_pb2
 from kungfu_tf.run.control import stored_job_state
 from kungfu_tf.run.control.etcd_client import EtcdClient
@@ -46,6 +47,7 @@ from kungfu_tf.run.plan.elastic_plan import build_elastic_plan
 FAKE = worker_path("elastic_fake_worker.py")
 SECRET = "0123456789abcdef" * 4
 SIGNATURE = "w (2,) float32"
+LOOPBACK_HOSTS = ("127.0.0.1", "127.0.0.2")  # the two emulated hosts of the launcher tests
 
 
 @pytest.fixture
@@ -321,13 +323,17 @@ def _reader(stream, into: list[str]) -> threading.Thread:
     return t
 
 
-def _wait_for(lines: list[str], pattern: str, timeout: float, what: str, proc: subprocess.Popen) -> None:
+def _wait_for(
+    lines: list[str], pattern: str, timeout: float, what: str, proc: subprocess.Popen, job: _Launchers | None = None
+) -> None:
+    """Until a line of ``lines`` matches; a failure shows every launcher of ``job`` (why one waits is often another's)."""
     deadline = time.monotonic() + timeout
     while not any(re.search(pattern, line) for line in list(lines)):
+        shown = job.info() if job is not None else "".join(lines)
         assert proc.poll() is None or any(re.search(pattern, line) for line in list(lines)), (
-            f"{what}: launcher exited {proc.returncode} first:\n{''.join(lines)}"
+            f"{what}: launcher exited {proc.returncode} first:\n{shown}"
         )
-        assert time.monotonic() < deadline, f"{what}: no line matching {pattern!r} in {timeout} s:\n{''.join(lines)}"
+        assert time.monotonic() < deadline, f"{what}: no line matching {pattern!r} in {timeout} s:\n{shown}"
         time.sleep(0.05)
 
 
@@ -379,7 +385,7 @@ def test_launcher_killed_with_its_worker_another_takes_over(etcd3):
     places the replacement on its own host (A's is dead) and starts it;
     the job ends whole at version 3 and B exits 0."""
     job = f"takeover-{uuid.uuid4().hex[:8]}"
-    base = 20000 + (os.getpid() * 37) % 20000
+    base = free_port_block(41, hosts=LOOPBACK_HOSTS)
     common = [
         "-np", "3", "--elastic", "-H", "127.0.0.1:1,127.0.0.2:3", "--config-store", etcd3.url,
         "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
@@ -390,9 +396,9 @@ def test_launcher_killed_with_its_worker_another_takes_over(etcd3):
         for name, host in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
             launchers.start(name, host, sys.executable, FAKE, "hold-replaced")
             if name == "a":
-                _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"])
-        _wait_for(out["a"], r"signature set", 60, "rank 0 started on A", procs["a"])
-        _wait_for(err["b"], r"live launchers: 127\.0\.0\.1, 127\.0\.0\.2", 60, "B sees both launchers", procs["b"])
+                _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"], launchers)
+        _wait_for(out["a"], r"signature set", 60, "rank 0 started on A", procs["a"], launchers)
+        _wait_for(err["b"], r"live launchers: 127\.0\.0\.1, 127\.0\.0\.2", 60, "B sees both launchers", procs["b"], launchers)
         workers = _children(procs["a"].pid)
         assert len(workers) == 1, f"A should run one worker, runs {workers}"
         os.kill(procs["a"].pid, signal.SIGKILL)
@@ -430,7 +436,7 @@ def test_a_dead_launchers_members_and_joiners_are_let_go(etcd3):
     the job ends with it. The job's record in etcd lists the joiner as
     withdrawn."""
     job = f"claims-{uuid.uuid4().hex[:8]}"
-    base = 25000 + (os.getpid() * 43) % 14000
+    base = free_port_block(41, hosts=LOOPBACK_HOSTS)
     common = [
         "-np", "3", "--max-np", "4", "--elastic", "-H", "127.0.0.2:1,127.0.0.1:3", "--config-store", etcd3.url,
         "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
@@ -441,8 +447,8 @@ def test_a_dead_launchers_members_and_joiners_are_let_go(etcd3):
         for name, host in (("b", "127.0.0.2"), ("a", "127.0.0.1")):
             launchers.start(name, host, sys.executable, FAKE, "stuck", "1")
             if name == "b":
-                _wait_for(err["b"], r"places joiners and answers for lost launchers", 60, "B holds the duty", procs["b"])
-        _wait_for(err["a"], rf"started joiner \[3\] 127\.0\.0\.1:{base + 2}", 60, "A starts the joiner", procs["a"])
+                _wait_for(err["b"], r"places joiners and answers for lost launchers", 60, "B holds the duty", procs["b"], launchers)
+        _wait_for(err["a"], rf"started joiner \[3\] 127\.0\.0\.1:{base + 2}", 60, "A starts the joiner", procs["a"], launchers)
         os.kill(procs["a"].pid, signal.SIGKILL)
         rc_b = procs["b"].wait(60)
     info = launchers.info()
@@ -465,7 +471,7 @@ def test_leader_killed_while_a_joiner_is_admitted(etcd3):
     election. The resize completes: both launchers print the same v2 with
     the same three workers, every worker saw it, both exit 0."""
     job = f"grow-{uuid.uuid4().hex[:8]}"
-    base = 22000 + (os.getpid() * 29) % 16000
+    base = free_port_block(41, hosts=LOOPBACK_HOSTS)
     common = [
         "-np", "2", "--max-np", "3", "--elastic", "-H", "127.0.0.1:1,127.0.0.2:2", "--config-store", etcd3.url,
         "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "30",
@@ -475,7 +481,7 @@ def test_leader_killed_while_a_joiner_is_admitted(etcd3):
         procs, out, err = launchers.procs, launchers.out, launchers.err
         for name, host in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
             launchers.start(name, host, sys.executable, FAKE, "grow", "3")
-        _wait_for(err["b"], r"started joiner", 60, "the joiner starts on B", procs["b"])
+        _wait_for(err["b"], r"started joiner", 60, "the joiner starts on B", procs["b"], launchers)
         etcd3.stop(etcd3.leader())
         rcs = {name: p.wait(90) for name, p in procs.items()}
     info = launchers.info()
@@ -497,7 +503,7 @@ def test_without_quorum_the_job_runs_on_and_a_resize_waits_until_it_is_back(etcd
     membership changes wait; one member restarted, the same resize commits,
     the joiner is admitted and the job ends well."""
     job = f"quorum-job-{uuid.uuid4().hex[:8]}"
-    base = 23000 + (os.getpid() * 31) % 16000
+    base = free_port_block(41)
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
     cmd = [
         sys.executable, "-m", "kungfu_tf.run", "-np", "2", "--max-np", "3", "--elastic", "-H", "127.0.0.1:3",
@@ -565,7 +571,7 @@ def test_training_survives_the_host_that_placed_its_workers(request, tmp_path):
         for i, (name, host) in enumerate((("a", HOST_A), ("b", HOST_B))):
             launchers.start(name, host, sys.executable, script, str(tmp_path), prefix=tuple(two.exec_prefix(i)))
             if name == "a":
-                _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"])
+                _wait_for(err["a"], r"places joiners and answers for lost launchers", 60, "A holds the duty", procs["a"], launchers)
         rc_b = procs["b"].wait(240)
         rc_a = procs["a"].wait(10)
     events = load_events(tmp_path)

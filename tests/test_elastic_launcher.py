@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO_ROOT, finish_job, kill_tree, worker_env, worker_path
 from netns import make_two_hosts
 
+from benchmarks.harness.port_block import free_port_block
 from kungfu_tf.run.control.membership_change import describe_change
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.plan.cli import parse_args
@@ -337,7 +338,7 @@ def test_sigkill_after_sigterm_is_per_worker():
 def test_joiner_whose_launcher_never_starts_it_is_withdrawn():
     """Joiners go to host .2 (.1's one slot is taken), whose launcher never
     runs: each is withdrawn after --join-timeout and placed again, three times."""
-    first = 21000 + os.getpid() % 2000 * 10
+    first = free_port_block(10, hosts=("127.0.0.1", "127.0.0.2"))
     rc, out, err = run_elastic(
         "-np", "1", "--elastic", "--max-np", "2", "--join-timeout", "0.5", "-H", "127.0.0.1:1,127.0.0.2:1",
         "--config-server", f"127.0.0.1:{free_port()}", "--port-range", f"{first}-{first + 9}", "stuck", "3",
@@ -442,7 +443,7 @@ def test_discovery_removes_a_host_and_evicts_its_worker(tmp_path):
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
     config = f"127.0.0.1:{free_port()}"
-    first = 20000 + os.getpid() % 2000 * 10
+    first = free_port_block(10, hosts=("127.0.0.1", "127.0.0.2"))
     common = ["-np", "3", "--elastic", "--host-discovery-script", str(script), "--config-server", config,
               "--port-range", f"{first}-{first + 9}"]
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=f"discovery-{os.getpid()}")

@@ -20,6 +20,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+from benchmarks.harness.port_block import free_port_block
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.plan import local_host
 from kungfu_tf.run.plan.cli import parse_args, program_command
@@ -201,32 +202,9 @@ def test_concurrent_jobs_get_different_free_ports(tmp_path):
     assert collect_envs(outs[0])[0]["KUNGFU_JOB_ID"] != collect_envs(outs[1])[0]["KUNGFU_JOB_ID"]
 
 
-def free_port_block(size: int) -> int:
-    """A base port such that base..base+size-1 are currently free."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + size > 65535:
-            continue
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    pytest.fail("no free port block found")
-
-
 def test_explicit_port_range_is_used_in_order(tmp_path):
     script = write_script(tmp_path, "env.py", ENV_SCRIPT)
-    base = free_port_block(3)
+    base = free_port_block(11)
     res = run_launcher("-np", "3", "--port-range", f"{base}-{base + 10}", str(script))
     assert res.returncode == 0, res.stderr
     envs = collect_envs(res.stdout)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from benchmarks.harness.etcd_cluster import EtcdCluster
 from benchmarks.harness.paths import REPO
+from benchmarks.harness.port_block import free_port_block
 from kungfu_tf.proto import config_pb2
 from kungfu_tf.run.control.config_server import ConfigClient, ConfigServer
 from kungfu_tf.run.control.etcd_client import EtcdClient
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     rows: dict[str, list] = {"mem": [], "etcd": [], "leader": [], "majority": [], "lost": [], "whole": []}
     refusal = ""
-    base = 21000 + (os.getpid() * 53) % 20000
+    base = free_port_block(50 * args.repeats, hosts=("127.0.0.1", "127.0.0.2"))
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             cluster = EtcdCluster(Path(tmp) / f"run{r}", members=3)
