@@ -496,6 +496,35 @@ def test_leader_killed_while_a_joiner_is_admitted(etcd3):
     assert "[2] admitted at v2 as rank 2 of 3\n" in out["b"], info
 
 
+def test_a_launcher_that_never_registers_has_its_members_replaced(etcd3):
+    """Host A's launcher never starts (as when it refused its --port-range): B alone
+    registers, and after --timeout reports A's member of version 1 lost, saying why,
+    and replaces it on its own host; the job ends whole at v3. A launcher of A that
+    comes after all starts none of the old members and ends with the job.
+    (Before, B waited for A's member for ever: the job never changed or ended.)"""
+    job = f"absent-{uuid.uuid4().hex[:8]}"
+    base = free_port_block(41, hosts=LOOPBACK_HOSTS)
+    common = [
+        "-np", "3", "--elastic", "-H", "127.0.0.1:1,127.0.0.2:3", "--config-store", etcd3.url,
+        "--admit-window", "0", "--port-range", f"{base}-{base + 40}", "--timeout", "5",
+    ]
+    env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
+    with _Launchers(common, env) as launchers:
+        launchers.start("b", "127.0.0.2", sys.executable, FAKE, "absent-first")
+        _wait_for(launchers.err["b"], r"cluster v2:", 60, "B reports A's member lost", launchers.procs["b"], launchers)
+        launchers.start("a", "127.0.0.1", sys.executable, FAKE, "absent-first")
+        rcs = {name: p.wait(90) for name, p in launchers.procs.items()}
+    info, err, out = launchers.info(), launchers.err, launchers.out
+    assert rcs == {"a": 0, "b": 0}, info
+    why = "the launcher of 127.0.0.1 did not register in --timeout 5 s"
+    assert f"kungfu-run: {why}: reporting 127.0.0.1:{base} lost\n" in err["b"], info
+    assert f"[kungfu-run] cluster v2: 3 -> 2 workers (lost 127.0.0.1:{base}: {why})\n" in err["b"], info
+    assert f"[kungfu-run] cluster v3: 2 -> 3 workers (admitted 127.0.0.2:{base + 2})\n" in err["b"], info
+    assert sorted(re.findall(r"^\[(\d)\] saw 3 workers at v3$", "".join(out["b"]), re.MULTILINE)) == ["1", "2"], info
+    assert any("not starting the members of version 1 placed on 127.0.0.1" in line for line in err["a"]), info
+    assert not out["a"], info  # A started no worker
+
+
 def test_without_quorum_the_job_runs_on_and_a_resize_waits_until_it_is_back(etcd3, tmp_path):
     """A running job (one launcher, two members) loses two of its three etcd
     members: the members keep running at their size, the resize rank 0 asks

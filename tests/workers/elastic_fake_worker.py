@@ -22,6 +22,9 @@ MODE (what the initial members do):
                sleeps (the test SIGKILLs its launcher; it dies with it);
                the others (and the replacement) exit 0 once the cluster is
                whole again at version 3.
+  absent-first rank 1 sets the signature (the test never starts rank 0's
+               launcher); the others (and the replacement) exit 0 once the
+               cluster is whole again at version 3.
   grow-on-signal DIR:N
                rank 0 sets the signature, prints "signature set", and once
                DIR/go exists asks for N workers, retrying every 0.5 s while
@@ -191,6 +194,11 @@ elif mode == "hold-replaced":
         print("signature set", flush=True)
         time.sleep(60)
         sys.exit(3)
+    state = wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) == env.size)
+    print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
+elif mode == "absent-first":
+    if env.rank == 1:
+        client.set_signature(SIGNATURE)
     state = wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) == env.size)
     print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
 elif mode == "grow-on-signal":

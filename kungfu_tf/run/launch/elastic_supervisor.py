@@ -201,6 +201,7 @@ class ElasticSupervisor:
         self._stored_jobs: StoredJobStateMachine | None = None
         self._seen_launchers: set[str] = set()
         self._live_launchers: set[str] = set()
+        self._registered_at = 0.0  # when this launcher registered (the others have --timeout from then)
         self._holds_duty = False
         self._duty_check_at = 0.0
         self._said_store_down = False
@@ -344,6 +345,7 @@ class ElasticSupervisor:
                 )
             jobs = StoredJobStateMachine(store, initial_machine)
             store.register_launcher(plan.self_host)
+            self._registered_at = time.monotonic()
         except StoreUnavailableError as e:
             raise LaunchError(f"cannot use the config store {store.describe()}: {e}") from None
         self._stored_jobs = jobs
@@ -403,15 +405,15 @@ class ElasticSupervisor:
                 self._console.event(f"{self._plan.self_host} places joiners and answers for lost launchers")
         if not holds:
             return
-        gone = self._seen_launchers - live
+        absent = self._absent_launchers(live)
         state = self._fresh_state()
-        if not gone or state is None:
+        if not absent or state is None:
             return
         done = set(cluster_peers(config_pb2.Cluster(workers=state.finished)))
-        lost = [w for w in cluster_peers(state.cluster) if parse_peer_string(w).host in gone and w not in done]
+        lost = [w for w in cluster_peers(state.cluster) if parse_peer_string(w).host in absent and w not in done]
         if lost:
             hosts = sorted({parse_peer_string(w).host for w in lost})
-            reason = f"the launcher of {', '.join(hosts)} is gone (its etcd lease expired)"
+            reason = "; ".join(sorted({absent[h] for h in hosts}))
             self._console.message(f"{reason}: reporting {', '.join(lost)} lost")
             for peer in lost:
                 self._exit_causes.setdefault(peer, reason)
@@ -421,9 +423,20 @@ class ElasticSupervisor:
             except grpc.RpcError as e:
                 self._console.message(f"cannot report {', '.join(lost)} lost: {rpc_error_text(e)}")
         for peer in joiner_peers(state):
-            if parse_peer_string(peer).host in gone:
+            if parse_peer_string(peer).host in absent:
                 self._joiner_end.setdefault(peer, "its launcher is gone")
                 self._remove_joiner(peer)
+
+    def _absent_launchers(self, live: set[str]) -> dict[str, str]:
+        """Hosts whose launcher is not there to run its members, and why: gone (registered, then its lease
+        expired), or never registered in --timeout while members of version 1 wait for it (a launcher that
+        failed to start would leave them unstarted and the job waiting for them for ever)."""
+        absent = {h: f"the launcher of {h} is gone (its etcd lease expired)" for h in self._seen_launchers - live}
+        waited = time.monotonic() - self._registered_at
+        if waited >= self._plan.timeout:
+            for host in {p.host for p in self._plan.initial_peers} - self._seen_launchers - live:
+                absent[host] = f"the launcher of {host} did not register in --timeout {self._plan.timeout:g} s"
+        return absent
 
     def _reach_config_service(self) -> config_pb2.JobState:
         """Connect to the serving launcher, retrying for --timeout seconds (it may start later)."""
