@@ -17,10 +17,11 @@ the data position:
 * ``--api v1``: a ``tf.compat.v1`` graph under ``MonitoredSession`` with
   ``ElasticSessionCreator`` and ``ElasticHook`` (the hook feeds each step).
 
-``--optimizer momentum|adam|lossscale`` trains with a Keras optimizer that builds its
+``--optimizer momentum|adam|nadam|lossscale`` trains with a Keras optimizer that builds its
 slots in its first step, as users write it (``lossscale``: Keras's ``LossScaleOptimizer``
 around SGD with momentum, whose loss scale and counter are variables of its own; the
-step scales the loss, as ``fit`` does; ``adafactor``: Keras's Adafactor, whose factored
+step scales the loss, as ``fit`` does; ``nadam``: Keras's Nadam, whose ``u_product`` is one
+scalar for all variables, advanced every step; ``adafactor``: Keras's Adafactor, whose factored
 slots do not have the variables' shapes); ``--state-form`` picks how the
 ``ElasticState`` is given the variables (``model``: ``ElasticState(model=,
 optimizer=)``, the README's; ``callable``; ``list``).
@@ -84,7 +85,7 @@ from kungfu_tf.optimizers.strategy_replan import gather_slots, slot_table
 from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
-OPTIMIZERS = ("sgd", "momentum", "adam", "lossscale", "adafactor")
+OPTIMIZERS = ("sgd", "momentum", "adam", "nadam", "lossscale", "adafactor")
 # --optimizer lossscale: the loss scale doubles every this many finite steps (Keras's default, 2000, would
 # leave it unchanged in a short run: its own variables must change to show that they travel with the state).
 LOSS_SCALE_GROWTH_STEPS = 3
@@ -144,6 +145,9 @@ def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
         return keras.optimizers.SGD(lr, momentum=0.9)
     if name == "adam":
         return keras.optimizers.Adam(lr)
+    if name == "nadam":
+        # Beside its slots, one scalar for all variables (u_product, advanced every step): step state.
+        return keras.optimizers.Nadam(lr)
     if name == "adafactor":
         # Factored slots, not of the variables' shapes: they cannot follow a parameter server's variables to new
         # owners. epsilon_1: with Keras's 1e-30 the factored second moment of a weight whose gradient is always 0

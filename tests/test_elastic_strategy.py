@@ -157,6 +157,18 @@ def test_an_optimizer_whose_slots_cannot_move_trains_with_all_reduce_through_cha
     check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "adafactor")
 
 
+def test_an_optimizers_step_state_stays_equal_on_workers_that_own_nothing(tmp_path):
+    # Keras's Nadam keeps u_product beside its slots: one scalar for all variables, advanced in every step that
+    # updates variables. Under PS rank 0 owns every variable; ranks 1 and 2 update none, and their u_product
+    # stayed at 1: the state digest of the first sync then differed between ranks (and before that, Nadam was
+    # refused with parameter servers in an elastic job). Now every worker advances it alike and a rebuilt
+    # optimizer keeps it: the owner is SIGKILLed, rank 1 takes its variables over with the right bias correction.
+    args = train_args(tmp_path, "PS", "nadam") + ["--crash-at", 4, "--crash-rank", 0, "--resize-at", "8:3,12:2",
+                                                  "--resize-wait"]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], "nadam")
+
+
 @pytest.mark.parametrize("strategy", ["written", "Parallax"])  # PSLoadBalancing: the Keras test below
 def test_optimizer_slots_move_to_the_new_owners(tmp_path, strategy):
     source = written_strategy(tmp_path) if strategy == "written" else strategy

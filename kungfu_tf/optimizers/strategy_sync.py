@@ -33,6 +33,10 @@ from kungfu_tf.optimizers.loss_scale_guard import (
     refuse_inside_loss_scale,
     refuse_loss_scale_with_servers,
 )
+from kungfu_tf.optimizers.optimizer_step_state import (
+    advance_step_state,
+    mark_step_state,
+)
 from kungfu_tf.optimizers.strategy_replan import keep_slot_replicas
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
@@ -120,6 +124,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     start_auto_search(self, self._kungfu_strategy)
             base.build(self, self._kungfu_plan.targets)
             if first_build:
+                mark_step_state(self)  # Nadam's u_product: replicated as the step counter is
                 # An elastic job's PS slots survive a crashed owner (strategy_replan.py). Only once: a
                 # second build (compile_from_config) would replace the replicas the traced step writes.
                 try:
@@ -153,10 +158,11 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                 # gradients are waited for too, for a stale plan's ranks that own nothing, where the step
                 # whose input ran out (fit's end of an epoch of unknown length) would still count itself.
                 if not vs:
-                    # Nothing owned here this step; count the step anyway so
-                    # that schedules and `iterations` agree on every rank.
+                    # Nothing owned here this step; count the step anyway so that
+                    # schedules, `iterations` and the step state agree on every rank.
                     with after_gradients(grads):
-                        return self.iterations.assign_add(1)
+                        advance_step_state(self)  # as the owners' apply does (Nadam's u_product)
+                        return self._iterations.assign_add(1)  # not `iterations`: it is a tensor when gradients accumulate
                 with after_gradients(grads):
                     return base.apply(self, gs, vs)
 
