@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -33,6 +34,7 @@ from kungfu_tf.optimizers.loss_scale_guard import (
     refuse_inside_loss_scale,
     refuse_loss_scale_with_servers,
 )
+from kungfu_tf.optimizers.norm_clipping import clipping_by_norm_off, norm_clip_of
 from kungfu_tf.optimizers.optimizer_step_state import (
     advance_step_state,
     mark_step_state,
@@ -151,6 +153,8 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                 session.check_driven()  # builders.Auto: refuse a step the search would never see
 
             grads = list(grads)
+            # Under parameter servers the plan clips by norm (no worker holds every averaged gradient).
+            clip = None if self._kungfu_plan.replicated else norm_clip_of(self)
 
             def apply_fn(gs: list[Any], vs: list[Any]) -> Any:
                 # The counters have no data edge to the gradients: the plan runs this after the step's
@@ -163,12 +167,12 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                     with after_gradients(grads):
                         advance_step_state(self)  # as the owners' apply does (Nadam's u_product)
                         return self._iterations.assign_add(1)  # not `iterations`: it is a tensor when gradients accumulate
-                with after_gradients(grads):
+                with after_gradients(grads), clipping_by_norm_off(self) if clip else contextlib.nullcontext():
                     return base.apply(self, gs, vs)
 
             monitor = self.kungfu_monitor
             if monitor is None:
-                return self._kungfu_plan.step(grads, apply_fn)
+                return self._kungfu_plan.step(grads, apply_fn, clip=clip)
             local = monitor.local_statistics(grads)
 
             def observe(averaged: list[Any], rider: tf.Tensor) -> Any:

@@ -52,6 +52,7 @@ from kungfu_tf.strategy.format import canonical_bytes
 from kungfu_tf.strategy.kernels import ps_stale, ps_sync
 from kungfu_tf.strategy.kernels.all_reduce_sync import GroupedAllReduce
 from kungfu_tf.strategy.kernels.compressor import Compressor
+from kungfu_tf.strategy.kernels.gradient_clip import GradientClip, squared_norms
 from kungfu_tf.strategy.kernels.partitioner import slice_value, split_gradient, stitch
 from kungfu_tf.strategy.resolved_node import ResolvedNode
 from kungfu_tf.strategy.validation import effective_nodes
@@ -340,6 +341,7 @@ class StrategyPlan:
         apply_fn: ApplyFn,
         rider: tf.Tensor | None = None,
         observe: ObserveFn | None = None,
+        clip: GradientClip | None = None,
     ) -> tf.Operation | None:
         """Synchronises ``grads`` (one per variable, ``None`` allowed), applies, publishes.
 
@@ -353,7 +355,22 @@ class StrategyPlan:
         called and its op becomes part of the step. Both need every variable
         all-reduced (:attr:`replicated`): a parameter server's averaged
         gradient exists only on its owner.
+
+        ``clip``: the averaged gradients clipped by norm as one process would
+        (kernels/gradient_clip.py) before ``apply_fn``, whose own clipping
+        must then be off; for plans with parameter servers (an all-reduce
+        plan's ``apply_fn`` sees every averaged gradient and clips alike).
+
+        Raises:
+            StrategyError: ``clip`` with a stale parameter server, whose
+                gradients of one step never meet.
         """
+        if clip is not None and self._has_stale:
+            raise StrategyError(
+                f"clipping gradients by norm ({clip.kind} {clip.value}) needs the norm of one step's averaged "
+                "gradients, but this strategy has stale parameter servers, which apply gradients of different "
+                "steps; use clipvalue, a synchronous strategy (staleness 0), or no clipping"
+            )
         if len(grads) != len(self._plans):
             raise ValueError(f"got {len(grads)} gradients for {len(self._plans)} variables")
         if (rider is None) != (observe is None):
@@ -386,6 +403,8 @@ class StrategyPlan:
 
         before_apply: list[Any] = list(must_run)
         apply_grads, apply_vars, snapshots = [], [], {}
+        apply_owner: list[int] = []  # the model variable of each of apply_grads
+        counted: list[bool] = []
         for vi, plan in enumerate(self._plans):
             for ui, unit in enumerate(plan.units):
                 if unit.target is None or (vi, ui) not in synced:
@@ -402,7 +421,18 @@ class StrategyPlan:
                         snapshots[(vi, ui)] = tf.identity(tf.convert_to_tensor(unit.target))
                 apply_grads.append(g)
                 apply_vars.append(unit.target)
-        completed = self._completed_everywhere(synced, must_run, prefix)
+                apply_owner.append(vi)
+                # Each variable's norm counted once over the workers: an all-reduced unit is everywhere.
+                counted.append(unit.node.kind == "ps" or self.rank == 0)
+        partial_norms = None
+        if clip is not None and not self.replicated:
+            counted_grads = [g for g, c in zip(apply_grads, counted) if c]
+            partial_norms = squared_norms(counted_grads, [vi for vi, c in zip(apply_owner, counted) if c],
+                                          len(self._plans))  # fmt: skip
+        completed, total_norms = self._completed_everywhere(synced, must_run, prefix, partial_norms)
+        if partial_norms is not None:
+            assert clip is not None
+            apply_grads = clip.apply(apply_grads, apply_owner, total_norms)
         with tf.control_dependencies(before_apply + list(snapshots.values()) + completed):
             applied = apply_fn(apply_grads, apply_vars)
         after = _as_dependency(applied)
@@ -423,9 +453,10 @@ class StrategyPlan:
         return tf.group(*[d for d in deps if d is not None])
 
     def _completed_everywhere(
-        self, synced: dict[tuple[int, int], Any], must_run: list[Any], prefix: str
-    ) -> list[Any]:
-        """What the update waits for: this step's synchronisation, completed on every rank or on none.
+        self, synced: dict[tuple[int, int], Any], must_run: list[Any], prefix: str, payload: tf.Tensor | None = None
+    ) -> tuple[list[Any], tf.Tensor | None]:
+        """What the update waits for: this step's synchronisation, completed on every rank or on none; and
+        ``payload`` (a float32 vector, or None) summed over the workers in the same all-reduce.
 
         The update, and the optimizer's step counter with it (Keras's
         ``iterations.assign_add`` has no data edge to any gradient), must
@@ -443,18 +474,22 @@ class StrategyPlan:
         after this rank's own part of the synchronisation completes on every
         rank or on none. Stale parameter servers are left out (their
         workers are meant to run ahead of each other); eagerly a failed
-        collective raises before anything is applied.
+        collective raises before anything is applied. A ``payload`` rides
+        in that all-reduce (the clip's squared norms: they exist once the
+        synchronisation completed, and the update waits for them anyway).
         """
         if tf.executing_eagerly():
-            return []
+            summed = None if payload is None else ops.all_reduce(payload, name=f"{prefix}/completed")
+            return [], summed
         averages = [g.values if isinstance(g, tf.IndexedSlices) else g for g in synced.values()]
-        if self.replicated or self._has_stale:
-            return averages
+        if (self.replicated or self._has_stale) and payload is None:
+            return averages, None
         # Data edges into stateful keep_alive ops: Grappler turns a collective whose output feeds only
         # control edges into a NoOp (kungfu_tf/ops/collective.py), and the update would not wait at all.
         with tf.control_dependencies([ops.keep_alive(averages + must_run)]):
-            agreed = ops.all_reduce(tf.zeros([1], tf.float32), name=f"{prefix}/completed")
-        return [ops.keep_alive([agreed])]
+            sent = tf.zeros([1], tf.float32) if payload is None else payload
+            agreed = ops.all_reduce(sent, name=f"{prefix}/completed")
+        return [ops.keep_alive([agreed])], (None if payload is None else agreed)
 
     def _synchronize(
         self,
