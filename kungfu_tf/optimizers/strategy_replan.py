@@ -328,3 +328,36 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
     if kinds:
         keep_slot_replicas(opt, full, kinds)
     return plan_generation.advance()
+
+
+def finalize_moving_averages(opt: Any, var_list: Sequence[Any]) -> None:
+    """Keras's ``finalize_variable_values`` for an optimizer with ``use_ema=True`` under parameter servers:
+    every worker's model variables in ``var_list`` take their moving averages (collective, eager).
+
+    Keras's ``fit`` calls it when training ends. The averages are slots, so a
+    parameter server's exist on its owner alone: Keras's own version paired
+    the model variables with the owner's averages of its own variables (a
+    shape mismatch on some workers, another variable's average on others).
+    Here the averages are gathered as a membership change gathers slots
+    (:func:`gather_slots`), and which slot kind holds them is agreed by the
+    workers that own variables.
+
+    Raises:
+        ValueError: a variable of ``var_list`` is not one the optimizer trains.
+    """
+    plan: StrategyPlan = opt._kungfu_plan
+    variables = list(opt._kungfu_model_variables)
+    index = {id(v): vi for vi, v in enumerate(variables)}
+    unknown = [getattr(v, "path", v.name) for v in var_list if id(v) not in index]
+    if unknown:
+        raise ValueError(f"finalize_variable_values: {unknown} are not variables this optimizer trains")
+    kind = -1
+    if plan.targets:
+        table = slot_table(opt, opt._kungfu_fixed_variable_ids, plan.targets)
+        first = opt._model_variables_moving_average[opt._get_variable_index(plan.targets[0])]
+        kind = next(k for k, row in enumerate(table) if row[0] is first)
+    agreed = collective.all_reduce(tf.constant([kind], tf.int32), op="max", name=f"{plan.name}/finalize_ema/kind")
+    _, full = gather_slots(opt, plan, contributes=True, first=plan.rank == 0, prefix=f"{plan.name}/finalize_ema")
+    kind = int(agreed.numpy()[0])
+    for v in var_list:
+        v.assign(full[kind][index[id(v)]])

@@ -39,7 +39,10 @@ from kungfu_tf.optimizers.optimizer_step_state import (
     advance_step_state,
     mark_step_state,
 )
-from kungfu_tf.optimizers.strategy_replan import keep_slot_replicas
+from kungfu_tf.optimizers.strategy_replan import (
+    finalize_moving_averages,
+    keep_slot_replicas,
+)
 from kungfu_tf.optimizers.strategy_resize import (
     is_builder,
     prepare_shrink,
@@ -197,6 +200,13 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             self.__dict__.setdefault("_kungfu_slot_targets", {})[id(slot)] = id(reference_variable)
             return slot
 
+        def finalize_variable_values(self: keras.optimizers.Optimizer, var_list: Any) -> None:
+            # fit's end with use_ema=True: under parameter servers only the owners hold the averages.
+            plan = self.__dict__.get("_kungfu_plan")
+            if not self.use_ema or plan is None or plan.replicated:
+                return base.finalize_variable_values(self, var_list)
+            finalize_moving_averages(self, list(var_list))
+
         def build_base(self: keras.optimizers.Optimizer, targets: list[Any]) -> None:
             # The wrapped optimizer's own build (its slots) on a new plan's targets (strategy_replan.py), named as
             # its first step named them: a joiner that kept its warm-up's must hold the same names.
@@ -214,6 +224,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
             "apply": apply,
             "_kungfu_replicated_variables": replicated_variables,
             "_kungfu_build_base": build_base,
+            "finalize_variable_values": finalize_variable_values,
             "add_variable_from_reference": add_variable_from_reference,
             "kungfu_switch_strategy": switch,
         }

@@ -1,0 +1,78 @@
+"""Worker for test_moving_average_weights.py (``kungfu-run -np 2``): Keras ``fit`` with ``use_ema=True`` under PS.
+
+A 64-16-10 MLP compiled with ``SynchronousSGDOptimizer(SGD(0.1, momentum=0.9,
+use_ema=True, ...), strategy=STRATEGY)`` is fit for one epoch on this rank's
+share of a generated data set (no shuffle). When training ends Keras's ``fit``
+calls ``finalize_variable_values``: the model's weights become their moving
+averages, which under parameter servers only the owners hold. It raised a
+shape mismatch on one rank and gave the other rank another variable's
+average. Both ranks' final weights must equal one process's ``fit`` with the
+same optimizer on the union batches (each step: both ranks' batches).
+
+Usage: ``ema_fit.py STRATEGY [OVERWRITE_EVERY]``. Ends with "checked N results".
+"""
+
+from __future__ import annotations
+
+import sys
+
+import keras
+from _setup import Checker, env_rank, np
+
+from kungfu_tf.optimizers import SynchronousSGDOptimizer
+from kungfu_tf.strategy import builders
+
+BATCH, STEPS = 8, 6
+
+
+def data(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((BATCH * STEPS, 64)).astype(np.float32)
+    y = rng.integers(0, 10, BATCH * STEPS)
+    return x, y
+
+
+def model() -> keras.Model:
+    keras.utils.set_random_seed(3)
+    net = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
+    return net
+
+
+def sgd(overwrite_every: int | None) -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.8,
+                                ema_overwrite_frequency=overwrite_every)  # fmt: skip
+
+
+def main() -> None:
+    strategy = sys.argv[1]
+    overwrite_every = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    rank = env_rank()
+    check = Checker(rank)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    net = model()
+    # PartitionedPS cuts the 64x16 kernel (4 KB) in two shards, one per rank.
+    source = builders.PartitionedPS(min_partition_bytes=64) if strategy == "PartitionedPS" else strategy
+    net.compile(optimizer=SynchronousSGDOptimizer(sgd(overwrite_every), strategy=source), loss=loss)
+    x, y = data(rank)
+    net.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+
+    # One process: each step's batch is both ranks' batches of that step (the mean loss over it is the
+    # mean of the two ranks' mean losses: the gradient the workers average).
+    (x0, y0), (x1, y1) = data(0), data(1)
+    xu = np.concatenate([np.concatenate([x0[s * BATCH:(s + 1) * BATCH], x1[s * BATCH:(s + 1) * BATCH]])
+                         for s in range(STEPS)])  # fmt: skip
+    yu = np.concatenate([np.concatenate([y0[s * BATCH:(s + 1) * BATCH], y1[s * BATCH:(s + 1) * BATCH]])
+                         for s in range(STEPS)])  # fmt: skip
+    reference = model()
+    reference.compile(optimizer=sgd(overwrite_every), loss=loss)
+    reference.fit(xu, yu, batch_size=2 * BATCH, epochs=1, shuffle=False, verbose=0)
+    untrained = model()
+    for got, want, start in zip(net.trainable_weights, reference.trainable_weights, untrained.trainable_weights):
+        check.true(not np.allclose(want.numpy(), start.numpy()), f"{got.path}: the reference trained")
+        check.close(got.numpy(), want.numpy(), 1e-5, f"{strategy}: {got.path} after fit (moving averages)")
+    check.done()
+
+
+if __name__ == "__main__":
+    main()
