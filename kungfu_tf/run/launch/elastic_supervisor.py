@@ -59,6 +59,7 @@ from kungfu_tf.run.control.rpc_errors import rpc_error_text
 from kungfu_tf.run.control.stored_job_state import StoredJobStateMachine
 from kungfu_tf.run.errors import LaunchError
 from kungfu_tf.run.launch.caught_signals import caught_signals
+from kungfu_tf.run.launch.config_service_port import start_avoiding
 from kungfu_tf.run.launch.supervisor import (
     GRACE_SECONDS,
     OUTPUT_DRAIN_SECONDS,
@@ -245,20 +246,25 @@ class ElasticSupervisor:
             return self._connect_store()
         if plan.serves:
             cluster = make_cluster(1, [p.address for p in plan.initial_peers])
-            server = ConfigServer(
-                plan.config_port,
-                secret=plan.secret,
-                job_id=plan.job_id,
-                host=plan.config_host,
-                cluster=cluster,
-                elastic=True,
-                min_size=plan.min_np,
-                max_size=plan.max_np,
-                replace_crashed=plan.replace_crashed,
-                admit_window=plan.admit_window,
-            )
+
+            def make() -> ConfigServer:
+                return ConfigServer(
+                    plan.config_port,
+                    secret=plan.secret,
+                    job_id=plan.job_id,
+                    host=plan.config_host,
+                    cluster=cluster,
+                    elastic=True,
+                    min_size=plan.min_np,
+                    max_size=plan.max_np,
+                    replace_crashed=plan.replace_crashed,
+                    admit_window=plan.admit_window,
+                )
+
             try:
-                server.start()
+                server = make() if plan.config_port else start_avoiding(make, self._initial_ports_here())
+                if plan.config_port:
+                    server.start()
             except OSError as e:
                 raise LaunchError(f"cannot serve the config service on {plan.config_address}: {e}") from None
             self._server = server
@@ -354,9 +360,11 @@ class ElasticSupervisor:
                 f"job {plan.job_id} already ran to its end in {store.describe()} (every member finished); "
                 "export a new KUNGFU_JOB_ID for every run"
             )
-        server = ConfigServer(0, secret=plan.secret, job_id=plan.job_id, host=plan.self_host, jobs=jobs)
         try:
-            server.start()
+            server = start_avoiding(
+                lambda: ConfigServer(0, secret=plan.secret, job_id=plan.job_id, host=plan.self_host, jobs=jobs),
+                self._initial_ports_here(),
+            )
         except OSError as e:
             raise LaunchError(f"cannot serve this host's workers on {plan.self_host}: {e}") from None
         self._server = server
@@ -645,6 +653,10 @@ class ElasticSupervisor:
             f"no worker left on {self._plan.self_host}; waiting for {len(others)} "
             f"member{'s' if len(others) > 1 else ''} elsewhere to finish: {shown}"
         )
+
+    def _initial_ports_here(self) -> set[int]:
+        """The ports of the version-1 workers this launcher starts (its config service must not take one)."""
+        return {p.port for p in self._plan.initial_peers if self._runs_here(p.host)}
 
     def _runs_here(self, host: str) -> bool:
         """Whether this launcher starts the workers placed on ``host``."""
