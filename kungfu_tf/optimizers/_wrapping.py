@@ -26,6 +26,8 @@ from typing import Any
 
 import keras
 
+from kungfu_tf.optimizers.weight_decay_exclusion import copy_exclusions
+
 # For require_keras's message, by the wrappers that also take v1 optimizers.
 V1_TOO = " or a tf.compat.v1.train.Optimizer"
 
@@ -93,6 +95,7 @@ def wrap_keras(
         },
     )
     wrapped = cls.from_config(opt.get_config())
+    copy_exclusions(opt, wrapped)  # not in the config; needed before build
     if opt.built:
         # from_config starts from scratch; carry over slots and the iteration
         # count of an optimizer that has already trained.
