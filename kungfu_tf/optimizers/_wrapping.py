@@ -94,8 +94,7 @@ def wrap_keras(
             **attrs,
         },
     )
-    wrapped = cls.from_config(opt.get_config())
-    copy_exclusions(opt, wrapped)  # not in the config; needed before build
+    wrapped = _copy(opt, cls)
     if opt.built:
         # from_config starts from scratch; carry over slots and the iteration
         # count of an optimizer that has already trained.
@@ -103,3 +102,33 @@ def wrap_keras(
         for mine, theirs in zip(wrapped.variables, opt.variables):
             mine.assign(theirs)
     return wrapped
+
+
+def _copy(opt: keras.optimizers.Optimizer, cls: type) -> Any:
+    """A ``cls`` made from ``opt``'s config (:func:`_config_for_copy`), with what the config leaves out."""
+    config = _config_for_copy(opt)
+    # LossScaleOptimizer.from_config would deserialise its inner optimizer, copied here already.
+    copy = cls(**config) if "inner_optimizer" in config else cls.from_config(config)
+    copy_exclusions(opt, copy)  # not in the config; needed before build
+    return copy
+
+
+def _config_for_copy(opt: keras.optimizers.Optimizer) -> dict[str, Any]:
+    """``opt.get_config()`` for ``from_config`` to make a copy from, with the objects it holds rather than their
+    serialised forms where ``from_config`` would have to find their classes by name.
+
+    A learning-rate schedule of the user's own (a warm-up, as BERT's) is
+    rarely registered with ``keras.saving.register_keras_serializable``:
+    ``from_config`` raised ``TypeError: Could not locate class 'Warmup'``, so
+    no wrapper could be made. The copy takes the schedule itself (shared with
+    ``opt``: a schedule is a function of the step); a ``LossScaleOptimizer``'s
+    inner optimizer is copied the same way.
+    """
+    config = opt.get_config()
+    rate = getattr(opt, "_learning_rate", None)
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        config["learning_rate"] = rate
+    inner = getattr(opt, "inner_optimizer", None)
+    if isinstance(inner, keras.optimizers.Optimizer) and "inner_optimizer" in config:
+        config["inner_optimizer"] = _copy(inner, type(inner))
+    return config
