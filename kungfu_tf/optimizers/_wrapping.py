@@ -26,6 +26,7 @@ from typing import Any
 
 import keras
 
+from kungfu_tf.optimizers.keras_build import build_as_apply_would
 from kungfu_tf.optimizers.weight_decay_exclusion import copy_exclusions
 
 # For require_keras's message, by the wrappers that also take v1 optimizers.
@@ -98,7 +99,8 @@ def wrap_keras(
     if opt.built:
         # from_config starts from scratch; carry over slots and the iteration
         # count of an optimizer that has already trained.
-        wrapped.build(opt._trainable_variables)
+        # As its apply built it (names in its scope): a joiner's warm-up step names them so.
+        build_as_apply_would(wrapped, opt._trainable_variables)
         for mine, theirs in zip(wrapped.variables, opt.variables):
             mine.assign(theirs)
     return wrapped

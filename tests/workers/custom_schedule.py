@@ -1,4 +1,4 @@
-"""Worker for test_custom_schedule.py (``kungfu-run -np 2``): a learning-rate schedule of the user's own.
+"""Worker for test_wrapper_copy.py (``kungfu-run -np 2``): a learning-rate schedule of the user's own.
 
 A warm-up schedule class the script defines, not registered with Keras's
 serialisation (as users write one for BERT), in ``SynchronousSGDOptimizer(

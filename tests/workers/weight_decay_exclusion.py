@@ -1,4 +1,4 @@
-"""Worker for test_weight_decay_exclusion.py (``kungfu-run -np 2``): AdamW's exclusions from weight decay.
+"""Worker for test_wrapper_copy.py (``kungfu-run -np 2``): AdamW's exclusions from weight decay.
 
 ``AdamW(weight_decay=0.5)`` with ``exclude_from_weight_decay`` (by variable,
 or by name), wrapped by ``SynchronousSGDOptimizer`` (AllReduce and
