@@ -136,7 +136,9 @@ def _build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TIMEOUT,
         metavar="S",
         help="runtime timeout in whole seconds (1.."
-        f"{MAX_TIMEOUT_SECONDS}), passed as KUNGFU_TIMEOUT (default {DEFAULT_TIMEOUT})",
+        f"{MAX_TIMEOUT_SECONDS}), passed as KUNGFU_TIMEOUT (default {DEFAULT_TIMEOUT}); with --config-store, "
+        "also how long a launcher waits for another host's launcher to register before its workers are "
+        "replaced",
     )
     parser.add_argument(
         "--bind-to",
