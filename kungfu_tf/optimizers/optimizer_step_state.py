@@ -11,8 +11,10 @@ alike (:func:`advance_step_state`), so it is replicated as the step counter
 is, never moved between owners, and it survives a rebuild of the optimizer on
 a new plan (:func:`rebuild_keeping_step_state`).
 
-Variables made without a reference that are not scalars are not step state:
-they stay unknown slots, which the slot table refuses (strategy_replan.py).
+Variables made without a reference that are not scalars, or not held by an
+attribute of the optimizer (Adafactor's placeholders of 1-D variables, kept in
+lists), are not step state: they stay unknown slots, which the slot table
+refuses (strategy_replan.py).
 
 Example (what ``SynchronousSGDOptimizer``'s wrapper does)::
 
@@ -34,8 +36,14 @@ from kungfu_tf.strategy.errors import StrategyError
 
 
 def _made_beside_slots(opt: Any, known_ids: set[int]) -> list[Any]:
+    # Held by an attribute of its own (Nadam's _u_product): Adafactor's per-variable placeholder scalars, made
+    # without a reference too but kept in lists, belong to variables (and are refused with them under PS).
+    held = {id(value) for value in vars(opt).values()}
     slot_targets = opt.__dict__.get("_kungfu_slot_targets", {})
-    return [v for v in opt.variables if id(v) not in known_ids and id(v) not in slot_targets and tuple(v.shape) == ()]
+    return [
+        v for v in opt.variables
+        if id(v) in held and id(v) not in known_ids and id(v) not in slot_targets and tuple(v.shape) == ()
+    ]  # fmt: skip
 
 
 def mark_step_state(opt: Any) -> None:
@@ -72,8 +80,7 @@ def rebuild_keeping_step_state(opt: Any, build: Callable[[], None]) -> None:
     state, and the signature that admits it, name the old one.
 
     Raises:
-        StrategyError: the new build made a different number of step-state scalars, or one that no
-            attribute of the optimizer holds.
+        StrategyError: the new build made a different number of step-state scalars.
     """
     old_ids: set[int] = opt.__dict__.get("_kungfu_step_state_ids", set())
     old = [v for v in opt.variables if id(v) in old_ids]
@@ -81,11 +88,10 @@ def rebuild_keeping_step_state(opt: Any, build: Callable[[], None]) -> None:
     build()
     new = _made_beside_slots(opt, base_fixed | old_ids)
     holders = {id(value): name for name, value in vars(opt).items() if any(value is v for v in new)}
-    if len(new) != len(old) or any(id(v) not in holders for v in new):
+    if len(new) != len(old):
         raise StrategyError(
             f"{type(opt).__name__} made {len(new)} step-state scalars (variables beside its slots) when rebuilt "
-            f"for the new plan, {len(old)} at its first build, not each held by an attribute: its state cannot "
-            "be carried over"
+            f"for the new plan, {len(old)} at its first build: its state cannot be carried over"
         )
     for before, after in zip(old, new):
         opt._untrack_variable(after)
