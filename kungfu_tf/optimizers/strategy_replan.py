@@ -29,6 +29,7 @@ Example (what a switch does, on every worker)::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -345,7 +346,10 @@ def finalize_moving_averages(opt: Any, var_list: Sequence[Any]) -> None:
     workers that own variables.
 
     Raises:
-        ValueError: a variable of ``var_list`` is not one the optimizer trains.
+        ValueError: a variable of ``var_list`` is not one the optimizer trains (before any collective: the
+            same list on every worker, as ``fit`` passes it).
+        StrategyError: on every worker, the slots cannot be gathered (an optimizer whose slots cannot move,
+            e.g. Adafactor).
     """
     plan: StrategyPlan = opt._kungfu_plan
     variables = list(opt._kungfu_model_variables)
@@ -353,13 +357,16 @@ def finalize_moving_averages(opt: Any, var_list: Sequence[Any]) -> None:
     unknown = [getattr(v, "path", v.name) for v in var_list if id(v) not in index]
     if unknown:
         raise ValueError(f"finalize_variable_values: {unknown} are not variables this optimizer trains")
-    kind = -1
-    if plan.targets:
-        table = slot_table(opt, opt._kungfu_fixed_variable_ids, plan.targets)
-        first = opt._model_variables_moving_average[opt._get_variable_index(plan.targets[0])]
-        kind = next(k for k, row in enumerate(table) if row[0] is first)
-    agreed = collective.all_reduce(tf.constant([kind], tf.int32), op="max", name=f"{plan.name}/finalize_ema/kind")
+    targets = plan.targets or None
+    kind = -1  # which slot kind holds the averages: known where this worker owns something
+    if targets:
+        with contextlib.suppress(StrategyError):  # raised on every worker by the agreement below
+            table = slot_table(opt, opt._kungfu_fixed_variable_ids, targets)
+            first = opt._model_variables_moving_average[opt._get_variable_index(targets[0])]
+            kind = next((k for k, row in enumerate(table) if row[0] is first), -1)
+    _, _, [known] = agreed_slot_table(opt, targets, f"{plan.name}/finalize_ema/kinds", [kind + 1])
+    if not known:
+        raise StrategyError(f"{type(opt).__name__}: no worker found the moving averages among its optimizer slots")
     _, full = gather_slots(opt, plan, contributes=True, first=plan.rank == 0, prefix=f"{plan.name}/finalize_ema")
-    kind = int(agreed.numpy()[0])
     for v in var_list:
-        v.assign(full[kind][index[id(v)]])
+        v.assign(full[known - 1][index[id(v)]])

@@ -9,7 +9,8 @@ shape mismatch on one rank and gave the other rank another variable's
 average. Both ranks' final weights must equal one process's ``fit`` with the
 same optimizer on the union batches (each step: both ranks' batches).
 
-Usage: ``ema_fit.py STRATEGY [OVERWRITE_EVERY]``. Ends with "checked N results".
+Usage: ``ema_fit.py STRATEGY [OVERWRITE_EVERY]`` or ``ema_fit.py refused`` (Adafactor,
+whose slots cannot be gathered: refused on every rank). Ends with "checked N results".
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from _setup import Checker, env_rank, np
 
 from kungfu_tf.optimizers import SynchronousSGDOptimizer
 from kungfu_tf.strategy import builders
+from kungfu_tf.strategy.errors import StrategyError
 
 BATCH, STEPS = 8, 6
 
@@ -43,7 +45,27 @@ def sgd(overwrite_every: int | None) -> keras.optimizers.Optimizer:
                                 ema_overwrite_frequency=overwrite_every)  # fmt: skip
 
 
+def refused() -> None:
+    """Adafactor (slots that cannot move) with use_ema under PSLoadBalancing: fit trains, and its end raises
+    the same StrategyError on both ranks. Before, the rank that owned variables raised in finalize while the
+    other waited in a collective for ever."""
+    check = Checker(env_rank())
+    net = model()
+    opt = keras.optimizers.Adafactor(0.01, epsilon_1=1e-8, use_ema=True)
+    net.compile(optimizer=SynchronousSGDOptimizer(opt, strategy="PSLoadBalancing"),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+    x, y = data(env_rank())
+    try:
+        net.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        check.true(False, "fit's end refuses Adafactor's averages")
+    except StrategyError as e:
+        check.true("cannot move the optimizer slots of Adafactor" in str(e), str(e))
+    check.done()
+
+
 def main() -> None:
+    if sys.argv[1] == "refused":
+        return refused()
     strategy = sys.argv[1]
     overwrite_every = int(sys.argv[2]) if len(sys.argv) > 2 else None
     rank = env_rank()
