@@ -18,16 +18,31 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.kernels.gradient_clip import GradientClip
 
 
 def norm_clip_of(opt: Any) -> GradientClip | None:
-    """The clipping by norm ``opt`` was made with (Keras allows one of clipnorm, clipvalue, global_clipnorm)."""
+    """The clipping by norm ``opt`` was made with (Keras allows one of clipnorm, clipvalue, global_clipnorm),
+    for the plan to do.
+
+    Raises:
+        StrategyError: with ``gradient_accumulation_steps`` (Keras clips the accumulated mean on the steps
+            that update, which the plan, clipping each step's gradients, cannot): the same on every worker.
+    """
+    clip = None
     if opt.clipnorm and opt.clipnorm > 0:
-        return GradientClip("norm", float(opt.clipnorm))
-    if opt.global_clipnorm and opt.global_clipnorm > 0:
-        return GradientClip("global", float(opt.global_clipnorm))
-    return None
+        clip = GradientClip("norm", float(opt.clipnorm))
+    elif opt.global_clipnorm and opt.global_clipnorm > 0:
+        clip = GradientClip("global", float(opt.global_clipnorm))
+    if clip is not None and opt.gradient_accumulation_steps:
+        raise StrategyError(
+            f"{type(opt).__name__}: clipping by norm ({clip.kind} {clip.value}) with gradient_accumulation_steps="
+            f"{opt.gradient_accumulation_steps} under parameter servers is not supported: Keras clips the "
+            "accumulated mean, whose norm no worker holds; use clipvalue, an all-reduce strategy, or no "
+            "accumulation"
+        )
+    return clip
 
 
 @contextlib.contextmanager

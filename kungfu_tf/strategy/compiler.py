@@ -52,7 +52,7 @@ from kungfu_tf.strategy.format import canonical_bytes
 from kungfu_tf.strategy.kernels import ps_stale, ps_sync
 from kungfu_tf.strategy.kernels.all_reduce_sync import GroupedAllReduce
 from kungfu_tf.strategy.kernels.compressor import Compressor
-from kungfu_tf.strategy.kernels.gradient_clip import GradientClip, squared_norms
+from kungfu_tf.strategy.kernels.gradient_clip import GradientClip
 from kungfu_tf.strategy.kernels.partitioner import slice_value, split_gradient, stitch
 from kungfu_tf.strategy.resolved_node import ResolvedNode
 from kungfu_tf.strategy.validation import effective_nodes
@@ -427,8 +427,8 @@ class StrategyPlan:
         partial_norms = None
         if clip is not None and not self.replicated:
             counted_grads = [g for g, c in zip(apply_grads, counted) if c]
-            partial_norms = squared_norms(counted_grads, [vi for vi, c in zip(apply_owner, counted) if c],
-                                          len(self._plans))  # fmt: skip
+            partial_norms = clip.squared_norms(counted_grads, [vi for vi, c in zip(apply_owner, counted) if c],
+                                               len(self._plans))  # fmt: skip
         completed, total_norms = self._completed_everywhere(synced, must_run, prefix, partial_norms)
         if partial_norms is not None:
             assert clip is not None

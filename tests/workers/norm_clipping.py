@@ -13,6 +13,7 @@ partitioned variable): the bias left one process's by 0.05, the kernel by
   in a ``tf.function`` and eagerly;
 * clipnorm, PartitionedPS (the kernel cut in two shards, one per rank);
 * global_clipnorm, AllReduce (Keras clips as in one process: the control);
+* global_clipnorm, the kernel all-reduced and the bias on rank 0 (a mixed plan);
 * global_clipnorm with a stale parameter server (staleness 1): refused on every
   rank with the same StrategyError before anything is sent.
 
@@ -26,7 +27,10 @@ from _setup import Checker, env_rank, np, tf
 
 from kungfu_tf.optimizers import SynchronousSGDOptimizer
 from kungfu_tf.strategy import builders
+from kungfu_tf.strategy.builders import build
+from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.errors import StrategyError
+from kungfu_tf.strategy.variable_info import describe_variables
 
 SHAPES = [(64, 16), (16,)]
 STEPS = 3
@@ -46,7 +50,17 @@ CASES = [
     ("global-ps-eager", {"global_clipnorm": 0.5}, lambda: "PSLoadBalancing", False),
     ("norm-partitioned", {"clipnorm": 0.5}, lambda: builders.PartitionedPS(min_partition_bytes=64), True),
     ("global-all-reduce", {"global_clipnorm": 0.5}, lambda: "AllReduce", True),
+    ("global-mixed", {"global_clipnorm": 0.5}, lambda: mixed(), True),
 ]
+
+
+def mixed():
+    """The kernel all-reduced, the bias on rank 0: every rank holds the kernel's average (its norm counted
+    once, by rank 0), only rank 0 the bias's."""
+    variables = describe_variables(start())
+    strategy = build("AllReduce", variables, ClusterSpec(2))
+    strategy.node_config[1].CopyFrom(build("PS", variables, ClusterSpec(2)).node_config[1])
+    return strategy
 
 
 def stepper(opt: keras.optimizers.Optimizer, variables: list[keras.Variable], traced: bool):

@@ -16,7 +16,7 @@ Example:
     >>> import tensorflow as tf
     >>> clip = GradientClip("global", 1.0)
     >>> g = [tf.constant([3.0, 4.0])]  # joint norm 5
-    >>> [t.numpy().tolist() for t in clip.apply(g, [0], squared_norms(g, [0], 1))]
+    >>> [t.numpy().tolist() for t in clip.apply(g, [0], clip.squared_norms(g, [0], 1))]
     [[0.6000000238418579, 0.800000011920929]]
 """
 
@@ -30,23 +30,10 @@ import tensorflow as tf
 
 
 def squared_norm(g: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
-    """The squared L2 norm of ``g`` as a float32 scalar; a sparse gradient's rows of one index summed first
-    (the dense gradient's norm, as Keras has it)."""
-    if isinstance(g, tf.IndexedSlices):
-        rows, position = tf.unique(g.indices)
-        values = tf.math.unsorted_segment_sum(g.values, position, tf.shape(rows)[0])
-    else:
-        values = g
+    """The squared L2 norm of ``g`` as a float32 scalar; of a sparse gradient's rows as they are (two rows
+    of one index count apart, not summed first), as Keras measures it for both kinds of clipping."""
+    values = g.values if isinstance(g, tf.IndexedSlices) else g
     return tf.reduce_sum(tf.square(tf.cast(values, tf.float32)))
-
-
-def squared_norms(grads: Sequence[Any], variable_of: Sequence[int], variables: int) -> tf.Tensor:
-    """Per model variable, the sum of the squared norms of ``grads`` (``variable_of[i]``: the model variable
-    of ``grads[i]``); a float32 vector of length ``variables``, zero for those with none here."""
-    per_variable: list[Any] = [tf.constant(0.0)] * variables
-    for g, vi in zip(grads, variable_of):
-        per_variable[vi] = per_variable[vi] + squared_norm(g)
-    return tf.stack(per_variable)
 
 
 def _map(g: tf.Tensor | tf.IndexedSlices, fn: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor | tf.IndexedSlices:
@@ -57,10 +44,27 @@ def _map(g: tf.Tensor | tf.IndexedSlices, fn: Callable[[tf.Tensor], tf.Tensor]) 
 
 @dataclass(frozen=True)
 class GradientClip:
-    """Keras's ``clipnorm`` (``kind="norm"``) or ``global_clipnorm`` (``kind="global"``) of ``value``."""
+    """Keras's ``clipnorm`` (``kind="norm"``) or ``global_clipnorm`` (``kind="global"``) of ``value``.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> clip = GradientClip("norm", 1.0)
+        >>> grads = [tf.constant([3.0, 4.0]), tf.constant([0.3, 0.4])]  # norms 5 and 0.5
+        >>> clipped = clip.apply(grads, [0, 1], clip.squared_norms(grads, [0, 1], 2))
+        >>> [[round(float(x), 2) for x in g] for g in clipped]
+        [[0.6, 0.8], [0.3, 0.4]]
+    """
 
     kind: Literal["norm", "global"]
     value: float
+
+    def squared_norms(self, grads: Sequence[Any], variable_of: Sequence[int], variables: int) -> tf.Tensor:
+        """Per model variable, the sum of the squared norms of ``grads`` (``variable_of[i]``: the model variable
+        of ``grads[i]``); a float32 vector of length ``variables``, zero for those with none here."""
+        per_variable: list[Any] = [tf.constant(0.0)] * variables
+        for g, vi in zip(grads, variable_of):
+            per_variable[vi] = per_variable[vi] + squared_norm(g)
+        return tf.stack(per_variable)
 
     def apply(self, grads: Sequence[Any], variable_of: Sequence[int], total: tf.Tensor) -> list[Any]:
         """``grads`` clipped, given ``total``: every model variable's squared norm over all workers."""
@@ -72,9 +76,11 @@ class GradientClip:
             return [_map(g, lambda v: v * tf.cast(scale, v.dtype)) for g in grads]
         out = []
         for g, vi in zip(grads, variable_of):
-            # As Keras's Optimizer._clip_by_norm: a zero gradient stays zero, a NaN one stays NaN.
+            # As tf.clip_by_norm (Keras's TF backend): a zero gradient stays zero, a NaN one NaN. The scale in
+            # float32: a float16 norm beyond 65504 would be inf and zero the gradient.
             l2sum = total[vi]
             positive = l2sum > 0
-            l2norm = tf.maximum(tf.where(positive, tf.sqrt(tf.where(positive, l2sum, 1.0)), l2sum), c)
-            out.append(_map(g, lambda v, m=l2norm: v * tf.cast(c, v.dtype) / tf.cast(m, v.dtype)))
+            l2norm = tf.where(positive, tf.sqrt(tf.where(positive, l2sum, 1.0)), l2sum)
+            scale = c / tf.maximum(l2norm, c)
+            out.append(_map(g, lambda v, s=scale: v * tf.cast(s, v.dtype)))
         return out
