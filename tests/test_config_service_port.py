@@ -10,6 +10,9 @@ and the job lost a worker before its first step
 
 from __future__ import annotations
 
+import contextlib
+import socket
+
 import pytest
 
 from kungfu_tf.proto import config_pb2
@@ -17,44 +20,54 @@ from kungfu_tf.run.control.config_server import ConfigServer
 from kungfu_tf.run.launch.config_service_port import start_avoiding
 
 
-class FakeService:
-    """Takes the next of ``picks`` as the kernel's choice when started."""
+def maker(ports: list[int], admit_window: float = 0.0):
+    """ConfigServers that get ``ports`` in turn, as if the kernel had chosen them for port 0."""
+    made: list[ConfigServer] = []
 
-    def __init__(self, picks: list[int], log: list[str]) -> None:
-        self.picks, self.log, self.port = picks, log, 0
+    def make() -> ConfigServer:
+        made.append(ConfigServer(ports.pop(0), secret="s" * 32, job_id="port-test", host="127.0.0.1",
+                                 cluster=config_pb2.Cluster(version=1), elastic=True, admit_window=admit_window))  # fmt: skip
+        return made[-1]
 
-    def start(self) -> None:
-        self.port = self.picks.pop(0)
-        self.log.append(f"start {self.port}")
-
-    def stop(self, grace: float | None = None) -> None:
-        self.log.append(f"stop {self.port}")
+    return make, made
 
 
-def test_a_service_on_a_workers_port_is_stopped_and_started_again():
-    picks, log = [41823, 41824, 50000], []
-    service = start_avoiding(lambda: FakeService(picks, log), taken={41823, 41824})
-    assert service.port == 50000
-    assert log == ["start 41823", "stop 41823", "start 41824", "stop 41824", "start 50000"]
+def free_ports(n: int) -> list[int]:
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+def test_a_service_on_a_workers_port_is_refused_and_another_started():
+    workers, other = free_ports(2)
+    make, made = maker([workers, other])
+    service = start_avoiding(make, taken={workers})
+    try:
+        assert len(made) == 2 and service is made[1] and service.port == other
+        with socket.socket() as s:  # the refused one let its port go: the worker can listen there
+            s.bind(("127.0.0.1", workers))
+            s.listen()
+    finally:
+        service.stop(0)
+
+
+def test_the_admission_timer_of_a_shared_job_state_survives_a_refused_start():
+    # --config-store: the retries share one job state; a refused start must not have started its admission
+    # timer (stopping a started one ends the shared state's timer for good).
+    workers, other = free_ports(2)
+    make, made = maker([workers, other], admit_window=5.0)
+    service = start_avoiding(make, taken={workers})
+    try:
+        assert made[0]._admission_timer is None
+        assert service._admission_timer is not None and service._admission_timer.is_alive()
+    finally:
+        service.stop(0)
 
 
 def test_a_kernel_that_keeps_choosing_workers_ports_is_an_error_naming_them():
-    log: list[str] = []
-    with pytest.raises(OSError, match=r"every one of 3 ports the kernel chose was one given to a worker \(\[7\]\)"):
-        start_avoiding(lambda: FakeService([7, 7, 7], log), taken={7}, attempts=3)
-    assert log.count("stop 7") == 3  # nothing left listening
-
-
-def test_the_real_service_avoids_the_port_it_was_first_given():
-    def make() -> ConfigServer:
-        return ConfigServer(0, secret="s" * 32, job_id="port-test", host="127.0.0.1",
-                            cluster=config_pb2.Cluster(version=1), elastic=True)  # fmt: skip
-
-    first = make().start()
-    taken = first.port
-    first.stop(0)
-    service = start_avoiding(make, taken={taken})
-    try:
-        assert service.port not in (0, taken)
-    finally:
-        service.stop(0)
+    workers = free_ports(1)[0]
+    make, _ = maker([workers] * 3)
+    with pytest.raises(OSError, match=rf"every one of 3 ports the kernel chose was one given to a worker \(\[{workers}\]\)"):
+        start_avoiding(make, taken={workers}, attempts=3)

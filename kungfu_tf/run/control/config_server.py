@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from concurrent import futures
 from typing import NoReturn, Self
 
@@ -308,6 +308,10 @@ class _ChallengeResponseAuth(grpc.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(guarded)
 
 
+class PortAvoidedError(OSError):
+    """``ConfigServer.start(avoid=...)``: the kernel picked one of the ports to avoid."""
+
+
 class ConfigServer:
     """Thread-safe in-memory ConfigService.
 
@@ -402,7 +406,15 @@ class ConfigServer:
             host = f"[{host}]"  # IPv6 literal
         return f"{host}:{self.port}"
 
-    def start(self) -> Self:
+    def start(self, avoid: Collection[int] = ()) -> Self:
+        """Binds and serves (and runs the admission timer).
+
+        ``avoid``: ports this server must not serve on (the launcher's
+        workers' ports, when the kernel picks one for port 0): the server
+        stops at once, releasing the port, and raises
+        :class:`PortAvoidedError` before its admission timer starts; a
+        fresh ConfigServer may try again.
+        """
         if self._server is not None:
             raise RuntimeError("ConfigServer already started")
         server = grpc.server(
@@ -420,8 +432,13 @@ class ConfigServer:
             raise OSError(f"ConfigServer: cannot listen on {bind}: {e}") from e
         if port == 0:
             raise OSError(f"ConfigServer: cannot listen on {bind}")
-        self.port = port
         server.start()
+        if port in avoid:
+            # Before the admission timer, which a shared job state (--config-store) could not restart; a
+            # started gRPC server's stop lets the port go (a bound, unstarted one kept it).
+            server.stop(None).wait()
+            raise PortAvoidedError(f"ConfigServer: the kernel gave port {port}, one to avoid")
+        self.port = port
         self._server = server
         if self._jobs.admit_window > 0:
             self._admission_timer = threading.Thread(

@@ -4,48 +4,36 @@ Without ``--port-range`` the launcher picks its workers' ports by letting
 the kernel choose free ones (plan/ports.py ``find_free_ports``), releases
 them, and only then starts the config service on port 0: the kernel may hand
 it one of those ports, and that worker then fails to listen ("Address already
-in use": a worker lost before the first step). The service is started again
-on another port when that happens.
+in use": a worker lost before the first step). A fresh service is started
+when that happens; the refused one never served or started its timers
+(``ConfigServer.start(avoid=...)``), so a job state shared between them (the
+``--config-store`` one) is untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import Protocol, TypeVar
+
+from kungfu_tf.run.control.config_server import ConfigServer, PortAvoidedError
 
 # Each kernel pick is almost never one of a few planned ports: a few tries suffice.
 ATTEMPTS = 8
 
 
-class _Service(Protocol):
-    port: int
+def start_avoiding(make: Callable[[], ConfigServer], taken: Collection[int], attempts: int = ATTEMPTS) -> ConfigServer:
+    """``make()`` (a ConfigServer on port 0) started on a port not in ``taken``.
 
-    def start(self) -> object: ...
+    Example::
 
-    def stop(self, grace: float | None = None) -> None: ...
-
-
-S = TypeVar("S", bound=_Service)
-
-
-def start_avoiding(make: Callable[[], S], taken: Collection[int], attempts: int = ATTEMPTS) -> S:
-    """``make()`` started on a port not in ``taken`` (for services that bind port 0).
-
-    Example:
-        >>> class Fake:
-        ...     picks = iter([5001, 5002])
-        ...     def start(self): self.port = next(Fake.picks)
-        ...     def stop(self, grace=None): pass
-        >>> start_avoiding(Fake, taken={5001}).port
-        5002
+        server = start_avoiding(lambda: ConfigServer(0, secret=s, job_id=j, cluster=c, elastic=True), {10001})
 
     Raises:
         OSError: from ``start``, or every try landed on a taken port.
     """
     for _ in range(attempts):
         service = make()
-        service.start()
-        if service.port not in taken:
-            return service
-        service.stop(0)
+        try:
+            return service.start(avoid=taken)
+        except PortAvoidedError:
+            continue
     raise OSError(f"every one of {attempts} ports the kernel chose was one given to a worker ({sorted(taken)})")

@@ -262,9 +262,8 @@ class ElasticSupervisor:
                 )
 
             try:
-                server = make() if plan.config_port else start_avoiding(make, self._initial_ports_here())
-                if plan.config_port:
-                    server.start()
+                # A --config-server port is the user's; one the kernel picks must not be a worker's.
+                server = make().start() if plan.config_port else start_avoiding(make, self._initial_ports_here())
             except OSError as e:
                 raise LaunchError(f"cannot serve the config service on {plan.config_address}: {e}") from None
             self._server = server
