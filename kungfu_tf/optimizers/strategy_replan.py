@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from kungfu_tf.ops import collective
 from kungfu_tf.optimizers.optimizer_step_state import rebuild_keeping_step_state
-from kungfu_tf.optimizers.weight_decay_exclusion import exclude_parts_of_excluded
+from kungfu_tf.optimizers.weight_decay_exclusion import decay_parts_as_their_variables
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import plan_generation
 from kungfu_tf.strategy.compiler import StrategyPlan
@@ -316,7 +316,7 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
     opt.built = False
     object.__setattr__(opt, "_kungfu_plan", plan)
     object.__setattr__(opt, "_kungfu_warm_up_plan", False)
-    exclude_parts_of_excluded(opt, [(variables[vi], t) for vi, _, t in plan.placements() if t is not None])
+    decay_parts_as_their_variables(opt, [(variables[vi], t) for vi, _, t in plan.placements() if t is not None])
     rebuild_keeping_step_state(opt, lambda: opt._kungfu_build_base(plan.targets))
     new_table, most, _ = agreed_slot_table(opt, plan.targets, f"{plan.name}/install_slots")
     if most and most != kinds:  # the same on every worker

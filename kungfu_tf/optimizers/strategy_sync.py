@@ -49,7 +49,7 @@ from kungfu_tf.optimizers.strategy_resize import (
     rebuild_for_cluster,
     refuse_fixed_replicas,
 )
-from kungfu_tf.optimizers.weight_decay_exclusion import exclude_parts_of_excluded
+from kungfu_tf.optimizers.weight_decay_exclusion import decay_parts_as_their_variables
 from kungfu_tf.strategy.auto.builder import Auto, is_auto
 from kungfu_tf.strategy.cluster_spec import ClusterSpec
 from kungfu_tf.strategy.compiler import StrategyPlan
@@ -99,7 +99,7 @@ def wrap_keras_with_strategy(opt: keras.optimizers.Optimizer, source: StrategySo
                 # Bypass Keras' attribute tracking: the plan is not a layer or variable.
                 object.__setattr__(self, "_kungfu_plan", plan)
                 object.__setattr__(self, "_kungfu_model_variables", var_list)
-                exclude_parts_of_excluded(self, [(var_list[vi], t) for vi, _, t in plan.placements() if t is not None])
+                decay_parts_as_their_variables(self, [(var_list[vi], t) for vi, _, t in plan.placements() if t is not None])
                 # A joiner's warm-up plan (a cluster of one) held no state of the job's.
                 object.__setattr__(self, "_kungfu_warm_up_plan", em.is_elastic() and em.is_joiner())
                 # What exists before the slots (iterations, learning rate): the same on every rank.

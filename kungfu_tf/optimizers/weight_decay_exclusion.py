@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import keras
+
 
 def copy_exclusions(source: Any, copy: Any) -> None:
     """``copy`` (rebuilt from ``source``'s config) excludes from weight decay what ``source`` excludes."""
@@ -31,14 +33,15 @@ def copy_exclusions(source: Any, copy: Any) -> None:
     copy._exclude_from_weight_decay_cache = {}
 
 
-def exclude_parts_of_excluded(opt: Any, parts: Iterable[tuple[Any, Any]]) -> None:
-    """For each ``(model variable, variable standing for a part of it)``: the part is excluded from weight
-    decay where the model variable is excluded by variable (an exclusion by name matches the part's name,
-    which is made from the variable's)."""
-    excluded = getattr(opt, "_exclude_from_weight_decay", None)
-    if not excluded:
+def decay_parts_as_their_variables(opt: Any, parts: Iterable[tuple[Any, Any]]) -> None:
+    """For each ``(model variable, variable standing for a part of it)``: the part is decayed exactly where its
+    model variable is, by variable and by name alike. A shard's own name (``kernel_part_0_shard``, made from
+    the variable's path) would answer a name pattern otherwise: ``shard`` or a layer's name would exclude
+    shards of variables that one process decays."""
+    if not hasattr(opt, "_use_weight_decay"):
         return
     for variable, part in parts:
-        if part is not variable and opt._var_key(variable) in excluded:
-            excluded.add(opt._var_key(part))
-    opt._exclude_from_weight_decay_cache = {}
+        if part is not variable:
+            # Asked as Keras's TF backend asks in apply: of the tf.Variable (its name ends in ":0").
+            inner = variable.value if isinstance(variable, keras.Variable) else variable
+            opt._exclude_from_weight_decay_cache[opt._var_key(part)] = opt._use_weight_decay(inner)

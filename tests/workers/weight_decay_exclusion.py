@@ -1,7 +1,7 @@
 """Worker for test_wrapper_copy.py (``kungfu-run -np 2``): AdamW's exclusions from weight decay.
 
 ``AdamW(weight_decay=0.5)`` with ``exclude_from_weight_decay`` (by variable,
-or by name), wrapped by ``SynchronousSGDOptimizer`` (AllReduce and
+by name, and by a pattern that only a shard's name matches), wrapped by ``SynchronousSGDOptimizer`` (AllReduce and
 PartitionedPS, whose 64x16 kernel is cut in one shard per rank). The
 exclusions are not in the optimizer's config: the wrapper, rebuilt from it,
 decayed every variable, and a shard is a variable of its own that an
@@ -38,6 +38,8 @@ def adamw(variables: list[keras.Variable], exclude: str) -> keras.optimizers.Opt
         return opt
     if exclude == "kernel-by-variable":
         opt.exclude_from_weight_decay(var_list=[variables[0]])
+    elif exclude == "only-shard-names":  # matches the shards' names alone: nothing excluded, as in one process
+        opt.exclude_from_weight_decay(var_names=["shard"])
     else:
         opt.exclude_from_weight_decay(var_names=["bias"])
     return opt
@@ -56,6 +58,7 @@ CASES = [
     ("AllReduce", "bias-by-name"),
     ("PartitionedPS", "kernel-by-variable"),
     ("PartitionedPS", "bias-by-name"),
+    ("PartitionedPS", "only-shard-names"),
 ]
 
 
@@ -77,10 +80,12 @@ def main() -> None:
             decayed.apply(mean, decayed_vars)
         for got, want, other in zip(variables, reference_vars, decayed_vars):
             check.close(got.numpy(), want.numpy(), 1e-6, f"{strategy}, {exclude}: {got.name}")
-        # The exclusion matters: with every variable decayed the excluded one ends elsewhere.
-        excluded = 0 if exclude == "kernel-by-variable" else 1
-        check.true(not np.allclose(reference_vars[excluded].numpy(), decayed_vars[excluded].numpy(), atol=1e-4),
-                   f"{exclude}: the exclusion changes the reference")  # fmt: skip
+        # The exclusion matters: with every variable decayed the excluded one ends elsewhere (and with a pattern
+        # that names no variable, nowhere).
+        excluded = {"kernel-by-variable": 0, "bias-by-name": 1}.get(exclude)
+        for i, (want, other) in enumerate(zip(reference_vars, decayed_vars)):
+            differs = not np.allclose(want.numpy(), other.numpy(), atol=1e-4)
+            check.true(differs == (i == excluded), f"{exclude}: variable {i} excluded in one process: {differs}")
     check.done()
 
 
