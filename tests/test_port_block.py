@@ -20,7 +20,8 @@ HOSTS = ("127.0.0.1", "127.0.0.2")
 
 def test_a_block_is_below_the_ephemeral_range_and_binds_on_every_host():
     first = free_port_block(41, hosts=HOSTS)
-    assert port_block.LOWEST_PORT <= first and first + 41 <= ephemeral_range()[0]
+    if ephemeral_range()[0] - 41 > port_block.LOWEST_PORT:  # else any free block (the test below)
+        assert port_block.LOWEST_PORT <= first and first + 41 <= ephemeral_range()[0]
     for host in HOSTS:
         listeners = []
         try:
