@@ -11,7 +11,8 @@ optimizer rebuilt from its config. Three things were lost on the way:
 * a learning-rate schedule class of the user's own, not registered with
   Keras's serialisation (a warm-up): ``from_config`` raised ``Could not locate
   class``, so no wrapper could be made (tests/workers/custom_schedule.py, np=2
-  ``fit``, against one process);
+  ``fit``, against one process); a schedule without ``get_config`` and a
+  callable rate (a lambda) raised too;
 * the names of an already-built optimizer's slots: rebuilt outside its name
   scope, Adafactor's slots of a bias lost their ``adafactor/`` prefix, which a
   joiner whose first step built them has (an elastic job's signature compares
@@ -74,6 +75,25 @@ def test_every_wrapper_takes_a_schedule_keras_cannot_find_by_name(wrap):
     assert opt._learning_rate is schedule
     opt.iterations.assign(1)
     assert float(opt.learning_rate) == pytest.approx(0.25)
+
+
+class Constant(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule without get_config: serialising it raises NotImplementedError."""
+
+    def __call__(self, step):
+        return 0.125
+
+
+@pytest.mark.parametrize("rate", [Constant(), lambda: 0.125], ids=["schedule-without-config", "lambda"])
+@pytest.mark.parametrize("wrap", [*WRAPPERS.values(), lambda opt: SynchronousSGDOptimizer(
+    keras.optimizers.LossScaleOptimizer(opt)).inner_optimizer], ids=[*WRAPPERS.keys(), "inside-loss-scale"])
+def test_rates_keras_cannot_serialise_are_taken_as_they_are(wrap, rate):
+    # Both raised when the wrapper was made: the schedule in get_config, the lambda in from_config (safe_mode),
+    # or in get_config where its source cannot be read.
+    inner = keras.optimizers.SGD(rate)
+    opt = wrap(inner)
+    assert opt._learning_rate is rate and float(opt.learning_rate) == 0.125
+    assert inner._learning_rate is rate  # the user's optimizer is left as it was
 
 
 def test_workers_fit_with_the_schedule_as_one_process():

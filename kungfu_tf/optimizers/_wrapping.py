@@ -21,7 +21,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -122,15 +123,41 @@ def _config_for_copy(opt: keras.optimizers.Optimizer) -> dict[str, Any]:
     A learning-rate schedule of the user's own (a warm-up, as BERT's) is
     rarely registered with ``keras.saving.register_keras_serializable``:
     ``from_config`` raised ``TypeError: Could not locate class 'Warmup'``, so
-    no wrapper could be made. The copy takes the schedule itself (shared with
-    ``opt``: a schedule is a function of the step); a ``LossScaleOptimizer``'s
+    no wrapper could be made; a callable rate (``SGD(lambda: 0.1)``) was
+    refused as a lambda. The copy takes the schedule or callable itself
+    (shared with ``opt``: a function of the step); a ``LossScaleOptimizer``'s
     inner optimizer is copied the same way.
     """
-    config = opt.get_config()
     rate = getattr(opt, "_learning_rate", None)
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+    with _rates_left_out(opt):
+        config = opt.get_config()
+    if _kept_as_object(rate):
         config["learning_rate"] = rate
     inner = getattr(opt, "inner_optimizer", None)
     if isinstance(inner, keras.optimizers.Optimizer) and "inner_optimizer" in config:
         config["inner_optimizer"] = _copy(inner, type(inner))
     return config
+
+
+def _kept_as_object(rate: Any) -> bool:
+    return isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or (
+        callable(rate) and not isinstance(rate, keras.Variable)
+    )
+
+
+@contextlib.contextmanager
+def _rates_left_out(opt: Any) -> Iterator[None]:
+    """``opt``'s (and its inner optimizers') schedule or callable rate out of the way of ``get_config``, which
+    would serialise it: a schedule without ``get_config`` or a lambda whose source cannot be read raise there."""
+    swapped = []
+    while isinstance(opt, keras.optimizers.Optimizer):
+        rate = getattr(opt, "_learning_rate", None)
+        if _kept_as_object(rate):
+            object.__setattr__(opt, "_learning_rate", 0.0)
+            swapped.append((opt, rate))
+        opt = getattr(opt, "inner_optimizer", None)
+    try:
+        yield
+    finally:
+        for o, rate in swapped:
+            object.__setattr__(o, "_learning_rate", rate)
