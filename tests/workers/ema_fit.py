@@ -46,13 +46,13 @@ def sgd(overwrite_every: int | None) -> keras.optimizers.Optimizer:
 
 
 def refused() -> None:
-    """Adafactor (slots that cannot move) with use_ema under PSLoadBalancing: fit trains, and its end raises
-    the same StrategyError on both ranks. Before, the rank that owned variables raised in finalize while the
-    other waited in a collective for ever."""
+    """Adafactor (slots that cannot move) with use_ema under PS: fit trains, and its end raises the same
+    StrategyError on both ranks. Before, rank 0 (it owns every variable) raised in finalize while rank 1 (it
+    owns none) waited in a collective for ever."""
     check = Checker(env_rank())
     net = model()
     opt = keras.optimizers.Adafactor(0.01, epsilon_1=1e-8, use_ema=True)
-    net.compile(optimizer=SynchronousSGDOptimizer(opt, strategy="PSLoadBalancing"),
+    net.compile(optimizer=SynchronousSGDOptimizer(opt, strategy="PS"),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
     x, y = data(env_rank())
     try:
