@@ -17,12 +17,13 @@ the data position:
 * ``--api v1``: a ``tf.compat.v1`` graph under ``MonitoredSession`` with
   ``ElasticSessionCreator`` and ``ElasticHook`` (the hook feeds each step).
 
-``--optimizer momentum|adam|nadam|lossscale`` trains with a Keras optimizer that builds its
+``--optimizer momentum|adam|nadam|lossscale|adafactor|muon`` trains with a Keras optimizer that builds its
 slots in its first step, as users write it (``lossscale``: Keras's ``LossScaleOptimizer``
 around SGD with momentum, whose loss scale and counter are variables of its own; the
 step scales the loss, as ``fit`` does; ``nadam``: Keras's Nadam, whose ``u_product`` is one
 scalar for all variables, advanced every step; ``adafactor``: Keras's Adafactor, whose factored
-slots do not have the variables' shapes); ``--state-form`` picks how the
+slots do not have the variables' shapes; ``muon``: Keras's Muon, one slot for matrices and two
+for the rest); ``--state-form`` picks how the
 ``ElasticState`` is given the variables (``model``: ``ElasticState(model=,
 optimizer=)``, the README's; ``callable``; ``list``).
 
@@ -85,7 +86,7 @@ from kungfu_tf.optimizers.strategy_replan import gather_slots, slot_table
 from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
-OPTIMIZERS = ("sgd", "momentum", "adam", "nadam", "lossscale", "adafactor")
+OPTIMIZERS = ("sgd", "momentum", "adam", "nadam", "lossscale", "adafactor", "muon")
 # --optimizer lossscale: the loss scale doubles every this many finite steps (Keras's default, 2000, would
 # leave it unchanged in a short run: its own variables must change to show that they travel with the state).
 LOSS_SCALE_GROWTH_STEPS = 3
@@ -149,10 +150,13 @@ def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
         # Beside its slots, one scalar for all variables (u_product, advanced every step): step state.
         return keras.optimizers.Nadam(lr)
     if name == "adafactor":
-        # Factored slots, not of the variables' shapes: they cannot follow a parameter server's variables to new
-        # owners. epsilon_1: with Keras's 1e-30 the factored second moment of a weight whose gradient is always 0
+        # Factored slots, not of the variables' shapes (a matrix's row and column sums; int32 placeholders for a
+        # bias). epsilon_1: with Keras's 1e-30 the factored second moment of a weight whose gradient is always 0
         # (the digits' blank pixels) underflows to 0 in float32, and 0 / sqrt(0) makes every weight NaN.
         return keras.optimizers.Adafactor(lr, epsilon_1=1e-8)
+    if name == "muon":
+        # One slot for matrices (Newton-Schulz orthogonalised momentum), two for the rest (Adam's).
+        return keras.optimizers.Muon(lr)
     if name == "lossscale":
         inner = keras.optimizers.SGD(lr, momentum=0.9)
         return keras.mixed_precision.LossScaleOptimizer(inner, dynamic_growth_steps=LOSS_SCALE_GROWTH_STEPS)
@@ -302,12 +306,13 @@ class Recorder:
         self.write(event="policy", step=step, rank=rank, size=size, state=state, t=time.time())
 
     def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool, api: str,
-            slots: list[list[np.ndarray]] | None = None) -> None:  # fmt: skip
+            slots: list[list[np.ndarray | None]] | None = None) -> None:  # fmt: skip
         """The end: digests of what this worker holds; the weights (and ``slots[kind][variable]``) as .npz files."""
         flat = b"".join(np.ascontiguousarray(w, np.float32).tobytes() for w in weights)
         held: dict[str, Any] = {}
         if slots is not None:
-            held["slots_sha256"] = hashlib.sha256(b"".join(s.tobytes() for kind in slots for s in kind)).hexdigest()
+            held["slots_sha256"] = hashlib.sha256(b"".join(s.tobytes() for kind in slots for s in kind
+                                                           if s is not None)).hexdigest()  # fmt: skip
         if api != "v1":  # a tf.compat.v1 graph's variables are read through its session
             variables = state.variables()
             held["state_sha256"] = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in variables)).hexdigest()
@@ -323,7 +328,8 @@ class Recorder:
         if self.file is not None:
             np.savez(self.stem + ".npz", *weights)
             if slots is not None:
-                np.savez(self.stem + "-slots.npz", **{f"{k}_{i}": s for k, kind in enumerate(slots) for i, s in enumerate(kind)})
+                np.savez(self.stem + "-slots.npz", **{f"{k}_{i}": s for k, kind in enumerate(slots)
+                                                      for i, s in enumerate(kind) if s is not None})  # fmt: skip
             self.file.close()
 
 
@@ -340,7 +346,7 @@ class Script:
         self.joiner = elastic.is_joiner()  # a replacement never crashes again
         self.initial_rank = kungfu_tf.rank()  # --crash-rank names a rank of the initial cluster
         self._seen: Any = None
-        self.slots: list[list[np.ndarray]] | None = None  # --record-slots: slots[kind][variable], at the end
+        self.slots: list[list[np.ndarray | None]] | None = None  # --record-slots: slots[kind][variable], at the end
         self.optimizer: Any = None  # --strategy: the SynchronousSGDOptimizer (its plan is reported at the end)
 
     def finished(self, state: elastic.ElasticState) -> bool:
@@ -378,7 +384,7 @@ def loss_fn() -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def held_slots(optimizer: keras.optimizers.Optimizer) -> list[list[np.ndarray]]:
+def held_slots(optimizer: keras.optimizers.Optimizer) -> list[list[np.ndarray | None]]:
     """``slots[kind][variable]``: this worker's own where it holds every slot (the records compare the workers),
     else gathered from the owners of the variables and shards (collective over the final workers)."""
     plan, variables = optimizer._kungfu_plan, list(optimizer._kungfu_model_variables)

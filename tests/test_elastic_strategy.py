@@ -134,16 +134,30 @@ def test_a_crashed_owners_optimizer_slots_survive_on_the_others(tmp_path, strate
     assert "left without handing over its optimizer slots" not in err, err[-3000:]
 
 
-def test_an_optimizer_whose_slots_cannot_move_is_refused_with_parameter_servers_before_it_trains(tmp_path):
-    # Keras's Adafactor makes factored slots (not of its variables' shapes, without add_variable_from_reference):
-    # they cannot follow a parameter server's variables to new owners. Before, the owners raised while building
-    # the optimizer and the others waited for them; with replicas off, every worker died at the first change
-    # (the launcher ended with 0 workers). Now every worker refuses it at its first step, with the same error.
-    args = train_args(tmp_path, "PS", "adafactor") + ["--resize-at", "12:2"]
+@pytest.mark.parametrize(("strategy", "optimizer", "crash_rank"), [("PS", "adafactor", 0), ("PSLoadBalancing", "muon", 2)])
+def test_slots_not_one_per_kind_of_the_variables_shape_follow_their_variables(tmp_path, strategy, optimizer, crash_rank):
+    # Keras's Adafactor keeps a matrix's second moment as its row and column sums (made without a reference
+    # variable, held in lists by variable index) and two int32 placeholder scalars for a bias; Muon keeps one slot
+    # for a matrix and two for a bias. Both were refused with parameter servers in an elastic job. Now a whole
+    # variable's slots move as they are: the owner (rank 0 owns everything under PS) is SIGKILLed, its slots come
+    # from the others' replicas; then a growth and a shrink move them to new owners.
+    args = train_args(tmp_path, strategy, optimizer) + ["--crash-at", 4, "--crash-rank", crash_rank, "--resize-at",
+                                                        "8:3,12:2", "--resize-wait"]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_trained_like_one_process(tmp_path, rc, out, err, [3, 2, 2, 3, 3, 2], optimizer)
+    assert "left without handing over its optimizer slots" not in err, err[-3000:]
+
+
+def test_slots_that_cannot_be_cut_into_shards_are_refused_with_a_partitioned_strategy_before_it_trains(tmp_path):
+    # Adafactor's factored slots of a shard are not a cut of its variable's: under a partitioned strategy they
+    # cannot follow the shards to new owners. Before, the owners raised while building the optimizer and the
+    # others waited for them; now every worker refuses it at its first step, with the same error.
+    args = train_args(tmp_path, written_strategy(tmp_path), "adafactor") + ["--resize-at", "12:2"]
     rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=120, extra_launcher_args=LAUNCHER)
     report = describe(rc, out, err)
     assert rc != 0, report
     assert_every_rank_said(err, 3, "Adafactor cannot train with parameter servers in an elastic job", report)
+    assert_every_rank_said(err, 3, "a partitioned variable's slots are cut from its own", report)
     steps = [r for lines in load(tmp_path / "records").values() for r in lines if r["event"] == "step"]
     assert not steps, report
 

@@ -12,16 +12,19 @@ import pytest
 from conftest import assert_job_ok, run_job
 
 
-@pytest.mark.parametrize("strategy, overwrite_every", [("PSLoadBalancing", None), ("PartitionedPS", 2),
-                                                       ("AllReduce", None)])  # fmt: skip
-def test_fit_ends_at_the_moving_averages_of_one_process(strategy, overwrite_every):
-    args = [strategy] + ([] if overwrite_every is None else [str(overwrite_every)])
+@pytest.mark.parametrize("strategy, overwrite_every, optimizer", [
+    ("PSLoadBalancing", None, "sgd"), ("PartitionedPS", 2, "sgd"), ("AllReduce", None, "sgd"),
+    ("PS", None, "adafactor")])  # fmt: skip
+def test_fit_ends_at_the_moving_averages_of_one_process(strategy, overwrite_every, optimizer):
+    # Adafactor: its averages sit among factored slots (not of their variables' shapes), which PS gathers too.
+    args = [strategy, "-" if overwrite_every is None else str(overwrite_every), optimizer]
     rc, out, err = run_job(2, "ema_fit.py", *args, timeout=180)
     assert_job_ok(rc, out, err, 2, expected_checks=8)
 
 
 def test_averages_that_cannot_be_gathered_are_refused_on_every_worker():
-    # Adafactor's slots cannot move (not of their variables' shapes): before, the rank that owned variables
-    # raised in finalize_variable_values and the other waited in a collective until the job was killed.
+    # Adafactor under PartitionedPS: a shard's factored slots are not a cut of its variable's. Before, the ranks
+    # that owned variables raised in finalize_variable_values and the others waited in a collective until the
+    # job was killed.
     rc, out, err = run_job(2, "ema_fit.py", "refused", timeout=180)
     assert_job_ok(rc, out, err, 2, expected_checks=1)

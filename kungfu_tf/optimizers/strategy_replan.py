@@ -44,10 +44,44 @@ from kungfu_tf.strategy import plan_generation
 from kungfu_tf.strategy.compiler import StrategyPlan
 from kungfu_tf.strategy.errors import StrategyError
 
-# Slot tables: slots[kind][i] is the slot of that kind for target i.
+# Slot tables: slots[kind][i] is the slot of that kind for target i, None where the target has none (Keras's
+# Muon: one slot for matrices, two for the rest).
 SlotTable = list[list[Any]]
-# Every slot of every model variable as a full array: full[kind][variable index].
-FullSlots = list[list[np.ndarray]]
+# Every slot of every model variable as a full array: full[kind][variable index] (None: the variable has no slot
+# of that kind). A partitioned variable's slots have its shape (each shard's slots are cut from them); a whole
+# variable's have their own (Adafactor's factored moments: a matrix's row and column sums).
+FullSlots = list[list[np.ndarray | None]]
+# A slot's (shape, dtype name) per kind for one variable or unit; None: no slot of that kind.
+SlotLayout = list[tuple[tuple[int, ...], str] | None]
+
+
+# Slot shapes travel as fixed-width codes (agreed_layout).
+_MAX_RANK = 8
+
+
+def _listed_targets(opt: Any, slot_ids: set[int], n: int) -> dict[int, int]:
+    """id(slot) -> target index, for slots held in the optimizer's per-variable lists.
+
+    Keras keeps each kind of slot in a list indexed by the variable's index in
+    the list it was built on (``self._r[self._get_variable_index(var)]``): the
+    slots it makes without a reference variable (Adafactor's factored moments
+    and placeholder scalars) belong to a target by their place there.
+    """
+    found: dict[int, int] = {}
+    for attr, value in vars(opt).items():
+        if attr in ("_variables", "_trainable_variables") or not isinstance(value, list) or len(value) != n:
+            continue
+        for i, item in enumerate(value):
+            if item is not None and id(item) in slot_ids and found.setdefault(id(item), i) != i:
+                raise StrategyError(
+                    f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
+                    f"{getattr(item, 'path', item.name)!r} is listed for two variables"
+                )
+    return found
+
+
+def _dtype_name(dtype: Any) -> str:
+    return tf.as_dtype(dtype).name
 
 
 def slot_table(opt: Any, fixed_ids: set[int], targets: Sequence[Any]) -> SlotTable:
@@ -55,13 +89,16 @@ def slot_table(opt: Any, fixed_ids: set[int], targets: Sequence[Any]) -> SlotTab
 
     Which target a slot belongs to was recorded when the optimizer made it
     (``_kungfu_slot_targets``: slot id -> target id, by the wrapped class's
-    ``add_variable_from_reference``): Keras makes them in no one order (SGD
-    kind by kind, Adam target by target: momentum, velocity, momentum, ...).
-    The k-th slot made for a target is of kind k.
+    ``add_variable_from_reference``), or is its place in one of the
+    optimizer's per-variable lists (:func:`_listed_targets`). Keras makes
+    slots in no one order (SGD kind by kind, Adam target by target:
+    momentum, velocity, momentum, ...). The k-th slot made for a target is of
+    kind k; targets may have different numbers of slots, of any shape, but a
+    shard's slots must have its shape (they are cut from its variable's).
 
     Raises:
-        StrategyError: a slot of no known target, or targets with different
-            numbers of slots: they cannot be moved.
+        StrategyError: a slot of no known target, or a shard's slot not of the shard's shape: they cannot be
+            moved.
     """
     slots = [v for v in opt.variables if id(v) not in fixed_ids]
     if not targets:
@@ -70,51 +107,46 @@ def slot_table(opt: Any, fixed_ids: set[int], targets: Sequence[Any]) -> SlotTab
         return []
     owner_of = opt.__dict__.get("_kungfu_slot_targets", {})
     index = {id(t): i for i, t in enumerate(targets)}
+    listed = _listed_targets(opt, {id(s) for s in slots if owner_of.get(id(s), -1) not in index}, len(targets))
     per_target: list[list[Any]] = [[] for _ in targets]
     for slot in slots:
-        i = index.get(owner_of.get(id(slot), -1))
+        i = index.get(owner_of.get(id(slot), -1), listed.get(id(slot)))
         if i is None:
             raise StrategyError(
                 f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
                 f"{getattr(slot, 'path', slot.name)!r} was not made for a variable this rank updates "
-                "(an optimizer that makes slots without add_variable_from_reference)"
+                "(neither made with add_variable_from_reference nor held in a list by variable index)"
             )
         per_target[i].append(slot)
-    kinds = {len(s) for s in per_target}
-    if len(kinds) != 1:
-        raise StrategyError(
-            f"cannot move the optimizer slots of {type(opt).__name__} to new owners: its variables have different "
-            f"numbers of slots ({sorted(kinds)})"
-        )
-    table = [[per_target[i][k] for i in range(len(targets))] for k in range(kinds.pop())]
-    for row in table:
-        for slot, target in zip(row, targets):
-            if tuple(slot.shape) != tuple(target.shape) or slot.dtype != target.dtype:
+    whole = {id(v) for v in opt.__dict__.get("_kungfu_model_variables", targets)}
+    for target, own in zip(targets, per_target):
+        for slot in own:
+            if len(slot.shape) > _MAX_RANK:
+                raise StrategyError(f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
+                                    f"{getattr(slot, 'path', slot.name)!r} has more than {_MAX_RANK} dimensions")
+            if id(target) not in whole and tuple(slot.shape) != tuple(target.shape):
                 raise StrategyError(
                     f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
-                    f"{getattr(slot, 'path', slot.name)!r} is {slot.dtype} {tuple(slot.shape)}, its variable "
-                    f"{getattr(target, 'path', target.name)!r} {target.dtype} {tuple(target.shape)}"
+                    f"{getattr(slot, 'path', slot.name)!r} of the shard {getattr(target, 'name', '?')!r} is "
+                    f"{tuple(slot.shape)}, the shard {tuple(target.shape)}: a partitioned variable's slots are cut "
+                    "from its own, and these are not of its shape (Adafactor's factored moments); keep the "
+                    "variable whole (PS, PSLoadBalancing, AllReduce)"
                 )
-    return table
-
-
-# Encodes "fewest slot kinds" in a max all-reduce (max of SPREAD - n is SPREAD - min n).
-_SPREAD = 1 << 16
+    kinds = max(len(s) for s in per_target)
+    return [[own[k] if k < len(own) else None for own in per_target] for k in range(kinds)]
 
 
 def agreed_slot_table(
     opt: Any, targets: Sequence[Any] | None, name: str, extra: Sequence[int] = ()
 ) -> tuple[SlotTable, int, list[int]]:
     """:func:`slot_table` for ``targets`` on every worker, agreed in one collective: (this worker's table, the
-    slot kinds of the workers that have any, the maximum over the workers of each of ``extra``).
+    most slot kinds of any worker's targets, the maximum over the workers of each of ``extra``).
 
     ``targets``: None where this worker contributes no slots (a joiner's
     warm-up made its own). A refusal on some workers only (slots that cannot
-    be told apart by variable) or workers with different numbers of slots
-    per variable (Keras's Muon: one for matrices, two for the rest; a rank
-    that owns only matrices and one that owns only biases each look
-    consistent alone) would raise on some and leave the others waiting in
-    the next collective: every worker raises the same StrategyError instead.
+    be told apart by variable, a shard's factored slots) would raise on
+    some and leave the others waiting in the next collective: every worker
+    raises the same StrategyError instead.
 
     Raises:
         StrategyError: on every worker.
@@ -125,18 +157,60 @@ def agreed_slot_table(
             table = slot_table(opt, opt._kungfu_fixed_variable_ids, targets)
         except StrategyError as e:
             refused = str(e)
-    counts = len(table), _SPREAD - len(table) if targets and not refused else 0, int(bool(refused))
     with tf.init_scope():  # the optimizer may be built while a step is traced
-        agreed = collective.all_reduce(tf.constant([*counts, *extra], tf.int32), op="max", name=name,
-                                       topology="STAR").numpy().tolist()  # fmt: skip
-    most, fewest = agreed[0], _SPREAD - agreed[1] if agreed[1] else agreed[0]
-    if agreed[2] or fewest != most:
-        reason = refused or ("another worker's cannot move" if agreed[2] else
-                             f"its variables have {fewest} slots on some workers and {most} on others")  # fmt: skip
+        agreed = collective.all_reduce(tf.constant([len(table), int(bool(refused)), *extra], tf.int32), op="max",
+                                       name=name, topology="STAR").numpy().tolist()  # fmt: skip
+    if agreed[1]:
+        reason = refused or "another worker's cannot move"
         if not reason.startswith("cannot move"):
             reason = f"cannot move the optimizer slots of {type(opt).__name__} to new owners: {reason}"
         raise StrategyError(reason)
-    return table, most, agreed[3:]
+    return table, agreed[0], agreed[2:]
+
+
+# Dtypes a slot may have, coded 1.. in the layout agreement (0: no slot).
+_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+           "uint32", "uint64", "bool", "complex64", "complex128")  # fmt: skip
+
+
+def agreed_layout(known: dict[tuple[int, int], tuple[tuple[int, ...], str]], kinds: int, count: int,
+                  name: str) -> list[SlotLayout]:  # fmt: skip
+    """``layout[vi][k]``: the shape and dtype of variable ``vi``'s slot of kind ``k`` on every worker (collective).
+
+    ``known``: what this worker can tell, (kind, variable index) -> (shape,
+    dtype name): the slots of what it updates (full arrays: a partitioned
+    variable's have its shape). A worker that holds a variable's slots
+    tells the others what to expect (a rank that owns nothing cannot know
+    the shape of a factored slot). One max all-reduce carries every code and
+    its negation, so that workers telling different layouts are found.
+
+    Raises:
+        StrategyError: on every worker, two workers tell different layouts for one slot.
+    """
+    width = 2 + _MAX_RANK
+    codes = np.zeros([kinds, count, width], np.int64)
+    for (k, vi), (shape, dtype) in known.items():
+        codes[k, vi, 0], codes[k, vi, 1] = 1 + _DTYPES.index(dtype), len(shape)
+        codes[k, vi, 2 : 2 + len(shape)] = shape
+    told = np.zeros([kinds, count, 1], np.int64)
+    for k, vi in known:
+        told[k, vi] = 1
+    negated = np.where(told > 0, (1 << 40) - codes, 0)  # max of (2^40 - c) is 2^40 - min c over the workers that tell
+    with tf.init_scope():
+        agreed = collective.all_reduce(tf.constant(np.concatenate([codes, negated], axis=2).reshape(-1)), op="max",
+                                       name=name, topology=one_off_topology(codes.nbytes * 2)).numpy()  # fmt: skip
+    agreed = agreed.reshape(kinds, count, 2 * width)
+    most, fewest = agreed[:, :, :width], np.where(agreed[:, :, width:] > 0, (1 << 40) - agreed[:, :, width:], 0)
+    if np.any((most[:, :, 0] > 0) & np.any(most != fewest, axis=2)):
+        raise StrategyError(f"cannot move the optimizer slots to new owners: workers hold slots of different shapes or "
+                            f"dtypes for one variable ({name})")
+    layout: list[SlotLayout] = [[None] * kinds for _ in range(count)]
+    for k in range(kinds):
+        for vi in range(count):
+            code = most[k, vi]
+            if code[0]:
+                layout[vi][k] = (tuple(int(d) for d in code[2 : 2 + code[1]]), _DTYPES[code[0] - 1])
+    return layout
 
 
 def _region(node: Any, target: Any, variable: Any) -> tuple[slice, ...]:
@@ -173,12 +247,45 @@ def one_off_topology(nbytes: int) -> str:
     return "RING" if nbytes > _ONE_OFF_RING_BYTES else "STAR"
 
 
-def _unit_region(node: Any, variable: Any) -> tuple[slice, ...]:
-    """Where a unit (a whole variable or one shard, by its node) lies in ``variable``."""
-    region = [slice(None)] * len(variable.shape)
-    if node.is_shard:
-        region[node.axis] = slice(*node.bounds)
+def _unit_region(node: Any, variable: Any) -> tuple[Any, ...]:
+    """Where a unit (a whole variable or one shard, by its node) lies in ``variable`` (or in its slots)."""
+    if not node.is_shard:
+        return (Ellipsis,)  # a whole variable's slots may have shapes of their own
+    region: list[Any] = [slice(None)] * len(variable.shape)
+    region[node.axis] = slice(*node.bounds)
     return tuple(region)
+
+
+def _numpy_of(dtype_name: str) -> Any:
+    return tf.as_dtype(dtype_name).as_numpy_dtype
+
+
+# (kind, variable index, where in the full slot (None: all of it), the values)
+_Piece = tuple[int, int, "tuple[Any, ...] | None", np.ndarray]
+
+
+def _held_pieces(old: StrategyPlan, table: SlotTable, variables: list[Any], contributes: bool, first: bool,
+                 lost_owners: frozenset[int]) -> list[_Piece]:  # fmt: skip
+    """The slots this worker gives to the gather (:func:`_sum_slots`)."""
+    pieces: list[_Piece] = []
+    if contributes and table:
+        index = {id(t): i for i, t in enumerate(old.targets)}
+        for vi, node, target in old.placements():
+            if target is None or (node.kind != "ps" and not first):
+                continue
+            region = None if target is variables[vi] else _region(node, target, variables[vi])
+            for k, row in enumerate(table):
+                slot = row[index[id(target)]]
+                if slot is not None:
+                    pieces.append((k, vi, region, np.asarray(slot.numpy())))
+    if contributes and first:
+        nodes = {(vi, ui): unit.node for vi, ui, unit in old.replicable_units()}
+        for (vi, ui), replicas in old.slot_replicas.items():
+            node = nodes[(vi, ui)]
+            if node.owner in lost_owners:
+                region = _unit_region(node, variables[vi]) if node.is_shard else None
+                pieces.extend((k, vi, region, np.asarray(r.numpy())) for k, r in enumerate(replicas) if r is not None)
+    return pieces
 
 
 def _sum_slots(
@@ -189,38 +296,39 @@ def _sum_slots(
 
     The slots of a unit whose owner (a rank of ``old``) is in ``lost_owners``
     come from the first worker's replica of them, if the plan kept replicas.
+    Which slots exist, and their shapes, are agreed first (:func:`agreed_layout`):
+    a worker cannot know a factored slot's shape for a variable it does not update.
     """
-    full = [[np.zeros(v.shape, _numpy_dtype(v)) for v in variables] for _ in range(kinds)]
-    if contributes and table:
-        index = {id(t): i for i, t in enumerate(old.targets)}
-        for vi, node, target in old.placements():
-            if target is None or (node.kind != "ps" and not first):
-                continue
-            region = _region(node, target, variables[vi])
-            for k in range(kinds):
-                full[k][vi][region] = table[k][index[id(target)]].numpy()
-    if contributes and first and kinds:
-        nodes = {(vi, ui): unit.node for vi, ui, unit in old.replicable_units()}
-        for (vi, ui), replicas in old.slot_replicas.items():
-            node = nodes[(vi, ui)]
-            if node.owner in lost_owners and len(replicas) == kinds:
-                region = _unit_region(node, variables[vi])
-                for k in range(kinds):
-                    full[k][vi][region] = replicas[k].numpy()
+    pieces = _held_pieces(old, table, variables, contributes, first, lost_owners)
+    known = {(k, vi): (tuple(variables[vi].shape) if region is not None else tuple(values.shape),
+                       _dtype_name(values.dtype)) for k, vi, region, values in pieces}  # fmt: skip
+    layout = agreed_layout(known, kinds, len(variables), f"{prefix}/slots/layout")
+    full: FullSlots = [
+        [None if layout[vi][k] is None else np.zeros(layout[vi][k][0], _numpy_of(layout[vi][k][1]))  # type: ignore[index]
+         for vi in range(len(variables))]
+        for k in range(kinds)
+    ]  # fmt: skip
+    for k, vi, region, values in pieces:
+        target = full[k][vi]
+        assert target is not None
+        target[region if region is not None else ...] = values
     by_dtype: dict[np.dtype, list[tuple[int, int]]] = {}
     for k in range(kinds):
         for vi in range(len(variables)):
-            by_dtype.setdefault(full[k][vi].dtype, []).append((k, vi))
+            array = full[k][vi]
+            if array is not None:
+                by_dtype.setdefault(array.dtype, []).append((k, vi))
     for n, (dtype, keys) in enumerate(sorted(by_dtype.items(), key=lambda kv: str(kv[0]))):
-        flat = np.concatenate([full[k][vi].reshape(-1) for k, vi in keys])
+        flat = np.concatenate([full[k][vi].reshape(-1) for k, vi in keys])  # type: ignore[union-attr]
         summed = collective.all_reduce(
             tf.constant(flat), op="sum", name=f"{prefix}/slots/{n}", topology=one_off_topology(flat.nbytes)
         ).numpy()
         offset = 0
         for k, vi in keys:
-            size = full[k][vi].size
-            full[k][vi] = summed[offset : offset + size].reshape(full[k][vi].shape).astype(dtype)
-            offset += size
+            array = full[k][vi]
+            assert array is not None
+            full[k][vi] = summed[offset : offset + array.size].reshape(array.shape).astype(dtype)
+            offset += array.size
     return full
 
 
@@ -244,6 +352,12 @@ def gather_slots(
     return kinds, full
 
 
+def _layout_of(full: FullSlots, kinds: int, count: int) -> list[SlotLayout]:
+    """``layout[vi][k]`` of gathered slots (the same on every worker)."""
+    return [[None if full[k][vi] is None else (tuple(full[k][vi].shape), _dtype_name(full[k][vi].dtype))  # type: ignore[union-attr]
+             for k in range(kinds)] for vi in range(count)]  # fmt: skip
+
+
 def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | None = None) -> None:
     """In an elastic job, ``opt``'s plan keeps every parameter-server unit's optimizer slots on every rank
     (:meth:`StrategyPlan.keep_slot_replicas`), so that a crashed owner's slots survive.
@@ -254,15 +368,14 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
     when the plan has parameter servers, one collective that every worker
     reaches when it builds the optimizer (:func:`agreed_slot_table`) agrees
     on two things: ``KUNGFU_SLOT_REPLICAS=0`` on any worker turns the
-    replicas off on all (a crashed owner's slots then restart at zero), and
-    an optimizer whose slots cannot follow their variables to new owners
-    (Adafactor's factored moments, not of the variables' shapes; Muon's one
-    slot for matrices and two for the rest) is refused on every worker now,
-    before it trains, rather than failing every worker at the first
-    membership change (a rank that owns no variable cannot tell: alone, the
-    owners would have raised and the others waited). Nothing to keep: an
-    all-reduce plan, a joiner's warm-up plan, an optimizer without slots
-    (plain SGD).
+    replicas off on all (a crashed owner's slots then restart as a fresh
+    optimizer's), and an optimizer whose slots cannot follow their
+    variables to new owners (Adafactor's factored moments on the shards of
+    a partitioned variable) is refused on every worker now, before it
+    trains, rather than failing every worker at the first membership change
+    (a rank that owns no variable cannot tell: alone, the owners would have
+    raised and the others waited). Nothing to keep: an all-reduce plan, a
+    joiner's warm-up plan, an optimizer without slots (plain SGD).
 
     Raises:
         StrategyError: on every worker, the optimizer's slots cannot move.
@@ -282,20 +395,54 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
         raise StrategyError(
             f"{type(opt).__name__} cannot train with parameter servers in an elastic job: its optimizer slots must "
             f"follow their variables to new owners at a membership change, and they cannot ({e}); use an all-reduce "
-            "strategy (AllReduce, PartitionedAR) or an optimizer with one slot of its variable's shape and dtype per "
-            "kind for every variable (SGD, Adam, RMSprop, ...)"
+            "strategy (AllReduce, PartitionedAR), keep the variables whole (PS, PSLoadBalancing), or use an "
+            "optimizer whose slots have their variables' shapes (SGD, Adam, RMSprop, ...)"
         ) from e
     kinds = most if kinds is None else kinds
     if off_somewhere or not kinds or not plan.replicable_units():
         return
-    slots_of = {id(t): [table[k][i] for k in range(kinds)] for i, t in enumerate(plan.targets)} if table else {}
+    slots_of = {id(t): [table[k][i] if k < len(table) else None for k in range(kinds)]
+                for i, t in enumerate(plan.targets)} if table else {}  # fmt: skip
     variables = list(opt._kungfu_model_variables)
+    if full is None:
+        known = {}
+        for vi, node, target in plan.placements():
+            if target is not None and node.kind == "ps":
+                for k, slot in enumerate(slots_of[id(target)]):
+                    if slot is not None:
+                        shape = tuple(variables[vi].shape) if node.is_shard else tuple(slot.shape)
+                        known[(k, vi)] = (shape, _dtype_name(slot.dtype))
+        layout = agreed_layout(known, kinds, len(variables), f"{plan.name}/slot_replicas/layout")
+    else:
+        layout = _layout_of(full, kinds, len(variables))
 
-    def initial(vi: int, node: Any) -> list[np.ndarray]:
+    def unit_layout(vi: int, node: Any) -> SlotLayout:
+        return [None if s is None else (tuple(node.shape) if node.is_shard else s[0], s[1]) for s in layout[vi]]
+
+    def initial(vi: int, node: Any) -> list[np.ndarray | None]:
         assert full is not None
-        return [full[k][vi][_unit_region(node, variables[vi])] for k in range(kinds)]
+        region = _unit_region(node, variables[vi])
+        return [None if full[k][vi] is None else full[k][vi][region] for k in range(kinds)]  # type: ignore[index]
 
-    plan.keep_slot_replicas(slots_of, kinds, initial if full is not None else None)
+    plan.keep_slot_replicas(slots_of, unit_layout, initial if full is not None else None)
+
+
+def _cut_before_rebuild(plan: StrategyPlan, variables: list[Any], full: FullSlots, opt: Any) -> None:
+    """Refuses, before the optimizer changes, a plan that partitions a variable whose slots are not of its shape
+    (Adafactor's factored moments cannot be cut into shards); the same on every worker (``full`` is)."""
+    nodes: dict[int, list[Any]] = {}
+    for vi, node, _ in plan.placements():
+        nodes.setdefault(vi, []).append(node)
+    for vi, own in nodes.items():
+        if not own[0].is_shard or all(n.kind == "all_reduce" for n in own):
+            continue  # whole, or stitched (its slots are the variable's own)
+        for row in full:
+            if row[vi] is not None and tuple(row[vi].shape) != tuple(variables[vi].shape):  # type: ignore[union-attr]
+                raise StrategyError(
+                    f"{type(opt).__name__}'s slots of {getattr(variables[vi], 'path', variables[vi].name)!r} are "
+                    f"{tuple(row[vi].shape)}, the variable {tuple(variables[vi].shape)}: they cannot be cut into the "  # type: ignore[union-attr]
+                    "shards the new strategy partitions it into; keep it whole (PS, PSLoadBalancing, AllReduce)"
+                )
 
 
 def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: FullSlots) -> int:
@@ -304,11 +451,18 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
     Collective (the plan's consensus on the strategy bytes). The wrapped
     optimizer is rebuilt with ``opt._kungfu_build_base`` and the plan's shard
     variables made with ``opt._kungfu_make_variable`` (set when it was built).
+    A slot of which nothing was gathered (a crashed owner's, without
+    replicas) starts as a fresh optimizer's.
+
+    Raises:
+        StrategyError: on every worker, before the optimizer changes, ``strategy`` partitions a variable whose
+            slots cannot be cut; after it, the rebuilt optimizer's slots do not fit the gathered ones.
     """
     old: StrategyPlan = opt._kungfu_plan
     variables = list(opt._kungfu_model_variables)
     fixed = opt._kungfu_fixed_variable_ids
     plan = StrategyPlan(strategy, variables, name=old.name, make_variable=opt._kungfu_make_variable)
+    _cut_before_rebuild(plan, variables, full, opt)
     for slot in [v for v in opt.variables if id(v) not in fixed]:  # a joiner's too (made by its warm-up)
         opt._untrack_variable(slot)
     opt._trainable_variables_indices = {}
@@ -319,15 +473,32 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
     decay_parts_as_their_variables(opt, [(variables[vi], t) for vi, _, t in plan.placements() if t is not None])
     rebuild_keeping_step_state(opt, lambda: opt._kungfu_build_base(plan.targets))
     new_table, most, _ = agreed_slot_table(opt, plan.targets, f"{plan.name}/install_slots")
-    if most and most != kinds:  # the same on every worker
-        raise StrategyError(f"{type(opt).__name__} has {most} slots per variable under the new plan, {kinds} before")
+    if most > kinds:  # kinds of which nothing was gathered (their only holder crashed, without replicas)
+        full = [*full, *([None] * len(variables) for _ in range(most - kinds))]
+        kinds = most
     index = {id(t): i for i, t in enumerate(plan.targets)}
+    misfit = ""
     for vi, node, target in plan.placements():
         if target is None:
             continue
-        region = _region(node, target, variables[vi])
-        for k in range(len(new_table)):
-            new_table[k][index[id(target)]].assign(full[k][vi][region])
+        region = (Ellipsis,) if target is variables[vi] else _region(node, target, variables[vi])
+        for k, row in enumerate(new_table):
+            slot, source = row[index[id(target)]], full[k][vi]
+            if slot is None or source is None:
+                misfit = misfit or ("" if slot is not None or source is None else
+                                    f"{getattr(variables[vi], 'path', '?')!r} has no slot of kind {k} now")  # fmt: skip
+                continue
+            part = source[region]
+            if tuple(part.shape) != tuple(slot.shape):
+                misfit = misfit or f"slot {getattr(slot, 'path', slot.name)!r} is {tuple(slot.shape)}, gathered {part.shape}"
+                continue
+            slot.assign(part)
+    with tf.init_scope():
+        failed = int(collective.all_reduce(tf.constant(int(bool(misfit)), tf.int32), op="max",
+                                           name=f"{plan.name}/install_slots/fit", topology="STAR"))  # fmt: skip
+    if failed:
+        raise StrategyError(f"{type(opt).__name__}'s rebuilt slots do not fit the gathered ones: "
+                            f"{misfit or 'on another worker'}")  # fmt: skip
     if kinds:
         keep_slot_replicas(opt, full, kinds)
     return plan_generation.advance()

@@ -167,10 +167,11 @@ class StrategyPlan:
         self._stale_k = [u.node.staleness for p in self._plans for u in p.units if u.stale and u.node.sync]
         self._has_stale = any(u.stale for p in self._plans for u in p.units)
         self._checked_eagerly = self._check_identical_eagerly()
-        # Slot replicas (keep_slot_replicas): kinds, this rank's slots by target id, replicas by (vi, ui).
-        self._slot_kinds = 0
+        # Slot replicas (keep_slot_replicas): kept or not, this rank's slots by target id, replicas by (vi, ui)
+        # (None where a unit has no slot of a kind).
+        self._keeps_slots = False
         self._slots_of: dict[int, list[Any]] = {}
-        self.slot_replicas: dict[tuple[int, int], list[tf.Variable]] = {}
+        self.slot_replicas: dict[tuple[int, int], list[tf.Variable | None]] = {}
         # The plan is replaced at membership changes (elastic jobs) and at strategy switches (any TF2
         # job): steps check they are current. A v1 graph's plan is never replaced (no switch there).
         self.guarded = elastic_membership.is_elastic() or tf.compat.v1.executing_eagerly_outside_functions()
@@ -209,10 +210,13 @@ class StrategyPlan:
                 if u.node.kind == "ps" and not u.stale]  # fmt: skip
 
     def keep_slot_replicas(
-        self, slots_of: dict[int, list[Any]], kinds: int, initial: Callable[[int, Any], list[np.ndarray]] | None
+        self,
+        slots_of: dict[int, list[Any]],
+        layout: Callable[[int, Any], list[tuple[tuple[int, ...], str] | None]],
+        initial: Callable[[int, Any], list[np.ndarray | None]] | None,
     ) -> None:
-        """From now on every step publishes each synchronous PS unit's ``kinds`` optimizer slots from its owner,
-        and every other rank keeps them in replica variables (:attr:`slot_replicas`).
+        """From now on every step publishes each synchronous PS unit's optimizer slots from its owner, and every
+        other rank keeps them in replica variables (:attr:`slot_replicas`).
 
         A parameter server's slots (momentum, Adam's moments) exist on its
         owner only; with replicas a crashed owner's slots survive on every
@@ -224,33 +228,40 @@ class StrategyPlan:
         sparse variable's slots go whole, in broadcasts of their own (the
         rows a step touched are not tracked).
 
-        ``slots_of``: id(target) -> its slots by kind, for the units this rank
-        owns; ``initial(vi, node)``: the replica's starting values by kind (the
+        ``slots_of``: id(target) -> its slots by kind (None: no slot of that
+        kind), for the units this rank owns; ``layout(vi, node)``: the unit's
+        slots' (shape, dtype name) by kind, the same on every rank (None: no
+        slot of that kind: Muon's matrices have one kind fewer);
+        ``initial(vi, node)``: the replica's starting values by kind (the
         slots the plan starts with); None: the owners' slots as they are now
         (a fresh optimizer's, which are not all zeros: Adagrad's and Ftrl's
         accumulators start at 0.1), one broadcast per unit, run now on every
         rank (collective).
         """
-        self._slot_kinds = kinds
+        self._keeps_slots = True
         self._slots_of = dict(slots_of)
         self.slot_replicas = {}
         with tf.init_scope():
             for vi, ui, unit in self.replicable_units():
                 owner = unit.node.owner == self.rank
+                shapes = layout(vi, unit.node)
                 if initial is not None:
                     values = None if owner else initial(vi, unit.node)
                 else:
-                    dtype = self._plans[vi].variable.dtype
-                    mine = slots_of[id(unit.target)] if owner else [tf.zeros(unit.node.shape, dtype)] * kinds
-                    values = ps_sync.publish_together([tf.convert_to_tensor(s) for s in mine], unit.node.owner,
-                                                      f"{self.name}/slot_replicas/v{vi}/s{ui}")  # fmt: skip
+                    mine = self._slots_of[id(unit.target)] if owner else [
+                        None if s is None else tf.zeros(s[0], s[1]) for s in shapes]  # fmt: skip
+                    present = [tf.convert_to_tensor(v) for v in mine if v is not None]
+                    got = iter(ps_sync.publish_together(present, unit.node.owner,
+                                                        f"{self.name}/slot_replicas/v{vi}/s{ui}"))  # fmt: skip
+                    values = [None if s is None else next(got) for s in shapes]
                 if owner:
                     continue
                 assert values is not None
                 self.slot_replicas[(vi, ui)] = [
-                    tf.Variable(values[k], trainable=False, name=f"{_safe(unit.node.name)}_slot{k}_replica")
-                    for k in range(kinds)
-                ]
+                    None if value is None else
+                    tf.Variable(value, trainable=False, name=f"{_safe(unit.node.name)}_slot{k}_replica")
+                    for k, value in enumerate(values)
+                ]  # fmt: skip
 
     def _publish_slots(
         self, prefix: str, after: list[Any], present: set[int], sent: set[tuple[int, int]]
@@ -264,22 +275,22 @@ class StrategyPlan:
         """
         alive: list[Any] = []
         writes: list[Any] = []
-        if not self._slot_kinds:
+        if not self._keeps_slots:
             return alive, writes
         with tf.control_dependencies(after):
             for vi, ui, unit in self.replicable_units():
                 if vi not in present or (vi, ui) in sent:
                     continue
                 owner = unit.node.owner == self.rank
-                for k in range(self._slot_kinds):
-                    if owner:
-                        value = tf.convert_to_tensor(self._slots_of[id(unit.target)][k])
-                    else:
-                        value = tf.convert_to_tensor(self.slot_replicas[(vi, ui)][k])
-                    got = ps_sync.publish_value(value, unit.node.owner, f"{prefix}/v{vi}/s{ui}/slot{k}")
+                held = self._slots_of[id(unit.target)] if owner else self.slot_replicas[(vi, ui)]
+                for k, slot in enumerate(held):
+                    if slot is None:
+                        continue
+                    got = ps_sync.publish_value(tf.convert_to_tensor(slot), unit.node.owner,
+                                                f"{prefix}/v{vi}/s{ui}/slot{k}")  # fmt: skip
                     alive.append(got)
                     if not owner:
-                        writes.append(self.slot_replicas[(vi, ui)][k].assign(got))
+                        writes.append(slot.assign(got))
         return alive, writes
 
     def _check_identical_eagerly(self) -> bool:
@@ -602,7 +613,7 @@ class StrategyPlan:
             if plan.mode == "stitched" or plan.all_reduced or vi not in present:
                 continue
             updates = [
-                self._publish_unit(plan, vi, ui, unit, snapshots, (vi, ui) in sparse, prefix, t, sent_slots)
+                self._publish_unit(plan, vi, ui, unit, snapshots, (vi, ui) in sparse, prefix, t, sent_slots, done)
                 for ui, unit in enumerate(plan.units)
             ]
             done.extend(self._write_back(plan, updates))
@@ -627,6 +638,7 @@ class StrategyPlan:
         prefix: str,
         t: tf.Tensor | None,
         sent_slots: dict[tuple[int, int], list[Any]],
+        alive: list[Any],
     ) -> tuple[str, Any]:
         """("full", value) | ("rows", (indices, values, a tensor to depend on)) for one unit."""
         node = unit.node
@@ -659,16 +671,15 @@ class StrategyPlan:
             )
             return ("rows", (rows, values, count))
         value = tf.convert_to_tensor(source) if owner else tf.convert_to_tensor(like)
-        if not self._slot_kinds:
+        if not self._keeps_slots:
             return ("full", ps_sync.publish_value(value, node.owner, f"{base}/value"))
         # The slot replicas (keep_slot_replicas) travel with the value: one broadcast instead of 1 + kinds, and
         # an owner lost in it leaves value and slots as they were together, or neither.
-        if owner:
-            slots = [tf.convert_to_tensor(s) for s in self._slots_of[id(unit.target)]]
-        else:
-            slots = [tf.convert_to_tensor(r) for r in self.slot_replicas[(vi, ui)]]
-        got = ps_sync.publish_together([value, *slots], node.owner, f"{base}/value_and_slots")
-        sent_slots[(vi, ui)] = [] if owner else [r.assign(s) for r, s in zip(self.slot_replicas[(vi, ui)], got[1:])]
+        held = [s for s in (self._slots_of[id(unit.target)] if owner else self.slot_replicas[(vi, ui)]) if s is not None]
+        got = ps_sync.publish_together([value, *[tf.convert_to_tensor(s) for s in held]], node.owner,
+                                       f"{base}/value_and_slots")  # fmt: skip
+        sent_slots[(vi, ui)] = [] if owner else [r.assign(s) for r, s in zip(held, got[1:])]
+        alive.extend(got[1:])  # slots of another dtype than the value's travel in a broadcast of their own
         return ("full", got[0])
 
     def _write_back(self, plan: _VariablePlan, updates: list[tuple[str, Any]]) -> list[Any]:

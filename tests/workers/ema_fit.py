@@ -9,8 +9,10 @@ shape mismatch on one rank and gave the other rank another variable's
 average. Both ranks' final weights must equal one process's ``fit`` with the
 same optimizer on the union batches (each step: both ranks' batches).
 
-Usage: ``ema_fit.py STRATEGY [OVERWRITE_EVERY]`` or ``ema_fit.py refused`` (Adafactor,
-whose slots cannot be gathered: refused on every rank). Ends with "checked N results".
+Usage: ``ema_fit.py STRATEGY [OVERWRITE_EVERY|-] [adafactor]`` (``adafactor``: Keras's
+Adafactor, whose slots are not all of their variables' shapes, instead of SGD), or
+``ema_fit.py refused`` (Adafactor under PartitionedPS, whose shards' factored slots
+cannot be gathered into their variables': refused on every rank). Ends with "checked N results".
 """
 
 from __future__ import annotations
@@ -40,19 +42,27 @@ def model() -> keras.Model:
     return net
 
 
-def sgd(overwrite_every: int | None) -> keras.optimizers.Optimizer:
+def sgd(overwrite_every: int | None, name: str = "sgd") -> keras.optimizers.Optimizer:
+    if name == "adafactor":
+        return keras.optimizers.Adafactor(0.01, epsilon_1=1e-8, use_ema=True, ema_momentum=0.8,
+                                          ema_overwrite_frequency=overwrite_every)  # fmt: skip
     return keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.8,
                                 ema_overwrite_frequency=overwrite_every)  # fmt: skip
 
 
+def partitioned(strategy: str) -> object:
+    # PartitionedPS cuts the 64x16 kernel (4 KB) in two shards, one per rank.
+    return builders.PartitionedPS(min_partition_bytes=64) if strategy == "PartitionedPS" else strategy
+
+
 def refused() -> None:
-    """Adafactor (slots that cannot move) with use_ema under PS: fit trains, and its end raises the same
-    StrategyError on both ranks. Before, rank 0 (it owns every variable) raised in finalize while rank 1 (it
-    owns none) waited in a collective for ever."""
+    """Adafactor (a shard's factored slots are not a cut of its variable's) with use_ema under PartitionedPS: fit
+    trains, and its end raises the same StrategyError on both ranks (one collective agrees on the refusal: a
+    rank that raised alone would leave the other waiting in the gather for ever)."""
     check = Checker(env_rank())
     net = model()
     opt = keras.optimizers.Adafactor(0.01, epsilon_1=1e-8, use_ema=True)
-    net.compile(optimizer=SynchronousSGDOptimizer(opt, strategy="PS"),
+    net.compile(optimizer=SynchronousSGDOptimizer(opt, strategy=partitioned("PartitionedPS")),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
     x, y = data(env_rank())
     try:
@@ -67,15 +77,15 @@ def main() -> None:
     if sys.argv[1] == "refused":
         return refused()
     strategy = sys.argv[1]
-    overwrite_every = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    overwrite_every = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+    name = sys.argv[3] if len(sys.argv) > 3 else "sgd"
     rank = env_rank()
     check = Checker(rank)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     net = model()
-    # PartitionedPS cuts the 64x16 kernel (4 KB) in two shards, one per rank.
-    source = builders.PartitionedPS(min_partition_bytes=64) if strategy == "PartitionedPS" else strategy
-    net.compile(optimizer=SynchronousSGDOptimizer(sgd(overwrite_every), strategy=source), loss=loss)
+    net.compile(optimizer=SynchronousSGDOptimizer(sgd(overwrite_every, name), strategy=partitioned(strategy)),
+                loss=loss)  # fmt: skip
     x, y = data(rank)
     net.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
 
@@ -87,7 +97,7 @@ def main() -> None:
     yu = np.concatenate([np.concatenate([y0[s * BATCH:(s + 1) * BATCH], y1[s * BATCH:(s + 1) * BATCH]])
                          for s in range(STEPS)])  # fmt: skip
     reference = model()
-    reference.compile(optimizer=sgd(overwrite_every), loss=loss)
+    reference.compile(optimizer=sgd(overwrite_every, name), loss=loss)
     reference.fit(xu, yu, batch_size=2 * BATCH, epochs=1, shuffle=False, verbose=0)
     untrained = model()
     for got, want, start in zip(net.trainable_weights, reference.trainable_weights, untrained.trainable_weights):

@@ -1,16 +1,13 @@
-"""Worker for test_slot_replica_publish.py (``kungfu-run --elastic -np 2``): optimizers whose slots cannot move.
+"""Worker for test_slot_replica_publish.py (``kungfu-run --elastic -np 2``): slots that cannot move.
 
 In an elastic job with parameter servers a worker's optimizer slots must
-follow their variables to new owners at a membership change. Two Keras
-optimizers cannot, and each must be refused on every worker, with the same
-error, when it is built (before it trains):
-
-* Adafactor under PS (rank 0 owns both variables): its factored moments do
-  not have the variables' shapes. Rank 0 raised, rank 1 (owning nothing)
-  waited for it.
-* Muon under PSLoadBalancing (rank 0 owns the matrix, rank 1 the bias): one
-  slot for matrices, two for the rest. Each rank alone looked consistent;
-  rank 0 then failed with an IndexError and rank 1 waited in a broadcast.
+follow their variables to new owners at a membership change. Keras's
+Adafactor keeps a matrix's second moment factored (its row and column sums):
+whole variables move with them, but a partitioned one cannot (a shard's
+factored slots are not cut from its variable's). Under PartitionedPS (the
+kernel cut in two, one shard per rank) it must be refused on every worker,
+with the same error, when it is built (before it trains). Rank 0, whose shard's
+slots alone are checked first, raised while rank 1 waited for it.
 
 After the refusal, a step with the same optimizer (a caller that caught the
 error) is refused again rather than training without replicas.
@@ -24,11 +21,11 @@ import keras
 from _setup import Checker, env_rank, np, tf
 
 from kungfu_tf.optimizers import SynchronousSGDOptimizer
+from kungfu_tf.strategy import builders
 from kungfu_tf.strategy.errors import StrategyError
 
 CASES = [
-    ("adafactor", lambda: keras.optimizers.Adafactor(0.01), "PS"),
-    ("muon", lambda: keras.optimizers.Muon(0.01), "PSLoadBalancing"),
+    ("adafactor", lambda: keras.optimizers.Adafactor(0.01), builders.PartitionedPS(min_partition_bytes=64)),
 ]
 REFUSAL = "cannot train with parameter servers in an elastic job"
 

@@ -37,21 +37,31 @@ def publish_value(value: tf.Tensor, owner: int, name: str) -> tf.Tensor:
 
 
 def publish_together(values: Sequence[tf.Tensor], owner: int, name: str) -> list[tf.Tensor]:
-    """``owner``'s ``values`` (of one dtype, static shapes) on every rank, in one broadcast.
+    """``owner``'s ``values`` (static shapes) on every rank, in one broadcast per dtype.
 
     A parameter server's new value and its optimizer slots' replicas travel
     together: one message instead of one per tensor, and a broadcast that a
-    lost owner fails leaves all of them as they were or none.
+    lost owner fails leaves all of them as they were or none. Slots of
+    another dtype than the value (Adafactor's int32 placeholders of a bias)
+    go in a broadcast of their own, after it: a caller that uses only some
+    outputs must keep the others alive (``ops.keep_alive``).
 
     Example:
         >>> value, slot = publish_together([tf.ones([2]), tf.zeros([1, 3])], owner=0, name="doc")  # one worker
         >>> value.numpy(), slot.shape
         (array([1., 1.], dtype=float32), TensorShape([1, 3]))
     """
-    sizes = [v.shape.num_elements() for v in values]
-    packed = tf.concat([tf.reshape(v, [-1]) for v in values], 0)
-    got = publish_value(packed, owner, name)
-    return [tf.reshape(part, v.shape) for part, v in zip(tf.split(got, sizes), values)]
+    groups: dict[tf.DType, list[int]] = {}
+    for i, v in enumerate(values):
+        groups.setdefault(v.dtype, []).append(i)
+    out: list[tf.Tensor] = list(values)
+    for n, indices in enumerate(groups.values()):  # the first value's dtype first, the same order on every rank
+        sizes = [values[i].shape.num_elements() for i in indices]
+        packed = tf.concat([tf.reshape(values[i], [-1]) for i in indices], 0)
+        got = publish_value(packed, owner, name if n == 0 else f"{name}/{values[indices[0]].dtype.name}")
+        for i, part in zip(indices, tf.split(got, sizes)):
+            out[i] = tf.reshape(part, values[i].shape)
+    return out
 
 
 def changed_rows(before: tf.Tensor, after: tf.Tensor) -> tf.Tensor:
