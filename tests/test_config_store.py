@@ -496,11 +496,13 @@ def test_leader_killed_while_a_joiner_is_admitted(etcd3):
     assert "[2] admitted at v2 as rank 2 of 3\n" in out["b"], info
 
 
-def test_a_launcher_that_never_registers_has_its_members_replaced(etcd3):
+def test_a_launcher_that_never_registers_has_its_members_replaced(etcd3, tmp_path):
     """Host A's launcher never starts (as when it refused its --port-range): B alone
     registers, and after --timeout reports A's member of version 1 lost, saying why,
     and replaces it on its own host; the job ends whole at v3. A launcher of A that
-    comes after all starts none of the old members and ends with the job.
+    comes after all starts none of the old members and ends with the job (the
+    members wait for it to have said so: on a loaded machine the job had ended
+    before A started, and A rightly refused a job that had run to its end).
     (Before, B waited for A's member for ever: the job never changed or ended.)"""
     job = f"absent-{uuid.uuid4().hex[:8]}"
     base = free_port_block(41, hosts=LOOPBACK_HOSTS)
@@ -510,9 +512,12 @@ def test_a_launcher_that_never_registers_has_its_members_replaced(etcd3):
     ]
     env = worker_env(KUNGFU_JOB_SECRET=SECRET, KUNGFU_JOB_ID=job)
     with _Launchers(common, env) as launchers:
-        launchers.start("b", "127.0.0.2", sys.executable, FAKE, "absent-first")
+        launchers.start("b", "127.0.0.2", sys.executable, FAKE, "absent-first", str(tmp_path))
         _wait_for(launchers.err["b"], r"cluster v2:", 60, "B reports A's member lost", launchers.procs["b"], launchers)
-        launchers.start("a", "127.0.0.1", sys.executable, FAKE, "absent-first")
+        launchers.start("a", "127.0.0.1", sys.executable, FAKE, "absent-first", str(tmp_path))
+        _wait_for(launchers.err["a"], r"not starting the members of version 1", 60, "A starts none of them",
+                  launchers.procs["a"], launchers)  # fmt: skip
+        (tmp_path / "go").touch()
         rcs = {name: p.wait(90) for name, p in launchers.procs.items()}
     info, err, out = launchers.info(), launchers.err, launchers.out
     assert rcs == {"a": 0, "b": 0}, info

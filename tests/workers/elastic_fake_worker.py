@@ -22,9 +22,12 @@ MODE (what the initial members do):
                sleeps (the test SIGKILLs its launcher; it dies with it);
                the others (and the replacement) exit 0 once the cluster is
                whole again at version 3.
-  absent-first rank 1 sets the signature (the test never starts rank 0's
-               launcher); the others (and the replacement) exit 0 once the
-               cluster is whole again at version 3.
+  absent-first DIR
+               rank 1 sets the signature (the test starts rank 0's launcher
+               only after rank 0 was replaced); the others (and the
+               replacement) exit 0 once the cluster is whole again at
+               version 3 and DIR/go exists (the job must not end before the
+               late launcher has come).
   grow-on-signal DIR:N
                rank 0 sets the signature, prints "signature set", and once
                DIR/go exists asks for N workers, retrying every 0.5 s while
@@ -201,6 +204,8 @@ elif mode == "absent-first":
         client.set_signature(SIGNATURE)
     state = wait_until(lambda s: s.cluster.version >= 3 and len(members(s)) == env.size)
     print(f"saw {len(members(state))} workers at v{state.cluster.version}", flush=True)
+    while not os.path.exists(os.path.join(arg, "go")):
+        time.sleep(0.1)
 elif mode == "grow-on-signal":
     # Rank 0 asks for N workers once DIR/go exists, retrying while the config
     # service refuses (its store without quorum): each new refusal is printed.
