@@ -81,11 +81,16 @@ from kungfu_tf import (
     ops,
 )
 from kungfu_tf.data import ElasticSampler
-from kungfu_tf.optimizers import SynchronousSGDOptimizer, switch_strategy
+from kungfu_tf.optimizers import (
+    SynchronousSGDOptimizer,
+    switch_strategy,
+    sync_stale_copies,
+)
 from kungfu_tf.optimizers.strategy_replan import gather_slots, slot_table
 from kungfu_tf.policy import BasePolicy
 
 APIS = ("function", "keras", "v1")
+STALE_BUILDERS = ("PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS")
 OPTIMIZERS = ("sgd", "momentum", "adam", "nadam", "lossscale", "adafactor", "muon")
 # --optimizer lossscale: the loss scale doubles every this many finite steps (Keras's default, 2000, would
 # leave it unchanged in a short run: its own variables must change to show that they travel with the state).
@@ -200,6 +205,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", default=None,
                    help="a strategy builder's name (e.g. PSLoadBalancing) or a strategy file for "
                         "SynchronousSGDOptimizer(strategy=...); --api function and keras")
+    p.add_argument("--staleness", type=int, default=None,
+                   help="with --strategy PS, PSLoadBalancing, PartitionedPS or UnevenPartitionedPS: the builder with "
+                        "staleness=K (K > 0: stale synchronous parameter servers; -1: asynchronous, sync=False; "
+                        "partitioned: min_partition_bytes=64, every kernel cut); every worker's copies are made the "
+                        "owners' values at the end (sync_stale_copies)")
     p.add_argument("--auto-budget", type=int, default=None,
                    help="with --strategy Auto: a short search, builders.Auto(budget=N, trial_steps=1, warmup=1, "
                         "probe_wait_steps=0, confirm_top=0)")
@@ -234,6 +244,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--record-slots is for --api function with --strategy and --record-dir")
     if args.policy_schedule and args.api == "function":
         p.error("--policy-resize-at is for --api keras (a PolicyCallback inside elastic_fit) and v1 (a PolicyHook)")
+    if args.staleness is not None and args.strategy not in STALE_BUILDERS:
+        p.error(f"--staleness is for --strategy {', '.join(STALE_BUILDERS)}")
     if args.auto_budget is not None and args.strategy != "Auto":
         p.error("--auto-budget is for --strategy Auto")
     if args.auto_research is not None and args.auto_budget is None:
@@ -248,10 +260,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def strategy_source(args: argparse.Namespace) -> Any:
-    """What ``--strategy`` (and ``--auto-budget``) ask ``SynchronousSGDOptimizer`` for."""
+    """What ``--strategy`` (and ``--auto-budget``, ``--staleness``) ask ``SynchronousSGDOptimizer`` for."""
+    from kungfu_tf.strategy import builders
+
+    if args.staleness is not None:
+        stale: dict[str, Any] = {"sync": False} if args.staleness < 0 else {"staleness": args.staleness}
+        if "Partitioned" in args.strategy:
+            stale["min_partition_bytes"] = 64  # the digits MLP's kernels are cut in every cluster
+        return builders.BUILDERS[args.strategy](**stale)
     if args.auto_budget is None:
         return args.strategy
-    from kungfu_tf.strategy import builders
 
     return builders.Auto(budget=args.auto_budget, trial_steps=1, warmup=1, probe_wait_steps=0, confirm_top=0,
                          show_progress=False, research_budget=args.auto_research)  # fmt: skip
@@ -390,7 +408,7 @@ def held_slots(optimizer: keras.optimizers.Optimizer) -> list[list[np.ndarray | 
     plan, variables = optimizer._kungfu_plan, list(optimizer._kungfu_model_variables)
     if plan.replicated and [id(t) for t in plan.targets] == [id(v) for v in variables]:
         table = slot_table(optimizer, optimizer._kungfu_fixed_variable_ids, plan.targets)
-        return [[slot.numpy() for slot in kind] for kind in table]
+        return [[None if slot is None else slot.numpy() for slot in kind] for kind in table]
     _, full = gather_slots(optimizer, plan, contributes=True, first=kungfu_tf.rank() == 0, prefix="elastic_train/slots")
     return full
 
@@ -450,6 +468,8 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
         return False
 
     detached = bool(train(state))
+    if args.staleness is not None and not detached:
+        sync_stale_copies(optimizer)  # the copies of a stale parameter server's variables differ until now
     if args.record_slots and not detached:
         script.slots = held_slots(optimizer)
     if hasattr(train_step, "traces"):  # elastic.function: how many times the step was traced (--record-dir)

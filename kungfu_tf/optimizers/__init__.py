@@ -15,6 +15,7 @@ from kungfu_tf.optimizers.gradient_sync import (
 from kungfu_tf.optimizers.monitor_gns import MonitorGradientNoiseScaleOptimizer
 from kungfu_tf.optimizers.pair_averaging import PairAveragingOptimizer
 from kungfu_tf.optimizers.pair_averaging_v1 import PairAveragingOptimizerV1
+from kungfu_tf.optimizers.stale_copies import sync_stale_copies
 from kungfu_tf.optimizers.strategy_switch import SwitchReport, switch_strategy
 from kungfu_tf.optimizers.sync_averaging import SynchronousAveragingOptimizer
 from kungfu_tf.optimizers.sync_averaging_v1 import SynchronousAveragingOptimizerV1
@@ -35,4 +36,5 @@ __all__ = [
     "SynchronousSGDOptimizerV1",
     "average_gradients",
     "switch_strategy",
+    "sync_stale_copies",
 ]

@@ -55,8 +55,10 @@ FullSlots = list[list[np.ndarray | None]]
 SlotLayout = list[tuple[tuple[int, ...], str] | None]
 
 
-# Slot shapes travel as fixed-width codes (agreed_layout).
+# Slot shapes travel as fixed-width codes (agreed_layout), and slots in the runtime's collectives: the dtypes
+# it reduces and broadcasts, coded 1.. (0: no slot).
 _MAX_RANK = 8
+_DTYPES = ("float16", "bfloat16", "float32", "float64", "uint8", "int32", "int64")
 
 
 def _listed_targets(opt: Any, slot_ids: set[int], n: int) -> dict[int, int]:
@@ -121,9 +123,12 @@ def slot_table(opt: Any, fixed_ids: set[int], targets: Sequence[Any]) -> SlotTab
     whole = {id(v) for v in opt.__dict__.get("_kungfu_model_variables", targets)}
     for target, own in zip(targets, per_target):
         for slot in own:
-            if len(slot.shape) > _MAX_RANK:
-                raise StrategyError(f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
-                                    f"{getattr(slot, 'path', slot.name)!r} has more than {_MAX_RANK} dimensions")
+            if len(slot.shape) > _MAX_RANK or _dtype_name(slot.dtype) not in _DTYPES:
+                raise StrategyError(
+                    f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
+                    f"{getattr(slot, 'path', slot.name)!r} is {_dtype_name(slot.dtype)} {tuple(slot.shape)} (slots "
+                    f"move in collectives of {', '.join(_DTYPES)}, of at most {_MAX_RANK} dimensions)"
+                )
             if id(target) not in whole and tuple(slot.shape) != tuple(target.shape):
                 raise StrategyError(
                     f"cannot move the optimizer slots of {type(opt).__name__} to new owners: slot "
@@ -168,9 +173,6 @@ def agreed_slot_table(
     return table, agreed[0], agreed[2:]
 
 
-# Dtypes a slot may have, coded 1.. in the layout agreement (0: no slot).
-_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-           "uint32", "uint64", "bool", "complex64", "complex128")  # fmt: skip
 
 
 def agreed_layout(known: dict[tuple[int, int], tuple[tuple[int, ...], str]], kinds: int, count: int,
@@ -220,10 +222,6 @@ def _region(node: Any, target: Any, variable: Any) -> tuple[slice, ...]:
     region = [slice(None)] * len(variable.shape)
     region[node.axis] = slice(*node.bounds)
     return tuple(region)
-
-
-def _numpy_dtype(variable: Any) -> Any:
-    return variable.dtype.as_numpy_dtype if hasattr(variable.dtype, "as_numpy_dtype") else variable.dtype
 
 
 # Above this size a one-off all-reduce runs on RING, below it on STAR (as
@@ -401,8 +399,8 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
     kinds = most if kinds is None else kinds
     if off_somewhere or not kinds or not plan.replicable_units():
         return
-    slots_of = {id(t): [table[k][i] if k < len(table) else None for k in range(kinds)]
-                for i, t in enumerate(plan.targets)} if table else {}  # fmt: skip
+    # Every target, with no slot at all too (Muon's variables that take their gradient as their value).
+    slots_of = {id(t): [table[k][i] if k < len(table) else None for k in range(kinds)] for i, t in enumerate(plan.targets)}
     variables = list(opt._kungfu_model_variables)
     if full is None:
         known = {}
@@ -461,7 +459,10 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
     old: StrategyPlan = opt._kungfu_plan
     variables = list(opt._kungfu_model_variables)
     fixed = opt._kungfu_fixed_variable_ids
-    plan = StrategyPlan(strategy, variables, name=old.name, make_variable=opt._kungfu_make_variable)
+    with tf.init_scope():  # a joiner's first plans were its own: the members' count goes on
+        serial = 1 + int(collective.all_reduce(tf.constant(old.serial, tf.int32), op="max",
+                                               name=f"{old.name}/install_serial", topology="STAR"))  # fmt: skip
+    plan = StrategyPlan(strategy, variables, name=old.name, make_variable=opt._kungfu_make_variable, serial=serial)
     _cut_before_rebuild(plan, variables, full, opt)
     for slot in [v for v in opt.variables if id(v) not in fixed]:  # a joiner's too (made by its warm-up)
         opt._untrack_variable(slot)
@@ -477,30 +478,34 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
         full = [*full, *([None] * len(variables) for _ in range(most - kinds))]
         kinds = most
     index = {id(t): i for i, t in enumerate(plan.targets)}
-    misfit = ""
+    misfit, fresh = "", False
     for vi, node, target in plan.placements():
         if target is None:
             continue
         region = (Ellipsis,) if target is variables[vi] else _region(node, target, variables[vi])
-        for k, row in enumerate(new_table):
-            slot, source = row[index[id(target)]], full[k][vi]
-            if slot is None or source is None:
-                misfit = misfit or ("" if slot is not None or source is None else
-                                    f"{getattr(variables[vi], 'path', '?')!r} has no slot of kind {k} now")  # fmt: skip
-                continue
-            part = source[region]
-            if tuple(part.shape) != tuple(slot.shape):
-                misfit = misfit or f"slot {getattr(slot, 'path', slot.name)!r} is {tuple(slot.shape)}, gathered {part.shape}"
-                continue
-            slot.assign(part)
+        for k in range(kinds):
+            slot, source = new_table[k][index[id(target)]] if k < len(new_table) else None, full[k][vi]
+            if slot is None and source is not None:
+                misfit = misfit or f"{getattr(variables[vi], 'path', '?')!r} has no slot of kind {k} now"
+            elif slot is not None and source is None:
+                fresh = True  # nothing gathered (its only holder crashed, without replicas): as built
+            elif slot is not None and source is not None:
+                part = source[region]
+                if tuple(part.shape) != tuple(slot.shape):
+                    misfit = misfit or f"slot {getattr(slot, 'path', slot.name)!r} is {tuple(slot.shape)}, gathered {part.shape}"
+                else:
+                    slot.assign(part)
     with tf.init_scope():
-        failed = int(collective.all_reduce(tf.constant(int(bool(misfit)), tf.int32), op="max",
-                                           name=f"{plan.name}/install_slots/fit", topology="STAR"))  # fmt: skip
+        failed, fresh_somewhere = collective.all_reduce(tf.constant([int(bool(misfit)), int(fresh)], tf.int32),
+                                                        op="max", name=f"{plan.name}/install_slots/fit",
+                                                        topology="STAR").numpy().tolist()  # fmt: skip
     if failed:
         raise StrategyError(f"{type(opt).__name__}'s rebuilt slots do not fit the gathered ones: "
                             f"{misfit or 'on another worker'}")  # fmt: skip
     if kinds:
-        keep_slot_replicas(opt, full, kinds)
+        # Replicas start as the gathered slots; where some slot was built afresh instead, as the owners' slots
+        # (one broadcast per unit): the other ranks' replicas must have the owner's layout.
+        keep_slot_replicas(opt, None if fresh_somewhere else full, kinds)
     return plan_generation.advance()
 
 

@@ -18,8 +18,11 @@ listener (before the elastic state syncs):
    still members: :func:`prepare_shrink`). The slots of an owner that
    crashed come from the replicas every rank keeps in an elastic job
    (``strategy_replan.keep_slot_replicas``); without them (a stale
-   parameter server, ``KUNGFU_SLOT_REPLICAS=0``) they restart at zero, and
-   a warning names them;
+   parameter server, ``KUNGFU_SLOT_REPLICAS=0``) they restart (at zero, or
+   as a fresh optimizer's), and a warning names them. A stale parameter
+   server's copies, which differ between workers, become the owners' values
+   first (kungfu_tf/optimizers/stale_copies.py; a crashed owner's: the first
+   member's copy);
 3. a new plan (its consensus checks that every worker holds the same
    strategy bytes, as at the start), the optimizer rebuilt on its targets,
    and each new target's slots cut from the gathered ones
@@ -48,6 +51,7 @@ import tensorflow as tf
 
 from kungfu_tf.ops import collective
 from kungfu_tf.ops import elastic_membership as em
+from kungfu_tf.optimizers.stale_copies import refresh_stale_copies
 from kungfu_tf.optimizers.strategy_replan import gather_slots, install_plan
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy.builders.base import StrategyBuilder
@@ -212,6 +216,7 @@ def prepare_shrink(opt: Any, old_peers: Sequence[str], new_peers: Sequence[str],
     if old.replicated:
         return  # every member holds every slot: the survivors have them all
     prefix = f"kungfu/strategy/handover/v{version}"
+    refresh_stale_copies(opt, old, first=_rank() == 0, prefix=prefix)  # a leaving owner's newest values
     kinds, full = gather_slots(opt, old, contributes=True, first=_rank() == 0, prefix=prefix)
     object.__setattr__(opt, "_kungfu_handover", (version + 1, tuple(new_peers), kinds, full))
 
@@ -264,11 +269,15 @@ def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
     else:
         kinds, full = gather_slots(opt, old, contributes=not joined, first=_rank() == first, prefix=prefix,
                                    lost_owners=_lost_owners(change))  # fmt: skip
+    # A stale parameter server's copies differ between workers: the owners' values (a lost owner's: the first
+    # member's copy), before the new plan cuts its shards from them and the state sync compares them.
+    refresh_stale_copies(opt, None if joined else old, first=_rank() == first, prefix=prefix,
+                         lost_owners=_lost_owners(change))  # fmt: skip
     if kinds and not joined and handover is None:
         lost = _lost_slots(old, change, variables)
         if lost:
             log.warning("kungfu strategy: the owner of %s left without handing over its optimizer slots: they "
-                        "restart at zero", ", ".join(lost))  # fmt: skip
+                        "restart (at zero, or as a fresh optimizer's)", ", ".join(lost))  # fmt: skip
     generation = install_plan(opt, strategy, kinds, full)
     _search_again_if_asked(opt, change)
     log.info("kungfu strategy: %r re-built for cluster v%d (%d workers, %d slot kinds moved) in %.3f s; plan "

@@ -52,6 +52,7 @@ import tensorflow as tf
 
 from kungfu_tf.ops import collective
 from kungfu_tf.optimizers.loss_scale_guard import refuse_loss_scale_with_servers
+from kungfu_tf.optimizers.stale_copies import refresh_stale_copies
 from kungfu_tf.optimizers.strategy_replan import gather_slots, install_plan
 from kungfu_tf.proto import strategy_pb2
 from kungfu_tf.strategy import plan_generation
@@ -218,6 +219,7 @@ def switch_strategy(optimizer: Any, strategy: StrategySource, model: Any = None)
         plan.strategy = new  # the same nodes: the plan and the traced step stay
         object.__setattr__(optimizer, "_kungfu_strategy", strategy)
         return SwitchReport(False, old_id, new.id, 0, agreed - started, 0.0, 0.0, plan_generation.current())
+    refresh_stale_copies(optimizer, plan, first=kungfu_tf.rank() == 0, prefix=PREFIX)  # the new plan starts from them
     kinds, full = gather_slots(optimizer, plan, contributes=True, first=kungfu_tf.rank() == 0, prefix=PREFIX)
     gathered = time.monotonic()
     generation = install_plan(optimizer, new, kinds, full)

@@ -148,11 +148,15 @@ class StrategyPlan:
         rank: int | None = None,
         size: int | None = None,
         make_variable: VariableFactory = _default_factory,
+        serial: int = 0,
     ) -> None:
         import kungfu_tf
 
         self.strategy = strategy
         self.name = name
+        # The plan's place in the optimizer's sequence of plans (agreed by every worker when a plan replaces
+        # another; see _keys below).
+        self.serial = serial
         self.rank = kungfu_tf.rank() if rank is None else rank
         self.size = kungfu_tf.size() if size is None else size
         infos = [VariableInfo.from_variable(v) for v in variables]
@@ -166,6 +170,10 @@ class StrategyPlan:
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_step")
         self._stale_k = [u.node.staleness for p in self._plans for u in p.units if u.stale and u.node.sync]
         self._has_stale = any(u.stale for p in self._plans for u in p.units)
+        # A stale parameter server's blobs and clocks stay in the owners' stores across plans, versioned by a step
+        # count that restarts with each plan: a later plan's must not meet an earlier one's. Only there: a joiner
+        # keeps its own all-reduce plan (serial 0) where the members' is the same (strategy_resize.py).
+        self._keys = f"{name}/p{serial}" if serial and self._has_stale else name
         self._checked_eagerly = self._check_identical_eagerly()
         # Slot replicas (keep_slot_replicas): kept or not, this rank's slots by target id, replicas by (vi, ui)
         # (None where a unit has no slot of a kind).
@@ -392,7 +400,7 @@ class StrategyPlan:
                 f"strategy updates {self.server_variables} on parameter servers (only their owner sees their "
                 "averaged gradient); use an all-reduce strategy (e.g. 'AllReduce', 'PartitionedAR') or no monitor"
             )
-        prefix = call_prefix(self.name)
+        prefix = call_prefix(self._keys)
         must_run: list[Any] = []
         if self.guarded and not tf.executing_eagerly():
             # Before the first collective: a step traced for a plan that was

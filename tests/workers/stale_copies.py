@@ -1,0 +1,87 @@
+"""Worker for test_stale_copies.py (``kungfu-run -np 3``): the copies of an asynchronous parameter server.
+
+``SynchronousSGDOptimizer(SGD(0.1), strategy=PS(sync=False))``: rank 0 owns
+both variables, every worker pushes its gradients and fetches rank 0's newest
+value. After STEPS steps on every worker and a barrier, rank 0 alone runs one
+more step (its own push, taken and applied): the other ranks' copies are now
+strictly older than the owner's value. Checked:
+
+* ``sync_stale_copies``: before it rank 1's copy differs from rank 0's value;
+  after it every rank holds rank 0's value bit for bit.
+* ``switch_strategy(opt, "AllReduce")`` after the same divergence: the new
+  plan starts from the owner's values on every worker (before, each worker
+  kept its own copy and the all-reduced steps then kept them apart: the
+  workers' weights never met again). After two all-reduced steps every
+  rank's weights are equal.
+
+Ends with "checked N results".
+"""
+
+from __future__ import annotations
+
+import keras
+from _setup import Checker, env_rank, np, ops, tf
+
+from kungfu_tf.optimizers import (
+    SynchronousSGDOptimizer,
+    switch_strategy,
+    sync_stale_copies,
+)
+from kungfu_tf.strategy import builders
+
+STEPS = 4
+SHAPES = [(8, 3), (3,)]
+
+
+def gradients(step: int, rank: int) -> list[tf.Tensor]:
+    rng = np.random.default_rng(1000 * step + rank)
+    return [tf.constant(rng.standard_normal(shape).astype(np.float32)) for shape in SHAPES]
+
+
+def owners_values(variables: list[keras.Variable], name: str) -> list[np.ndarray]:
+    return [ops.broadcast(tf.convert_to_tensor(v), root=0, name=f"{name}/{i}").numpy() for i, v in enumerate(variables)]
+
+
+def everyone_equal(check: Checker, variables: list[keras.Variable], name: str, what: str) -> None:
+    want = owners_values(variables, name)
+    for v, w in zip(variables, want):
+        check.equal(v.numpy().tobytes() == w.tobytes(), True, f"{what}: {v.name} is rank 0's bit for bit")
+
+
+def diverge(rank: int, opt: SynchronousSGDOptimizer, variables: list[keras.Variable], name: str) -> None:
+    """STEPS steps everywhere, then one more on rank 0 (the owner) alone."""
+    for s in range(STEPS):
+        opt.apply(gradients(s, rank), variables)
+    ops.all_reduce(tf.zeros([1]), name=f"{name}/barrier_before")
+    if rank == 0:
+        opt.apply(gradients(STEPS, rank), variables)
+    ops.all_reduce(tf.zeros([1]), name=f"{name}/barrier_after")
+
+
+def main() -> None:
+    rank = env_rank()
+    check = Checker(rank)
+
+    variables = [keras.Variable(np.ones(shape, np.float32), name=f"a{i}") for i, shape in enumerate(SHAPES)]
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.PS(sync=False), name="async_a")
+    diverge(rank, opt, variables, "a")
+    owner = owners_values(variables, "a/owner")
+    differs = any(v.numpy().tobytes() != w.tobytes() for v, w in zip(variables, owner))
+    check.equal(differs, rank != 0, "before sync_stale_copies: only the owner holds its newest value")
+    check.equal(sync_stale_copies(opt), [0, 1], "the variables of the asynchronous parameter server")
+    everyone_equal(check, variables, "a/after", "after sync_stale_copies")
+
+    variables = [keras.Variable(np.ones(shape, np.float32), name=f"b{i}") for i, shape in enumerate(SHAPES)]
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), strategy=builders.PS(sync=False),
+                                  name="async_b")  # fmt: skip
+    diverge(rank, opt, variables, "b")
+    switch_strategy(opt, "AllReduce")
+    everyone_equal(check, variables, "b/switched", "right after the switch to AllReduce")
+    for s in range(2):
+        opt.apply(gradients(STEPS + 1 + s, rank), variables)
+    everyone_equal(check, variables, "b/trained", "after two all-reduced steps")
+    check.done()
+
+
+if __name__ == "__main__":
+    main()
