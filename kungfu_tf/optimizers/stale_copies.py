@@ -17,8 +17,13 @@ Nothing asks them to agree while training runs, but three moments do:
 :func:`refresh_stale_copies` gives every worker, for each part of a
 variable that a stale parameter server updates, its owner's value, or, if
 the owner is gone (a crash), the first surviving member's copy (at most K
-steps old; any age without a bound). One sum all-reduce per dtype: each part
-comes from one worker, the others add zeros, so the values move bit for bit.
+steps old; any age without a bound). One sum all-reduce of bytes: each part
+comes from one worker, the others add zero bytes, so the values move bit for
+bit (a float sum would turn -0.0 into 0.0, and TensorFlow's threads flush
+denormals to zero). An owner reads its parts from what it updates (a shard
+variable of its own under a partitioned strategy): a step that a crash
+failed may have updated the shard without writing it back into the model
+variable, and its slots are the shard's.
 Gradients pushed to an owner but not yet applied by it are not part of any
 value; at a change the next plan's steps no longer take them.
 
@@ -77,26 +82,25 @@ def refresh_stale_copies(
         return []
     full = {vi: np.zeros(variables[vi].shape, tf.as_dtype(variables[vi].dtype).as_numpy_dtype) for vi in stale}
     if plan is not None:
-        for vi, node, _ in plan.placements():
+        for vi, node, target in plan.placements():
             if vi not in full:
                 continue
             owned = node.kind == "ps" and node.owner not in lost_owners
-            if (owned and node.owner == plan.rank) or (not owned and first):
-                region = _region(node, variables[vi])
+            region = _region(node, variables[vi])
+            if owned and node.owner == plan.rank:
+                whole = target is None or target is variables[vi]  # else a shard's own variable, the newest value
+                full[vi][region] = np.asarray(variables[vi].numpy())[region] if whole else np.asarray(target.numpy())
+            elif not owned and first:
                 full[vi][region] = np.asarray(variables[vi].numpy())[region]
-    by_dtype: dict[np.dtype, list[int]] = {}
-    for vi in stale:
-        by_dtype.setdefault(full[vi].dtype, []).append(vi)
+    flat = np.concatenate([np.ascontiguousarray(full[vi]).reshape(-1).view(np.uint8) for vi in stale])
     with tf.init_scope():
-        for n, (_, indices) in enumerate(sorted(by_dtype.items(), key=lambda kv: str(kv[0]))):
-            flat = np.concatenate([full[vi].reshape(-1) for vi in indices])
-            summed = collective.all_reduce(tf.constant(flat), op="sum", name=f"{prefix}/stale_values/{n}",
-                                           topology="RING" if flat.nbytes > 64 << 10 else "STAR").numpy()  # fmt: skip
-            offset = 0
-            for vi in indices:
-                size = full[vi].size
-                variables[vi].assign(summed[offset : offset + size].reshape(full[vi].shape))
-                offset += size
+        summed = collective.all_reduce(tf.constant(flat), op="sum", name=f"{prefix}/stale_values",
+                                       topology="RING" if flat.nbytes > 64 << 10 else "STAR").numpy()  # fmt: skip
+        offset = 0
+        for vi in stale:
+            size = full[vi].nbytes
+            variables[vi].assign(summed[offset : offset + size].view(full[vi].dtype).reshape(full[vi].shape))
+            offset += size
     return stale
 
 

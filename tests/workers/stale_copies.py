@@ -13,6 +13,14 @@ strictly older than the owner's value. Checked:
   kept its own copy and the all-reduced steps then kept them apart: the
   workers' weights never met again). After two all-reduced steps every
   rank's weights are equal.
+* The values move bit for bit: the owner's -0.0 stays -0.0 on every worker
+  (a float sum of the owner's part and the others' zeros gave 0.0).
+* Under ``PartitionedPS(sync=False)`` each rank owns a shard of the (9, 3)
+  kernel in a shard variable of its own, written back into the model
+  variable at the end of each step. A step that a crash failed can have
+  updated the shard and not written it back: given that state (each owner's
+  shard one ahead of its model variable), every worker ends with the
+  shards' values (before: the owners' stale model variables).
 
 Ends with "checked N results".
 """
@@ -80,6 +88,36 @@ def main() -> None:
     for s in range(2):
         opt.apply(gradients(STEPS + 1 + s, rank), variables)
     everyone_equal(check, variables, "b/trained", "after two all-reduced steps")
+
+    variables = [keras.Variable(np.ones(shape, np.float32), name=f"c{i}") for i, shape in enumerate(SHAPES)]
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.PS(sync=False), name="async_c")
+    diverge(rank, opt, variables, "c")
+    if rank == 0:
+        variables[1].assign(np.array([-0.0, 1e-40, 2.0], np.float32))  # a negative zero and a denormal
+    owner = owners_values(variables, "c/owner")
+    sync_stale_copies(opt)
+    for v, w in zip(variables, owner):
+        check.equal(v.numpy().tobytes() == w.tobytes(), True, f"{v.name} is the owner's, -0.0 and denormal too")
+
+    shapes = [(9, 3), (3,)]
+    variables = [keras.Variable(np.ones(shape, np.float32), name=f"d{i}") for i, shape in enumerate(shapes)]
+    opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), name="async_d",
+                                  strategy=builders.PartitionedPS(min_partition_bytes=64, sync=False))  # fmt: skip
+    for s in range(STEPS):
+        opt.apply([tf.constant(np.full(shape, s + rank, np.float32)) for shape in shapes], variables)
+    ops.all_reduce(tf.zeros([1]), name="d/barrier")
+    want = np.zeros(shapes[0], np.float32)
+    shards = 0
+    for vi, node, target in opt._kungfu_plan.placements():
+        if vi == 0 and node.is_shard and node.owner == rank and target is not None:
+            target.assign_add(tf.ones_like(target))  # applied, not yet written back
+            want[slice(*node.bounds)] = target.numpy()
+            shards += 1
+    check.equal(shards, 1, "PartitionedPS: this rank owns one shard of the kernel")
+    want = ops.all_reduce(tf.constant(want), op="sum", name="d/want").numpy()  # every owner's shard
+    sync_stale_copies(opt)
+    check.equal(variables[0].numpy().tobytes() == want.tobytes(), True,
+                "PartitionedPS: the kernel is its owners' shard variables")  # fmt: skip
     check.done()
 
 
