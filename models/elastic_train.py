@@ -226,6 +226,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--record-slots", action="store_true",
                    help="with --record-dir and --strategy (--api function): every optimizer slot of every variable "
                         "goes to <peer>-<pid>-slots.npz at the end")
+    p.add_argument("--record-owned-slots", action="store_true",
+                   help="with --record-dir and --strategy (--api function): the optimizer slots of the parameter-"
+                        "server parts this worker owns go to <peer>-<pid>-owned-step<N>.npz after each step and to "
+                        "<peer>-<pid>-owned-v<V>.npz after each change to cluster version V")
     args = p.parse_args(argv)
     try:
         args.schedule = parse_schedule(args.resize_at)
@@ -323,6 +327,11 @@ class Recorder:
         """A policy's ``after_step`` ran at ``step`` (0-based); ``state``: its state_dict() after the call."""
         self.write(event="policy", step=step, rank=rank, size=size, state=state, t=time.time())
 
+    def owned_slots(self, tag: str, slots: dict[str, np.ndarray]) -> None:
+        """--record-owned-slots: ``slots`` (see :func:`owned_slots`) as <stem>-owned-<tag>.npz."""
+        if self.file is not None:
+            np.savez(f"{self.stem}-owned-{tag}.npz", **slots)
+
     def end(self, weights: list[np.ndarray], state: elastic.ElasticState, detached: bool, api: str,
             slots: list[list[np.ndarray | None]] | None = None) -> None:  # fmt: skip
         """The end: digests of what this worker holds; the weights (and ``slots[kind][variable]``) as .npz files."""
@@ -389,6 +398,8 @@ class Script:
         self._seen = change
         if change is not None and change is not seen:
             self.record.change(change, state.step)
+            if self.args.record_owned_slots and not change.detached:
+                self.record.owned_slots(f"v{change.new_version}", owned_slots(self.optimizer))
             if not change.detached and kungfu_tf.rank() == 0:
                 print(f"[elastic_train] step {state.step}: cluster v{change.new_version}, "
                       f"{len(change.old_peers)} -> {len(change.new_peers)} workers", flush=True)  # fmt: skip
@@ -411,6 +422,24 @@ def held_slots(optimizer: keras.optimizers.Optimizer) -> list[list[np.ndarray | 
         return [[None if slot is None else slot.numpy() for slot in kind] for kind in table]
     _, full = gather_slots(optimizer, plan, contributes=True, first=kungfu_tf.rank() == 0, prefix="elastic_train/slots")
     return full
+
+
+def owned_slots(optimizer: keras.optimizers.Optimizer) -> dict[str, np.ndarray]:
+    """The slots of the parameter-server parts this worker owns, keyed ``v<variable>_k<kind>_a<axis>_<start>_<stop>``
+    (a shard's bounds on its axis; a whole variable's: axis -1, 0_0)."""
+    plan = optimizer._kungfu_plan
+    table = slot_table(optimizer, optimizer._kungfu_fixed_variable_ids, plan.targets)
+    index = {id(t): i for i, t in enumerate(plan.targets)}
+    out = {}
+    for vi, node, target in plan.placements():
+        if node.kind != "ps" or target is None:
+            continue
+        axis, (start, stop) = (node.axis, node.bounds) if node.is_shard else (-1, (0, 0))
+        for k, row in enumerate(table):
+            slot = row[index[id(target)]]
+            if slot is not None:
+                out[f"v{vi}_k{k}_a{axis}_{start}_{stop}"] = np.asarray(slot.numpy())
+    return out
 
 
 def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.ElasticState, bool]:
@@ -452,6 +481,8 @@ def train_function_api(script: Script) -> tuple[list[np.ndarray], elastic.Elasti
             script.sampler.commit(size)
             state.epoch = script.sampler.epoch
             state.commit()
+            if args.record_owned_slots:
+                script.record.owned_slots(f"step{state.step}", owned_slots(optimizer))
             target = script.scheduled_size(state)
             if target is not None:
                 _, detached = ops.resize(target, wait=args.resize_wait)

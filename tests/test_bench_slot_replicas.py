@@ -16,10 +16,11 @@ from conftest import REPO_ROOT, worker_env
 from benchmarks.slot_replicas.run import parse_args
 
 
-def test_benchmark_smoke(tmp_path):
+@pytest.mark.parametrize("staleness", [[], ["--staleness", "1"]])
+def test_benchmark_smoke(tmp_path, staleness):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.slot_replicas", "--strategies", "PS", "--optimizers",
                            "momentum", "--hidden", "16", "--steps", "14", "--skip", "8", "--rounds", "1",
-                           "--json", str(tmp_path / "out.json")],
+                           "--json", str(tmp_path / "out.json"), *staleness],
                           check=False, cwd=REPO_ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     row = re.search(r"^\| PS \| momentum \| ([0-9.]+) ms \| ([0-9.]+) ms \| ([0-9.]+) \|$", proc.stdout, re.MULTILINE)

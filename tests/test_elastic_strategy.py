@@ -180,6 +180,57 @@ def test_stale_and_asynchronous_parameter_servers_survive_a_crash_a_growth_and_a
     check_every_step_once(tmp_path, rc, out, err, None, counted=(STEPS, STEPS + 1))
 
 
+def _owned_slot_pieces(path) -> dict[tuple[int, int, int, int, int], np.ndarray]:
+    """models/elastic_train.py --record-owned-slots: (variable, kind, axis, start, stop) -> the slot's values."""
+    with np.load(path) as data:
+        return {tuple(int(x) for x in key.replace("v", "").replace("k", "").replace("a", "").split("_")): data[key]
+                for key in data.files}  # fmt: skip
+
+
+@pytest.mark.parametrize(("strategy", "staleness"), [("PS", 1), ("PartitionedPS", -1)])
+def test_a_crashed_stale_owners_slots_are_its_own_of_a_recent_step(tmp_path, strategy, staleness):
+    # A stale (staleness 1) or asynchronous parameter server's owner saves its slots beside its value, as the same
+    # version; every other worker fetches them with the value and keeps them as replicas. The owner (rank 0 owns
+    # everything under PS; rank 2 a shard of each kernel and a bias under PartitionedPS) is SIGKILLed when 4 steps
+    # are done: after the change, the new owners' slots of what it held must be, bit for bit, its own slots after
+    # one of its steps, a recent one within the staleness bound (the first survivor is at most K steps behind the
+    # owner and its copies at most K steps behind its own step). Before, no replica of a stale owner's slots
+    # existed: they restarted at zero (under PS without the warning: no survivor held a slot of any kind).
+    crash_rank = 0 if strategy == "PS" else 2
+    args = train_args(tmp_path, strategy, "momentum") + ["--staleness", staleness, "--crash-at", 4, "--crash-rank",
+                                                         crash_rank, "--record-owned-slots"]  # fmt: skip
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER)
+    check_every_step_once(tmp_path, rc, out, err, None, counted=(STEPS, STEPS + 1))
+    report = describe(rc, out, err)
+    assert "left without handing over its optimizer slots" not in err, report
+    record_dir = tmp_path / "records"
+    records = load(record_dir)
+    (dead,) = [stem for stem, lines in records.items() if not lines or lines[-1]["event"] != "end"]
+    owned_by_step = {n: _owned_slot_pieces(record_dir / f"{dead}-owned-step{n}.npz") for n in range(1, 5)}
+    assert owned_by_step[4], report  # the dead worker owned slots
+    (version,) = {r["new_version"] for lines in records.values() for r in lines if r["event"] == "change" and r["lost"]}
+    after: dict[tuple[int, int], np.ndarray] = {}  # (variable, kind) -> the survivors' slots, assembled
+    for stem in records:
+        path = record_dir / f"{stem}-owned-v{version}.npz"
+        for (vi, k, axis, start, stop), values in (_owned_slot_pieces(path) if path.exists() else {}).items():
+            if axis < 0:
+                after[(vi, k)] = values
+                continue
+            # Every worker's shard of a variable along one axis: put each in place, the whole grows to fit.
+            whole = after.setdefault((vi, k), np.full(values.shape, np.nan, values.dtype))
+            if whole.shape[axis] < stop:
+                grown = np.full([*whole.shape[:axis], stop, *whole.shape[axis + 1:]], np.nan, values.dtype)
+                grown[tuple(slice(0, n) for n in whole.shape)] = whole
+                after[(vi, k)] = whole = grown
+            whole[(slice(None),) * axis + (slice(start, stop),)] = values
+    oldest = 1 if staleness < 0 else 4 - 2 * staleness
+    for vi, k, axis, start, stop in owned_by_step[4]:
+        region = (Ellipsis,) if axis < 0 else (slice(None),) * axis + (slice(start, stop),)
+        got = after[(vi, k)][region]
+        matches = [n for n in range(oldest, 5) if got.tobytes() == owned_by_step[n][(vi, k, axis, start, stop)].tobytes()]
+        assert matches and np.any(got != 0), (vi, k, axis, start, stop, got, report[-3000:])
+
+
 def test_slots_that_cannot_be_cut_into_shards_are_refused_with_a_partitioned_strategy_before_it_trains(tmp_path):
     # Adafactor's factored slots of a shard are not a cut of its variable's: under a partitioned strategy they
     # cannot follow the shards to new owners. Before, the owners raised while building the optimizer and the

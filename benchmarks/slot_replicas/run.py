@@ -8,7 +8,9 @@ in one run: ``models/elastic_train.py`` under ``kungfu-run --elastic``, a
 custom loop, SGD with momentum or Adam, for each strategy, the two settings
 alternating over ``--rounds`` jobs (the order rotated each round), and prints
 the median step time of each (the first ``--skip`` steps of a job left out)
-and their ratio.
+and their ratio. ``--staleness K`` (-1: asynchronous) makes the parameter
+servers stale: the owner saves its slots beside its value and the others
+fetch them with it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--skip", type=int, default=10, help="first steps of each job not timed (trace, AUTO's probe)")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--staleness", type=int, default=None, help="stale parameter servers (K; -1: asynchronous)")
     p.add_argument("--json", type=Path, default=REPO / "build" / "bench" / "slot_replicas.json")
     args = p.parse_args(argv)
     if args.np < 2 or args.steps <= args.skip + 2 or args.rounds < 1:
@@ -51,6 +54,8 @@ def step_times(strategy: str, optimizer: str, setting: str, args: argparse.Names
                 "-q", sys.executable, str(SCRIPT), "--api", "function", "--strategy", strategy, "--optimizer",
                 optimizer, "--hidden", str(args.hidden), "--samples", str(64 * args.np * args.steps),
                 "--batch-size", "64", "--steps", str(args.steps), "--epochs", "100", "--record-dir", records]  # fmt: skip
+        if args.staleness is not None:
+            argv += ["--staleness", str(args.staleness)]
         [done] = run_group([argv], [worker_env({"KUNGFU_SLOT_REPLICAS": SETTINGS[setting]})], timeout_s=600)
         if not done.ok:
             raise RuntimeError(f"{strategy} {optimizer} {setting}: exit {done.returncode}\n{done.tail()}")
@@ -78,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             med = {s: statistics.median(ts) for s, ts in times.items()}
             rows.append({"strategy": strategy, "optimizer": optimizer, **{f"{s}_s": v for s, v in med.items()},
                          "steps": {s: len(ts) for s, ts in times.items()}})  # fmt: skip
-    print(f"## Replicas of parameter servers' optimizer slots, np={args.np}, MLP 64-{args.hidden}-10, "
+    kind = "" if args.staleness is None else (" (asynchronous)" if args.staleness < 0 else f" (staleness {args.staleness})")
+    print(f"## Replicas of parameter servers'{kind} optimizer slots, np={args.np}, MLP 64-{args.hidden}-10, "
           f"elastic custom loop\n")
     print("| strategy | optimizer | with replicas | without | with ÷ without |\n|---|---|---:|---:|---:|")
     for r in rows:

@@ -17,9 +17,10 @@ listener (before the elastic state syncs):
    shares; for a shrink, before it commits, while the leaving owners are
    still members: :func:`prepare_shrink`). The slots of an owner that
    crashed come from the replicas every rank keeps in an elastic job
-   (``strategy_replan.keep_slot_replicas``); without them (a stale
-   parameter server, ``KUNGFU_SLOT_REPLICAS=0``) they restart (at zero, or
-   as a fresh optimizer's), and a warning names them. A stale parameter
+   (``strategy_replan.keep_slot_replicas``; a stale parameter server's are
+   as old as the first member's copy of the value); without them
+   (``KUNGFU_SLOT_REPLICAS=0``) they restart (at zero, or as a fresh
+   optimizer's), and a warning names them. A stale parameter
    server's copies, which differ between workers, become the owners' values
    first (kungfu_tf/optimizers/stale_copies.py; a crashed owner's: the first
    member's copy);
@@ -193,7 +194,7 @@ def _lost_owners(change: em.Change) -> frozenset[int]:
 
 def _lost_slots(old: StrategyPlan, change: em.Change, variables: list[Any]) -> list[str]:
     """Names of the variables (or shards) whose owner left without handing over its slots, and of which no
-    replica was kept (a stale parameter server's)."""
+    replica was kept (``KUNGFU_SLOT_REPLICAS=0``)."""
     lost = _lost_owners(change)
     kept = {unit.node.name for _, _, unit in old.replicable_units()} if old.slot_replicas else set()
     names = []

@@ -212,10 +212,10 @@ class StrategyPlan:
         return plan
 
     def replicable_units(self) -> list[tuple[int, int, _Unit]]:
-        """(variable index, unit index, unit) of every synchronous parameter-server unit: the ones whose
-        optimizer slots live on their owner alone."""
+        """(variable index, unit index, unit) of every parameter-server unit (synchronous, stale or
+        asynchronous): the ones whose optimizer slots live on their owner alone."""
         return [(vi, ui, u) for vi, p in enumerate(self._plans) for ui, u in enumerate(p.units)
-                if u.node.kind == "ps" and not u.stale]  # fmt: skip
+                if u.node.kind == "ps"]  # fmt: skip
 
     def keep_slot_replicas(
         self,
@@ -223,8 +223,8 @@ class StrategyPlan:
         layout: Callable[[int, Any], list[tuple[tuple[int, ...], str] | None]],
         initial: Callable[[int, Any], list[np.ndarray | None]] | None,
     ) -> None:
-        """From now on every step publishes each synchronous PS unit's optimizer slots from its owner, and every
-        other rank keeps them in replica variables (:attr:`slot_replicas`).
+        """From now on every step publishes each PS unit's optimizer slots from its owner, and every other rank
+        keeps them in replica variables (:attr:`slot_replicas`).
 
         A parameter server's slots (momentum, Adam's moments) exist on its
         owner only; with replicas a crashed owner's slots survive on every
@@ -234,7 +234,10 @@ class StrategyPlan:
         broadcast as the unit's new value (:meth:`_publish_unit`): as many
         bytes again as the value for SGD with momentum, twice for Adam. A
         sparse variable's slots go whole, in broadcasts of their own (the
-        rows a step touched are not tracked).
+        rows a step touched are not tracked). A stale or asynchronous unit's
+        owner saves its slots beside its value, as the same version, and the
+        others fetch them as they fetch the value (:meth:`_stale_slots`): a
+        replica is as old as the copy of the value, at most K steps.
 
         ``slots_of``: id(target) -> its slots by kind (None: no slot of that
         kind), for the units this rank owns; ``layout(vi, node)``: the unit's
@@ -662,13 +665,15 @@ class StrategyPlan:
             like = slice_value(tf.convert_to_tensor(plan.variable), plan.axis, start, stop)
         if unit.stale:
             blob = f"{base}/value"
+            min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
+            if self._keeps_slots:
+                sent_slots[(vi, ui)] = self._stale_slots(vi, ui, unit, owner, base, t, min_version)
             if owner and sparse:
                 return ("rows", ps_stale.save_changed_rows(blob, snapshots[(vi, ui)], source, t + 1))
             if owner:
                 saved = ps_stale.save_value(tf.convert_to_tensor(source), blob, t + 1)
                 with tf.control_dependencies([saved] if saved is not None else []):
                     return ("full", tf.convert_to_tensor(source))
-            min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
             if sparse:
                 shape, dtype = node.shape, tf.as_dtype(plan.variable.dtype)
                 return ("rows", ps_stale.fetch_rows(node.owner, blob, min_version, shape, dtype))
@@ -689,6 +694,38 @@ class StrategyPlan:
         sent_slots[(vi, ui)] = [] if owner else [r.assign(s) for r, s in zip(held, got[1:])]
         alive.extend(got[1:])  # slots of another dtype than the value's travel in a broadcast of their own
         return ("full", got[0])
+
+    def _stale_slots(
+        self, vi: int, ui: int, unit: _Unit, owner: bool, base: str, t: tf.Tensor, min_version: tf.Tensor
+    ) -> list[Any]:
+        """A stale or asynchronous unit's slot replicas (:meth:`keep_slot_replicas`): the owner's saves, or this
+        rank's replica writes.
+
+        Nobody waits for a broadcast here: the owner saves its slots in its
+        p2p store (one blob per dtype) as the version its value has, and
+        every other rank fetches them with the value's bound, so a replica
+        is as old as this rank's copy of the value (the first member's
+        copy and replicas stand for a crashed owner's value and slots,
+        kungfu_tf/optimizers/stale_copies.py). A sparse unit's slots go
+        whole, as with synchronous parameter servers.
+        """
+        held = [s for s in (self._slots_of[id(unit.target)] if owner else self.slot_replicas[(vi, ui)]) if s is not None]
+        by_dtype: dict[tf.DType, list[Any]] = {}
+        for slot in held:
+            by_dtype.setdefault(tf.as_dtype(slot.dtype), []).append(slot)
+        out: list[Any] = []
+        for dtype, slots in by_dtype.items():
+            blob = f"{base}/slots/{dtype.name}"
+            if owner:
+                flat = tf.concat([tf.reshape(tf.convert_to_tensor(s), [-1]) for s in slots], 0)
+                saved = ps_stale.save_value(flat, blob, t + 1)
+                out.extend([saved] if saved is not None else [])
+                continue
+            sizes = [int(np.prod(s.shape)) for s in slots]
+            got = ps_stale.fetch_value(unit.node.owner, blob, min_version, tf.zeros([sum(sizes)], dtype))
+            for slot, piece in zip(slots, tf.split(got, sizes)):
+                out.append(slot.assign(tf.reshape(piece, slot.shape)))
+        return out
 
     def _write_back(self, plan: _VariablePlan, updates: list[tuple[str, Any]]) -> list[Any]:
         var = plan.variable
