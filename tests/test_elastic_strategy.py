@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import describe, rank_lines, run_job
+from conftest import describe, rank_lines, run_job, worker_env
 from elastic_records import (
     MODELS,
     final_weights,
@@ -229,6 +229,25 @@ def test_a_crashed_stale_owners_slots_are_its_own_of_a_recent_step(tmp_path, str
         got = after[(vi, k)][region]
         matches = [n for n in range(oldest, 5) if got.tobytes() == owned_by_step[n][(vi, k, axis, start, stop)].tobytes()]
         assert matches and np.any(got != 0), (vi, k, axis, start, stop, got, report[-3000:])
+
+
+def test_without_replicas_a_crashed_owners_slots_restart_and_every_survivor_says_so(tmp_path):
+    # KUNGFU_SLOT_REPLICAS=0 trades the replicas' bytes for slots that restart when their owner crashes, and the
+    # survivors must say so. Under PS rank 0 holds every slot; it is SIGKILLed when 4 steps are done. Before, the
+    # survivors, holding no slot, could not tell that the optimizer had any, and said nothing.
+    args = train_args(tmp_path, "PS", "momentum") + ["--crash-at", 4, "--crash-rank", 0, "--record-owned-slots"]
+    rc, out, err = run_job(3, MODELS / "elastic_train.py", *args, timeout=240, extra_launcher_args=LAUNCHER,
+                           env=worker_env(KUNGFU_SLOT_REPLICAS="0"))  # fmt: skip
+    check_every_step_once(tmp_path, rc, out, err, None)
+    report = describe(rc, out, err)
+    said = [line for lines in rank_lines(err).values() for line in lines if "left without handing over" in line]
+    assert len(said) == 2 and all("restart" in line for line in said), report
+    record_dir = tmp_path / "records"
+    records = load(record_dir)
+    (version,) = {r["new_version"] for lines in records.values() for r in lines if r["event"] == "change" and r["lost"]}
+    after = [piece for stem in records if (record_dir / f"{stem}-owned-v{version}.npz").exists()
+             for piece in _owned_slot_pieces(record_dir / f"{stem}-owned-v{version}.npz").values()]  # fmt: skip
+    assert after and not any(np.any(piece) for piece in after), report  # the new owner's momentum: zeros
 
 
 def test_slots_that_cannot_be_cut_into_shards_are_refused_with_a_partitioned_strategy_before_it_trains(tmp_path):

@@ -397,6 +397,7 @@ def keep_slot_replicas(opt: Any, full: FullSlots | None = None, kinds: int | Non
             "optimizer whose slots have their variables' shapes (SGD, Adam, RMSprop, ...)"
         ) from e
     kinds = most if kinds is None else kinds
+    plan.slot_kinds = kinds
     if off_somewhere or not kinds or not plan.replicable_units():
         return
     # Every target, with no slot at all too (Muon's variables that take their gradient as their value).

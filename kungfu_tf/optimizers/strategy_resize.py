@@ -274,7 +274,7 @@ def rebuild_for_cluster(opt: Any, change: em.Change) -> None:
     # member's copy), before the new plan cuts its shards from them and the state sync compares them.
     refresh_stale_copies(opt, None if joined else old, first=_rank() == first, prefix=prefix,
                          lost_owners=_lost_owners(change))  # fmt: skip
-    if kinds and not joined and handover is None:
+    if (kinds or old.slot_kinds) and not joined and handover is None:
         lost = _lost_slots(old, change, variables)
         if lost:
             log.warning("kungfu strategy: the owner of %s left without handing over its optimizer slots: they "

@@ -178,6 +178,9 @@ class StrategyPlan:
         # Slot replicas (keep_slot_replicas): kept or not, this rank's slots by target id, replicas by (vi, ui)
         # (None where a unit has no slot of a kind).
         self._keeps_slots = False
+        # Kinds of slots the optimizer keeps per variable, agreed by every worker when it was built (replicas or
+        # not): a change that loses an owner under PS, where no survivor holds a slot, still knows there were some.
+        self.slot_kinds = 0
         self._slots_of: dict[int, list[Any]] = {}
         self.slot_replicas: dict[tuple[int, int], list[tf.Variable | None]] = {}
         # The plan is replaced at membership changes (elastic jobs) and at strategy switches (any TF2
