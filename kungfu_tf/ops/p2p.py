@@ -38,6 +38,23 @@ def save(name: str, x: tf.Tensor, version: int | tf.Tensor | None = None) -> tf.
     return library().kungfu_save(_name(name), tf.convert_to_tensor(x), _version(version))
 
 
+def forget(prefix: str) -> None:
+    """Drops what this worker holds under ``prefix + "/"``: every version of the blobs :func:`save` kept, the
+    accumulators :func:`push` added into, the tables :func:`save_rows` published (eager).
+
+    For names no step will use again (a replaced strategy plan's). A request
+    parked for a forgotten name stays parked; a later push or save starts it
+    again from empty.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from kungfu_tf.ops import p2p
+        >>> p2p.save("doc_forget/x", tf.constant([1.0]), version=1)
+        >>> p2p.forget("doc_forget")  # a request for "doc_forget/x" now raises NotFoundError
+    """
+    library().kungfu_state_forget(check_name(prefix))
+
+
 def request(rank: int | tf.Tensor, name: str, like: tf.Tensor, version: int | tf.Tensor | None = None) -> tf.Tensor:
     """Fetches what worker ``rank`` saved under ``name``; ``like`` gives shape and dtype.
 

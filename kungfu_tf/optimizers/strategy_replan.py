@@ -472,6 +472,7 @@ def install_plan(opt: Any, strategy: strategy_pb2.Strategy, kinds: int, full: Fu
     opt.built = False
     object.__setattr__(opt, "_kungfu_plan", plan)
     object.__setattr__(opt, "_kungfu_warm_up_plan", False)
+    old.forget_stored()  # a stale plan's values, slots and pushes: 4 versions each, a leak at every change
     decay_parts_as_their_variables(opt, [(variables[vi], t) for vi, _, t in plan.placements() if t is not None])
     rebuild_keeping_step_state(opt, lambda: opt._kungfu_build_base(plan.targets))
     new_table, most, _ = agreed_slot_table(opt, plan.targets, f"{plan.name}/install_slots")

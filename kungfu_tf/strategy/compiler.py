@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from kungfu_tf import ops
-from kungfu_tf.ops import elastic_membership
+from kungfu_tf.ops import elastic_membership, p2p
 from kungfu_tf.ops.call_names import call_prefix
 from kungfu_tf.ops.indexed_slices import average_indexed_slices
 from kungfu_tf.proto import strategy_pb2
@@ -170,10 +170,12 @@ class StrategyPlan:
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_step")
         self._stale_k = [u.node.staleness for p in self._plans for u in p.units if u.stale and u.node.sync]
         self._has_stale = any(u.stale for p in self._plans for u in p.units)
-        # A stale parameter server's blobs and clocks stay in the owners' stores across plans, versioned by a step
-        # count that restarts with each plan: a later plan's must not meet an earlier one's. Only there: a joiner
-        # keeps its own all-reduce plan (serial 0) where the members' is the same (strategy_resize.py).
-        self._keys = f"{name}/p{serial}" if serial and self._has_stale else name
+        # A stale parameter server's blobs, accumulators and clocks live in the workers' stores, versioned by a
+        # step count that restarts with each plan: a later plan's must not meet an earlier one's, and a replaced
+        # plan's are forgotten by their prefix (strategy_replan.install_plan), which must not cover the next
+        # plan's. Only there: a joiner keeps its own all-reduce plan (serial 0) where the members' is the same
+        # (strategy_resize.py).
+        self._keys = f"{name}/p{serial}" if self._has_stale else name
         self._checked_eagerly = self._check_identical_eagerly()
         # Slot replicas (keep_slot_replicas): kept or not, this rank's slots by target id, replicas by (vi, ui)
         # (None where a unit has no slot of a kind).
@@ -347,6 +349,12 @@ class StrategyPlan:
         variable whose shards are all all-reduced) or a shard variable.
         """
         return [(vi, u.node, u.target) for vi, p in enumerate(self._plans) for u in p.units]
+
+    def forget_stored(self) -> None:
+        """Drops what this plan's stale parameter servers left in this worker's store (values, slots, pushed
+        gradients, clocks): the plan was replaced, and no step uses its names again. Local, eager."""
+        if self._has_stale:
+            p2p.forget(self._keys)
 
     @property
     def replicated(self) -> bool:

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "prefix_erase.h"
+
 namespace kungfu {
 
 namespace {
@@ -33,6 +35,17 @@ Status AccumulatorStore::Accumulator::take_dropped(const std::string &name) {
   dropped.clear();
   more_dropped = 0;
   return InvalidArgument(why);
+}
+
+void AccumulatorStore::erase_prefix(const std::string &prefix) {
+  std::vector<std::shared_ptr<Accumulator>> dropped;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  dropped = take_by_prefix(accumulators_, prefix);
+}
+
+size_t AccumulatorStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return accumulators_.size();
 }
 
 std::shared_ptr<AccumulatorStore::Accumulator> AccumulatorStore::get(const std::string &name, DType dtype, size_t count,

@@ -48,6 +48,13 @@ class AccumulatorStore {
   Status take_rows(const std::string &name, DType dtype, size_t num_rows, size_t row_len, std::vector<int64_t> *rows,
                    std::vector<char> *values, int64_t *pushes);
 
+  // Drops every accumulator whose name starts with `prefix` (a replaced
+  // strategy plan's, whose names no step uses again). A push that comes
+  // later starts a new, empty one.
+  void erase_prefix(const std::string &prefix);
+  // How many accumulators exist (for tests and leak checks).
+  size_t size() const;
+
  private:
   struct Accumulator {
     std::mutex mu;
@@ -72,7 +79,7 @@ class AccumulatorStore {
   std::shared_ptr<Accumulator> get(const std::string &name, DType dtype, size_t count, size_t row_len,
                                    const std::string &who);
 
-  std::mutex mu_;  // guards the map only; each accumulator has its own lock
+  mutable std::mutex mu_;  // guards the map only; each accumulator has its own lock
   std::unordered_map<std::string, std::shared_ptr<Accumulator>> accumulators_;
 };
 

@@ -1,5 +1,7 @@
 #include "p2p_store.h"
 
+#include "prefix_erase.h"
+
 namespace kungfu {
 
 void P2PStore::save(const std::string &name, uint64_t version, Blob blob) {
@@ -22,18 +24,9 @@ void P2PStore::save(const std::string &name, uint64_t version, Blob blob) {
 }
 
 void P2PStore::erase_prefix(const std::string &prefix) {
-  std::vector<Blob> dropped;  // freed outside the lock (tens of MB for a model's state)
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = blobs_.begin(); it != blobs_.end();) {
-      if (it->first.compare(0, prefix.size(), prefix) != 0) {
-        ++it;
-        continue;
-      }
-      for (auto &v : it->second) dropped.push_back(std::move(v.second));
-      it = blobs_.erase(it);
-    }
-  }
+  std::vector<std::map<uint64_t, Blob>> dropped;  // freed outside the lock (tens of MB for a model's state)
+  std::lock_guard<std::mutex> lock(mu_);
+  dropped = take_by_prefix(blobs_, prefix);
 }
 
 Blob P2PStore::get(const std::string &name, uint64_t version, uint64_t *found) const {
@@ -67,6 +60,11 @@ bool P2PStore::cancel(const std::string &name, uint64_t token) {
 size_t P2PStore::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waiters_.size();
+}
+
+size_t P2PStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blobs_.size();
 }
 
 }  // namespace kungfu

@@ -69,6 +69,8 @@ class P2PStore {
   bool cancel(const std::string &name, uint64_t token);
   // Callbacks still waiting (for tests and leak checks).
   size_t waiting() const;
+  // How many names hold blobs (for tests and leak checks).
+  size_t size() const;
 
  private:
   struct Waiter {

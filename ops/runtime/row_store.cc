@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "prefix_erase.h"
+
 namespace kungfu {
 
 Status RowStore::update(const std::string &name, uint64_t version, const char *data, size_t num_rows, size_t row_bytes,
@@ -103,6 +105,17 @@ uint64_t RowStore::when_updated(const std::string &name, int peer, uint64_t held
 bool RowStore::cancel(const std::string &name, uint64_t token) {
   std::lock_guard<std::mutex> lock(mu_);
   return waiters_.cancel(name, token);
+}
+
+void RowStore::erase_prefix(const std::string &prefix) {
+  std::vector<Table> dropped;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  dropped = take_by_prefix(tables_, prefix);
+}
+
+size_t RowStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tables_.size();
 }
 
 size_t RowStore::waiting() const {

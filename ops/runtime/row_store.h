@@ -50,6 +50,12 @@ class RowStore {
   bool cancel(const std::string &name, uint64_t token);
   // Callbacks still waiting (for tests and leak checks).
   size_t waiting() const;
+  // Drops every table whose name starts with `prefix` (a replaced strategy
+  // plan's). Callbacks waiting for them stay waiting, as a request for a
+  // name never updated does.
+  void erase_prefix(const std::string &prefix);
+  // How many tables exist (for tests and leak checks).
+  size_t size() const;
 
  private:
   struct PeerView {

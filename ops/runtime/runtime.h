@@ -167,10 +167,13 @@ class Runtime {
   void save(const std::string &name, uint64_t version, const void *data, size_t len);
   // Same, keeping `blob` itself (no copy; the caller built it for the store).
   void save(const std::string &name, uint64_t version, Blob blob);
-  // Drops every version of every blob whose name starts with `prefix` (a
-  // sync's state pieces once every receiver has them). Requests parked for
-  // them stay parked.
+  // Drops every version of every blob, every accumulator and every table
+  // whose name starts with `prefix` (a sync's state pieces once every
+  // receiver has them; a replaced strategy plan's stale parameter servers).
+  // Requests parked for them stay parked.
   void forget(const std::string &prefix);
+  // How many blobs, accumulators and tables this worker holds (for tests and leak checks).
+  size_t stored_names() const;
   // Fetches `name` (version or P2PStore::kLatest) saved by `peer` into dst (exactly len bytes).
   void request(int peer, const std::string &name, uint64_t version, void *dst, size_t len,
                std::shared_ptr<const void> keepalive, DoneCallback done);

@@ -18,7 +18,13 @@ void Runtime::save(const std::string &name, uint64_t version, Blob blob) {
   store_.save(name, version, std::move(blob));
 }
 
-void Runtime::forget(const std::string &prefix) { store_.erase_prefix(prefix); }
+void Runtime::forget(const std::string &prefix) {
+  store_.erase_prefix(prefix);
+  accumulators_.erase_prefix(prefix);
+  rows_.erase_prefix(prefix);
+}
+
+size_t Runtime::stored_names() const { return store_.size() + accumulators_.size() + rows_.size(); }
 
 void Runtime::request(int peer, const std::string &name, uint64_t version, void *dst, size_t len,
                       std::shared_ptr<const void> keepalive, DoneCallback done) {

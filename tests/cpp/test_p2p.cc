@@ -351,6 +351,34 @@ void test_store_erase_prefix() {
   CHECK(store.get("state/0", P2PStore::kLatest, &found) && found == 3);
 }
 
+// A replaced strategy plan's stale parameter servers leave blobs, accumulators and tables under its
+// prefix; forget() drops all three kinds, and nothing outside the prefix.
+void test_forget_drops_blobs_accumulators_and_tables() {
+  Cluster_ rts = make_cluster(2, TopologyKind::kStar, 20);
+  Runtime &rt = *rts[0];
+  float x[4] = {1, 2, 3, 4};
+  const RowsDesc rows{DType::kFloat32, 2, 2};  // 2 rows of 2 floats
+  for (const std::string prefix : {"opt/p0/", "opt/p1/"}) {
+    rt.save(prefix + "v0/value", 1, x, sizeof(x));
+    auto pushed = std::make_shared<std::promise<Status>>();
+    std::future<Status> done = pushed->get_future();
+    rts[1]->push(0, prefix + "v0/grad", Buffer{x, nullptr, desc_of(DType::kFloat32, 4), nullptr},
+                 [pushed](const Status &s) { pushed->set_value(s); });
+    CHECK_OK(done.get());
+    CHECK_OK(rt.save_rows(prefix + "v1/value", 1, x, rows, nullptr, 0));
+  }
+  barrier_all(rts, "pushed");  // rank 0 has added both pushes
+  CHECK(rt.stored_names() == 6);
+  rt.forget("opt/p0/");
+  CHECK(rt.stored_names() == 3);
+  float sum[4] = {0, 0, 0, 0};
+  int64_t pushes = -1;
+  CHECK_OK(rt.take("opt/p1/v0/grad", sum, desc_of(DType::kFloat32, 4), &pushes));
+  CHECK(pushes == 1 && sum[3] == 4);  // the other plan's push is still there
+  CHECK_OK(rt.take("opt/p0/v0/grad", sum, desc_of(DType::kFloat32, 4), &pushes));
+  CHECK(pushes == 0 && sum[3] == 0);  // the forgotten one starts again from empty
+}
+
 void test_store_keeps_a_views_owner_alive() {
   auto owner = std::make_shared<std::vector<char>>(std::vector<char>{'a', 'b', 'c'});
   std::weak_ptr<std::vector<char>> watch = owner;
@@ -520,6 +548,7 @@ int main() {
       {"store: wait for a version", test_store_when_saved},
       {"store: erase by prefix", test_store_erase_prefix},
       {"store: a view keeps its owner", test_store_keeps_a_views_owner_alive},
+      {"forget: blobs, accumulators and tables", test_forget_drops_blobs_accumulators_and_tables},
       {"request at least a version", test_request_at_least},
       {"request at least: timeout", test_request_at_least_times_out},
       {"request at least: dead peers", test_request_at_least_dead_peers},

@@ -12,7 +12,9 @@ strictly older than the owner's value. Checked:
   plan starts from the owner's values on every worker (before, each worker
   kept its own copy and the all-reduced steps then kept them apart: the
   workers' weights never met again). After two all-reduced steps every
-  rank's weights are equal.
+  rank's weights are equal. The replaced plan's blobs (and accumulators,
+  clocks) are gone from the owner's store: before, every change and switch
+  left them there, four versions of every value (a leak for a long job).
 * The values move bit for bit: the owner's -0.0 stays -0.0 on every worker
   (a float sum of the owner's part and the others' zeros gave 0.0).
 * Under ``PartitionedPS(sync=False)`` each rank owns a shard of the (9, 3)
@@ -30,6 +32,7 @@ from __future__ import annotations
 import keras
 from _setup import Checker, env_rank, np, ops, tf
 
+from kungfu_tf.ops import p2p
 from kungfu_tf.optimizers import (
     SynchronousSGDOptimizer,
     switch_strategy,
@@ -54,6 +57,15 @@ def everyone_equal(check: Checker, variables: list[keras.Variable], name: str, w
     want = owners_values(variables, name)
     for v, w in zip(variables, want):
         check.equal(v.numpy().tobytes() == w.tobytes(), True, f"{what}: {v.name} is rank 0's bit for bit")
+
+
+def stored_at_rank_0(name: str, like: keras.Variable) -> bool:
+    """Whether rank 0's store holds blob ``name``."""
+    try:
+        p2p.request(0, name, like=tf.zeros(like.shape, like.dtype))
+        return True
+    except tf.errors.NotFoundError:
+        return False
 
 
 def diverge(rank: int, opt: SynchronousSGDOptimizer, variables: list[keras.Variable], name: str) -> None:
@@ -83,8 +95,11 @@ def main() -> None:
     opt = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), strategy=builders.PS(sync=False),
                                   name="async_b")  # fmt: skip
     diverge(rank, opt, variables, "b")
+    value_blob = f"{opt._kungfu_plan._keys}/v0/s0/value"  # rank 0's newest value of the first variable
+    check.equal(stored_at_rank_0(value_blob, variables[0]), True, "before the switch: rank 0 holds its value blob")
     switch_strategy(opt, "AllReduce")
     everyone_equal(check, variables, "b/switched", "right after the switch to AllReduce")
+    check.equal(stored_at_rank_0(value_blob, variables[0]), False, "the replaced plan's blobs are forgotten")
     for s in range(2):
         opt.apply(gradients(STEPS + 1 + s, rank), variables)
     everyone_equal(check, variables, "b/trained", "after two all-reduced steps")
