@@ -227,8 +227,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --record-dir and --strategy (--api function): every optimizer slot of every variable "
                         "goes to <peer>-<pid>-slots.npz at the end")
     p.add_argument("--record-owned-slots", action="store_true",
-                   help="with --record-dir and --strategy (--api function): the optimizer slots of the parameter-"
-                        "server parts this worker owns go to <peer>-<pid>-owned-step<N>.npz after each step and to "
+                   help="with --record-dir and --strategy (--api function): the values and optimizer slots of the "
+                        "parameter-server parts this worker owns go to <peer>-<pid>-owned-step<N>.npz after each step and to "
                         "<peer>-<pid>-owned-v<V>.npz after each change to cluster version V")
     args = p.parse_args(argv)
     try:
@@ -425,8 +425,8 @@ def held_slots(optimizer: keras.optimizers.Optimizer) -> list[list[np.ndarray | 
 
 
 def owned_slots(optimizer: keras.optimizers.Optimizer) -> dict[str, np.ndarray]:
-    """The slots of the parameter-server parts this worker owns, keyed ``v<variable>_k<kind>_a<axis>_<start>_<stop>``
-    (a shard's bounds on its axis; a whole variable's: axis -1, 0_0)."""
+    """The slots (and values: kind -1) of the parameter-server parts this worker owns, keyed
+    ``v<variable>_k<kind>_a<axis>_<start>_<stop>`` (a shard's bounds on its axis; a whole variable's: axis -1, 0_0)."""
     plan = optimizer._kungfu_plan
     table = slot_table(optimizer, optimizer._kungfu_fixed_variable_ids, plan.targets)
     index = {id(t): i for i, t in enumerate(plan.targets)}
@@ -435,6 +435,7 @@ def owned_slots(optimizer: keras.optimizers.Optimizer) -> dict[str, np.ndarray]:
         if node.kind != "ps" or target is None:
             continue
         axis, (start, stop) = (node.axis, node.bounds) if node.is_shard else (-1, (0, 0))
+        out[f"v{vi}_k-1_a{axis}_{start}_{stop}"] = np.asarray(target.numpy())
         for k, row in enumerate(table):
             slot = row[index[id(target)]]
             if slot is not None:

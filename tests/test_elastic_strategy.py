@@ -181,7 +181,8 @@ def test_stale_and_asynchronous_parameter_servers_survive_a_crash_a_growth_and_a
 
 
 def _owned_slot_pieces(path) -> dict[tuple[int, int, int, int, int], np.ndarray]:
-    """models/elastic_train.py --record-owned-slots: (variable, kind, axis, start, stop) -> the slot's values."""
+    """models/elastic_train.py --record-owned-slots: (variable, kind, axis, start, stop) -> the slot's values (kind
+    -1: the part's own value)."""
     with np.load(path) as data:
         return {tuple(int(x) for x in key.replace("v", "").replace("k", "").replace("a", "").split("_")): data[key]
                 for key in data.files}  # fmt: skip
@@ -189,13 +190,14 @@ def _owned_slot_pieces(path) -> dict[tuple[int, int, int, int, int], np.ndarray]
 
 @pytest.mark.parametrize(("strategy", "staleness"), [("PS", 1), ("PartitionedPS", -1)])
 def test_a_crashed_stale_owners_slots_are_its_own_of_a_recent_step(tmp_path, strategy, staleness):
-    # A stale (staleness 1) or asynchronous parameter server's owner saves its slots beside its value, as the same
-    # version; every other worker fetches them with the value and keeps them as replicas. The owner (rank 0 owns
-    # everything under PS; rank 2 a shard of each kernel and a bias under PartitionedPS) is SIGKILLed when 4 steps
-    # are done: after the change, the new owners' slots of what it held must be, bit for bit, its own slots after
-    # one of its steps, a recent one within the staleness bound (the first survivor is at most K steps behind the
-    # owner and its copies at most K steps behind its own step). Before, no replica of a stale owner's slots
-    # existed: they restarted at zero (under PS without the warning: no survivor held a slot of any kind).
+    # A stale (staleness 1) or asynchronous parameter server's owner saves its slots in its value's blob; every
+    # other worker fetches them with the value and keeps them as replicas. The owner (rank 0 owns everything under
+    # PS; rank 2 a shard of each kernel and a bias under PartitionedPS) is SIGKILLed when 4 steps are done: after
+    # the change, what the new owners hold of each part it held, its value and its slots, must be bit for bit its
+    # own after one of its steps (the slots: that step's, or one version behind), a recent one within the staleness
+    # bound (the first survivor is at most K steps behind the owner and its copies at most K steps behind its own
+    # step). Before, no replica of a
+    # stale owner's slots existed: they restarted at zero (under PS without the warning: no survivor held a slot).
     crash_rank = 0 if strategy == "PS" else 2
     args = train_args(tmp_path, strategy, "momentum") + ["--staleness", staleness, "--crash-at", 4, "--crash-rank",
                                                          crash_rank, "--record-owned-slots"]  # fmt: skip
@@ -224,11 +226,23 @@ def test_a_crashed_stale_owners_slots_are_its_own_of_a_recent_step(tmp_path, str
                 after[(vi, k)] = whole = grown
             whole[(slice(None),) * axis + (slice(start, stop),)] = values
     oldest = 1 if staleness < 0 else 4 - 2 * staleness
-    for vi, k, axis, start, stop in owned_by_step[4]:
+    parts = {(vi, axis, start, stop) for vi, _, axis, start, stop in owned_by_step[4]}
+    assert any(k >= 0 for _, k, *_ in owned_by_step[4]), report  # the dead owner held slots, not only values
+    for vi, axis, start, stop in parts:
         region = (Ellipsis,) if axis < 0 else (slice(None),) * axis + (slice(start, stop),)
-        got = after[(vi, k)][region]
-        matches = [n for n in range(oldest, 5) if got.tobytes() == owned_by_step[n][(vi, k, axis, start, stop)].tobytes()]
-        assert matches and np.any(got != 0), (vi, k, axis, start, stop, got, report[-3000:])
+        kinds = [k for v, k, a, b, e in owned_by_step[4] if (v, a, b, e) == (vi, axis, start, stop)]
+        got = {k: after[(vi, k)][region] for k in kinds}
+        part = (axis, start, stop)
+
+        def owners(n: int, k: int, vi: int = vi, part: tuple[int, int, int] = part) -> bytes:
+            return owned_by_step[n][(vi, k, *part)].tobytes() if n >= 1 else b""
+
+        # The value as after step n; the slots too, or one version behind (a step aborted between writing the value
+        # and the replicas it brought), never ahead.
+        paired = [n for n in range(oldest, 5) if got[-1].tobytes() == owners(n, -1)
+                  and all(got[k].tobytes() in (owners(n, k), owners(n - 1, k)) for k in kinds if k >= 0)]  # fmt: skip
+        assert paired and all(np.any(got[k] != 0) for k in kinds if k >= 0), (vi, axis, start, stop, got,
+                                                                               report[-3000:])  # fmt: skip
 
 
 def test_without_replicas_a_crashed_owners_slots_restart_and_every_survivor_says_so(tmp_path):
@@ -246,7 +260,8 @@ def test_without_replicas_a_crashed_owners_slots_restart_and_every_survivor_says
     records = load(record_dir)
     (version,) = {r["new_version"] for lines in records.values() for r in lines if r["event"] == "change" and r["lost"]}
     after = [piece for stem in records if (record_dir / f"{stem}-owned-v{version}.npz").exists()
-             for piece in _owned_slot_pieces(record_dir / f"{stem}-owned-v{version}.npz").values()]  # fmt: skip
+             for (_, k, *_), piece in _owned_slot_pieces(record_dir / f"{stem}-owned-v{version}.npz").items()
+             if k >= 0]  # fmt: skip
     assert after and not any(np.any(piece) for piece in after), report  # the new owner's momentum: zeros
 
 

@@ -20,10 +20,11 @@ the owner is gone (a crash), the first surviving member's copy (at most K
 steps old; any age without a bound). One sum all-reduce of bytes: each part
 comes from one worker, the others add zero bytes, so the values move bit for
 bit (a float sum would turn -0.0 into 0.0, and TensorFlow's threads flush
-denormals to zero). An owner reads its parts from what it updates (a shard
-variable of its own under a partitioned strategy): a step that a crash
-failed may have updated the shard without writing it back into the model
-variable, and its slots are the shard's.
+denormals to zero). Each worker gives its parts from the model variables,
+which hold the truth between steps: a step cuts each shard an owner updates
+from its model variable before it applies (a user's ``set_weights`` or a
+restored checkpoint counts), and a shard a failed step updated without
+writing it back is cut again when the step is run again.
 Gradients pushed to an owner but not yet applied by it are not part of any
 value; at a change the next plan's steps no longer take them.
 
@@ -82,15 +83,12 @@ def refresh_stale_copies(
         return []
     full = {vi: np.zeros(variables[vi].shape, tf.as_dtype(variables[vi].dtype).as_numpy_dtype) for vi in stale}
     if plan is not None:
-        for vi, node, target in plan.placements():
+        for vi, node, _ in plan.placements():
             if vi not in full:
                 continue
             owned = node.kind == "ps" and node.owner not in lost_owners
             region = _region(node, variables[vi])
-            if owned and node.owner == plan.rank:
-                whole = target is None or target is variables[vi]  # else a shard's own variable, the newest value
-                full[vi][region] = np.asarray(variables[vi].numpy())[region] if whole else np.asarray(target.numpy())
-            elif not owned and first:
+            if (owned and node.owner == plan.rank) or (not owned and first):
                 full[vi][region] = np.asarray(variables[vi].numpy())[region]
     flat = np.concatenate([np.ascontiguousarray(full[vi]).reshape(-1).view(np.uint8) for vi in stale])
     with tf.init_scope():

@@ -240,9 +240,10 @@ class StrategyPlan:
         bytes again as the value for SGD with momentum, twice for Adam. A
         sparse variable's slots go whole, in broadcasts of their own (the
         rows a step touched are not tracked). A stale or asynchronous unit's
-        owner saves its slots beside its value, as the same version, and the
-        others fetch them as they fetch the value (:meth:`_stale_slots`): a
-        replica is as old as the copy of the value, at most K steps.
+        owner saves its slots with its value, in the same blob where their
+        dtype is the value's, and the others fetch them as they fetch the
+        value (:meth:`_publish_stale_unit`): a replica is as old as that
+        rank's copy of the value, at most K steps.
 
         ``slots_of``: id(target) -> its slots by kind (None: no slot of that
         kind), for the units this rank owns; ``layout(vi, node)``: the unit's
@@ -354,7 +355,8 @@ class StrategyPlan:
         """Drops what this plan's stale parameter servers left in this worker's store (values, slots, pushed
         gradients, clocks): the plan was replaced, and no step uses its names again. Local, eager."""
         if self._has_stale:
-            p2p.forget(self._keys)
+            with tf.init_scope():  # now, not as an op of a graph being built
+                p2p.forget(self._keys)
 
     @property
     def replicated(self) -> bool:
@@ -634,11 +636,19 @@ class StrategyPlan:
             # gradient is None (on every worker alike) did not change.
             if plan.mode == "stitched" or plan.all_reduced or vi not in present:
                 continue
+            bundled: list[tuple[Any, tf.Tensor]] = []  # (slot replica, its value fetched with the unit's value)
             updates = [
-                self._publish_unit(plan, vi, ui, unit, snapshots, (vi, ui) in sparse, prefix, t, sent_slots, done)
+                self._publish_unit(
+                    plan, vi, ui, unit, snapshots, (vi, ui) in sparse, prefix, t, sent_slots, done, bundled
+                )
                 for ui, unit in enumerate(plan.units)
             ]
-            done.extend(self._write_back(plan, updates))
+            written = self._write_back(plan, updates)
+            done.extend(written)
+            # After the value they came with: a step aborted in between (another fetch failing) leaves the
+            # replicas at most one version behind the value, never ahead of it.
+            with tf.control_dependencies([d for w in written for d in _as_dependency(w)]):
+                done.extend(replica.assign(tf.reshape(value, replica.shape)) for replica, value in bundled)
             # Every output of every collective above, even those this rank
             # does not need, goes to ops.keep_alive (see there): Grappler would
             # otherwise turn an unused collective into a NoOp and the peers
@@ -661,8 +671,10 @@ class StrategyPlan:
         t: tf.Tensor | None,
         sent_slots: dict[tuple[int, int], list[Any]],
         alive: list[Any],
+        bundled: list[tuple[Any, tf.Tensor]],
     ) -> tuple[str, Any]:
-        """("full", value) | ("rows", (indices, values, a tensor to depend on)) for one unit."""
+        """("full", value) | ("rows", (indices, values, a tensor to depend on)) for one unit; ``bundled`` gets the
+        slot replicas a stale unit's value blob brought, with their values (written after the value)."""
         node = unit.node
         base = f"{prefix}/v{vi}/s{ui}"
         source = unit.target if unit.target is not None else plan.variable
@@ -675,20 +687,8 @@ class StrategyPlan:
             start, stop = node.bounds
             like = slice_value(tf.convert_to_tensor(plan.variable), plan.axis, start, stop)
         if unit.stale:
-            blob = f"{base}/value"
-            min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
-            if self._keeps_slots:
-                sent_slots[(vi, ui)] = self._stale_slots(vi, ui, unit, owner, base, t, min_version)
-            if owner and sparse:
-                return ("rows", ps_stale.save_changed_rows(blob, snapshots[(vi, ui)], source, t + 1))
-            if owner:
-                saved = ps_stale.save_value(tf.convert_to_tensor(source), blob, t + 1)
-                with tf.control_dependencies([saved] if saved is not None else []):
-                    return ("full", tf.convert_to_tensor(source))
-            if sparse:
-                shape, dtype = node.shape, tf.as_dtype(plan.variable.dtype)
-                return ("rows", ps_stale.fetch_rows(node.owner, blob, min_version, shape, dtype))
-            return ("full", ps_stale.fetch_value(node.owner, blob, min_version, tf.convert_to_tensor(like)))
+            return self._publish_stale_unit(plan, vi, ui, unit, source, like, snapshots, sparse, base, t, sent_slots,
+                                            bundled)  # fmt: skip
         if sparse:
             rows, values, count = ps_sync.publish_rows(
                 owner, snapshots.get((vi, ui)), source, node.owner, f"{base}/rows"
@@ -706,36 +706,84 @@ class StrategyPlan:
         alive.extend(got[1:])  # slots of another dtype than the value's travel in a broadcast of their own
         return ("full", got[0])
 
-    def _stale_slots(
-        self, vi: int, ui: int, unit: _Unit, owner: bool, base: str, t: tf.Tensor, min_version: tf.Tensor
-    ) -> list[Any]:
-        """A stale or asynchronous unit's slot replicas (:meth:`keep_slot_replicas`): the owner's saves, or this
-        rank's replica writes.
+    def _publish_stale_unit(
+        self,
+        plan: _VariablePlan,
+        vi: int,
+        ui: int,
+        unit: _Unit,
+        source: Any,
+        like: Any,
+        snapshots: dict[tuple[int, int], tf.Tensor],
+        sparse: bool,
+        base: str,
+        t: tf.Tensor,
+        sent_slots: dict[tuple[int, int], list[Any]],
+        bundled: list[tuple[Any, tf.Tensor]],
+    ) -> tuple[str, Any]:
+        """:meth:`_publish_unit` for a stale or asynchronous unit: the owner saves, the others fetch; nobody waits
+        for a collective.
 
-        Nobody waits for a broadcast here: the owner saves its slots in its
-        p2p store (one blob per dtype) as the version its value has, and
-        every other rank fetches them with the value's bound, so a replica
-        is as old as this rank's copy of the value (the first member's
-        copy and replicas stand for a crashed owner's value and slots,
-        kungfu_tf/optimizers/stale_copies.py). A sparse unit's slots go
-        whole, as with synchronous parameter servers.
+        With slot replicas (:meth:`keep_slot_replicas`) a dense unit's slots of
+        its value's dtype travel in its value's blob: every fetch then gets a
+        value and the slots of the same version (the replicas are written
+        after the value: a step aborted in between leaves them one version
+        behind it), and a crashed owner's value and slots come from the first
+        member's copy and replicas. A sparse unit's slots (its value goes by rows) and slots of
+        another dtype go in blobs of their own, fetched under the same bound
+        (:meth:`_stale_slots`): a version at most a few steps apart.
         """
-        held = [s for s in (self._slots_of[id(unit.target)] if owner else self.slot_replicas[(vi, ui)]) if s is not None]
+        node = unit.node
+        owner = node.owner == self.rank
+        blob = f"{base}/value"
+        min_version = t + 1 - node.staleness if node.sync else tf.constant(1, tf.int64)
+        held: list[Any] = []
+        if self._keeps_slots:
+            held = [s for s in (self._slots_of[id(unit.target)] if owner else self.slot_replicas[(vi, ui)])
+                    if s is not None]  # fmt: skip
+        dtype = tf.as_dtype(plan.variable.dtype)
+        together = [] if sparse else [s for s in held if tf.as_dtype(s.dtype) == dtype]
+        if self._keeps_slots:
+            in_value_blob = {id(s) for s in together}
+            sent_slots[(vi, ui)] = self._stale_slots(
+                [s for s in held if id(s) not in in_value_blob], node.owner, owner, base, t, min_version
+            )
+        if owner and sparse:
+            return ("rows", ps_stale.save_changed_rows(blob, snapshots[(vi, ui)], source, t + 1))
+        if owner:
+            value = tf.convert_to_tensor(source)
+            saved = ps_stale.save_value(_flat_concat([value, *together]) if together else value, blob, t + 1)
+            with tf.control_dependencies([saved] if saved is not None else []):
+                return ("full", tf.convert_to_tensor(source))
+        if sparse:
+            return ("rows", ps_stale.fetch_rows(node.owner, blob, min_version, node.shape, dtype))
+        like = tf.convert_to_tensor(like)
+        if not together:
+            return ("full", ps_stale.fetch_value(node.owner, blob, min_version, like))
+        parts = [like, *together]
+        sizes = [int(np.prod(x.shape)) for x in parts]
+        got = tf.split(ps_stale.fetch_value(node.owner, blob, min_version, tf.zeros([sum(sizes)], dtype)), sizes)
+        bundled.extend(zip(together, got[1:]))
+        return ("full", tf.reshape(got[0], like.shape))
+
+    def _stale_slots(
+        self, slots: list[Any], owner_rank: int, owner: bool, base: str, t: tf.Tensor, min_version: tf.Tensor
+    ) -> list[Any]:
+        """A stale unit's slot replicas that do not travel in its value's blob: the owner's saves (one blob per
+        dtype, as the version its value has), or this rank's replica writes (fetched under the value's bound)."""
         by_dtype: dict[tf.DType, list[Any]] = {}
-        for slot in held:
+        for slot in slots:
             by_dtype.setdefault(tf.as_dtype(slot.dtype), []).append(slot)
         out: list[Any] = []
-        for dtype, slots in by_dtype.items():
+        for dtype, group in by_dtype.items():
             blob = f"{base}/slots/{dtype.name}"
             if owner:
-                flat = tf.concat([tf.reshape(tf.convert_to_tensor(s), [-1]) for s in slots], 0)
-                saved = ps_stale.save_value(flat, blob, t + 1)
+                saved = ps_stale.save_value(_flat_concat(group), blob, t + 1)
                 out.extend([saved] if saved is not None else [])
                 continue
-            sizes = [int(np.prod(s.shape)) for s in slots]
-            got = ps_stale.fetch_value(unit.node.owner, blob, min_version, tf.zeros([sum(sizes)], dtype))
-            for slot, piece in zip(slots, tf.split(got, sizes)):
-                out.append(slot.assign(tf.reshape(piece, slot.shape)))
+            sizes = [int(np.prod(s.shape)) for s in group]
+            got = ps_stale.fetch_value(owner_rank, blob, min_version, tf.zeros([sum(sizes)], dtype))
+            out.extend(s.assign(tf.reshape(g, s.shape)) for s, g in zip(group, tf.split(got, sizes)))
         return out
 
     def _write_back(self, plan: _VariablePlan, updates: list[tuple[str, Any]]) -> list[Any]:
@@ -777,6 +825,11 @@ class StrategyPlan:
         with tf.control_dependencies([saved] if saved is not None else []):
             waited = ps_stale.wait_for_clocks(prefix, self.rank, self.size, t + 1 - k)
         return waited
+
+
+def _flat_concat(tensors: Sequence[Any]) -> tf.Tensor:
+    """``tensors`` (variables too) flattened and concatenated, in order."""
+    return tf.concat([tf.reshape(tf.convert_to_tensor(x), [-1]) for x in tensors], 0)
 
 
 def _safe(name: str) -> str:

@@ -18,11 +18,12 @@ strictly older than the owner's value. Checked:
 * The values move bit for bit: the owner's -0.0 stays -0.0 on every worker
   (a float sum of the owner's part and the others' zeros gave 0.0).
 * Under ``PartitionedPS(sync=False)`` each rank owns a shard of the (9, 3)
-  kernel in a shard variable of its own, written back into the model
-  variable at the end of each step. A step that a crash failed can have
-  updated the shard and not written it back: given that state (each owner's
-  shard one ahead of its model variable), every worker ends with the
-  shards' values (before: the owners' stale model variables).
+  kernel in a shard variable of its own, cut from the model variable at the
+  start of each step: the model variables hold the truth between steps.
+  Each worker assigns its own values to them (a ``set_weights``), then
+  ``sync_stale_copies``: every worker ends with each shard's owner's values
+  (a version that read the owners' shard variables gave back the values
+  from before the assignment).
 
 Ends with "checked N results".
 """
@@ -121,18 +122,18 @@ def main() -> None:
     for s in range(STEPS):
         opt.apply([tf.constant(np.full(shape, s + rank, np.float32)) for shape in shapes], variables)
     ops.all_reduce(tf.zeros([1]), name="d/barrier")
+    variables[0].assign(np.full(shapes[0], 100.0 + rank, np.float32))  # each worker's own set_weights
     want = np.zeros(shapes[0], np.float32)
     shards = 0
     for vi, node, target in opt._kungfu_plan.placements():
         if vi == 0 and node.is_shard and node.owner == rank and target is not None:
-            target.assign_add(tf.ones_like(target))  # applied, not yet written back
-            want[slice(*node.bounds)] = target.numpy()
+            want[slice(*node.bounds)] = 100.0 + rank
             shards += 1
     check.equal(shards, 1, "PartitionedPS: this rank owns one shard of the kernel")
-    want = ops.all_reduce(tf.constant(want), op="sum", name="d/want").numpy()  # every owner's shard
+    want = ops.all_reduce(tf.constant(want), op="sum", name="d/want").numpy()  # every owner's assigned shard
     sync_stale_copies(opt)
     check.equal(variables[0].numpy().tobytes() == want.tobytes(), True,
-                "PartitionedPS: the kernel is its owners' shard variables")  # fmt: skip
+                "PartitionedPS: the kernel is its owners' values as assigned between steps")  # fmt: skip
     check.done()
 
 
