@@ -14,4 +14,4 @@ from conftest import assert_job_ok, run_job
 
 def test_every_worker_takes_the_owners_values():
     rc, out, err = run_job(3, "stale_copies.py", timeout=180)
-    assert_job_ok(rc, out, err, 3, expected_checks=14)
+    assert_job_ok(rc, out, err, 3, expected_checks=16)

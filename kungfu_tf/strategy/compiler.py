@@ -46,7 +46,7 @@ from kungfu_tf.ops import elastic_membership, p2p
 from kungfu_tf.ops.call_names import call_prefix
 from kungfu_tf.ops.indexed_slices import average_indexed_slices
 from kungfu_tf.proto import strategy_pb2
-from kungfu_tf.strategy import plan_generation
+from kungfu_tf.strategy import plan_generation, stale_keys
 from kungfu_tf.strategy.errors import StrategyError
 from kungfu_tf.strategy.format import canonical_bytes
 from kungfu_tf.strategy.kernels import ps_stale, ps_sync
@@ -176,6 +176,9 @@ class StrategyPlan:
         # plan's. Only there: a joiner keeps its own all-reduce plan (serial 0) where the members' is the same
         # (strategy_resize.py).
         self._keys = f"{name}/p{serial}" if self._has_stale else name
+        if self._has_stale:
+            stale_keys.claim(self._keys, self)
+            self.forget_stored()  # a gone optimizer's of the same name; before the consensus lets a peer push
         self._checked_eagerly = self._check_identical_eagerly()
         # Slot replicas (keep_slot_replicas): kept or not, this rank's slots by target id, replicas by (vi, ui)
         # (None where a unit has no slot of a kind).

@@ -15,6 +15,9 @@ strictly older than the owner's value. Checked:
   rank's weights are equal. The replaced plan's blobs (and accumulators,
   clocks) are gone from the owner's store: before, every change and switch
   left them there, four versions of every value (a leak for a long job).
+* Two live optimizers with stale parameter servers and one ``name=``: the
+  second is refused when it builds; once the first is gone, a third of that
+  name builds, and the first one's blobs are gone from rank 0's store.
 * The values move bit for bit: the owner's -0.0 stays -0.0 on every worker
   (a float sum of the owner's part and the others' zeros gave 0.0).
 * Under ``PartitionedPS(sync=False)`` each rank owns a shard of the (9, 3)
@@ -40,6 +43,7 @@ from kungfu_tf.optimizers import (
     sync_stale_copies,
 )
 from kungfu_tf.strategy import builders
+from kungfu_tf.strategy.errors import StrategyError
 
 STEPS = 4
 SHAPES = [(8, 3), (3,)]
@@ -134,6 +138,25 @@ def main() -> None:
     sync_stale_copies(opt)
     check.equal(variables[0].numpy().tobytes() == want.tobytes(), True,
                 "PartitionedPS: the kernel is its owners' values as assigned between steps")  # fmt: skip
+
+    # Two live optimizers of one name would share their stale data in the stores: the second is refused when it
+    # builds (before, it trained on the first one's blobs). One that is gone leaves its data behind: the next
+    # optimizer of its name forgets them (before, its first fetches took the old plan's newer versions).
+    shared = [keras.Variable(np.ones(shape, np.float32), name=f"e{i}") for i, shape in enumerate(SHAPES)]
+    first = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.PS(sync=False), name="shared")
+    diverge(rank, first, shared, "e")
+    value_blob = f"{first._kungfu_plan._keys}/v0/s0/value"
+    second = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.PS(sync=False), name="shared")
+    try:
+        second.build(shared)
+        refused = ""
+    except StrategyError as e:
+        refused = str(e)
+    check.equal("share the name 'shared'" in refused, True, f"a second live optimizer of one name is refused: {refused}")
+    del first, second
+    third = SynchronousSGDOptimizer(keras.optimizers.SGD(0.1), strategy=builders.PS(sync=False), name="shared")
+    third.build([keras.Variable(np.ones(shape, np.float32), name=f"f{i}") for i, shape in enumerate(SHAPES)])
+    check.equal(stored_at_rank_0(value_blob, shared[0]), False, "a gone optimizer's blobs are forgotten")
     check.done()
 
 
